@@ -1,0 +1,295 @@
+/* config: environment variables (and --flags that mirror them) -> g_cfg. */
+#include "config.h"
+#include "log.h"
+#include "util.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+config g_cfg;
+
+enum opt_type { OPT_INT, OPT_LONG, OPT_STR, OPT_BOOL, OPT_LEVEL };
+
+typedef struct option_def {
+    const char *env;
+    const char *flag;          /* --flag=value or --flag value */
+    enum opt_type type;
+    size_t offset;             /* into struct config */
+    size_t size;               /* OPT_STR buffer size */
+    long min, max;             /* OPT_INT / OPT_LONG */
+    const char *def;
+    const char *help;
+} option_def;
+
+#define F(field) offsetof(config, field), sizeof(((config *)0)->field)
+
+static const option_def options[] = {
+    { "PORT", "port", OPT_INT, F(port), 1, 65535, "8080", "HTTP port" },
+    { "BIND", "bind", OPT_STR, F(bind), 0, 0, "127.0.0.1", "IPv4 address to listen on" },
+    { "INSTANCE_ID", "instance-id", OPT_STR, F(instance_id), 0, 0, "",
+      "name of this instance in /stats and logs (default: seckill-<port>)" },
+    { "PG_DSN", "pg-dsn", OPT_STR, F(pg_dsn), 0, 0, "",
+      "libpq connection string or URI (empty: PGHOST, PGPORT, ... apply)" },
+    { "REDIS_URL", "redis-url", OPT_STR, F(redis_url_text), 0, 0, "redis://127.0.0.1:6379",
+      "redis://[[user]:password@]host[:port][/db]" },
+    { "THREADS", "threads", OPT_INT, F(threads), 1, 256, "8",
+      "HTTP worker threads; each owns one Redis and one Postgres connection" },
+    { "MAX_CONNECTIONS", "max-connections", OPT_INT, F(max_connections), 1, 100000, "1024",
+      "open HTTP connections at most" },
+    { "CONN_TIMEOUT_S", "conn-timeout", OPT_INT, F(conn_timeout_s), 1, 3600, "15",
+      "close an HTTP connection idle this long (seconds)" },
+    { "MAX_BODY", "max-body", OPT_LONG, F(max_body), 0, 1L << 30, "65536",
+      "largest request body in bytes (413 above)" },
+    { "LOCK_LEASE_MS", "lock-lease-ms", OPT_LONG, F(lock_lease_ms), 1, 86400000L, "10000",
+      "lease of the per-user order lock (ms)" },
+    { "REDIS_TIMEOUT_MS", "redis-timeout-ms", OPT_INT, F(redis_timeout_ms), 10, 60000, "1000",
+      "Redis connect and command timeout (ms)" },
+    { "PG_CONNECT_TIMEOUT_S", "pg-connect-timeout", OPT_INT, F(pg_connect_timeout_s), 1, 60, "2",
+      "Postgres connect timeout (s)" },
+    { "PG_STATEMENT_TIMEOUT_MS", "pg-statement-timeout-ms", OPT_INT,
+      F(pg_statement_timeout_ms), 10, 600000, "5000", "Postgres statement timeout (ms)" },
+    { "ADMIN_TOKEN", "admin-token", OPT_STR, F(admin_token), 0, 0, "",
+      "bearer token of the admin API (empty: admin API answers 403)" },
+    { "LOG_LEVEL", "log-level", OPT_LEVEL, F(log_level), 0, 0, "info",
+      "error, warn, info (one access line per request) or debug" },
+    { "LUA_DIR", "lua-dir", OPT_STR, F(lua_dir), 0, 0, "",
+      "directory of the Redis scripts (default: ./lua or next to the binary)" },
+    { "ID_PREFIX", "id-prefix", OPT_STR, F(id_prefix), 0, 0, "order",
+      "order id counter keys: icr:<prefix>:<yyyy:MM:dd>" },
+    { "DEMO_RANDOM_USER", "demo-random-user", OPT_BOOL, F(demo_random_user), 0, 1, "0",
+      "1: a seckill request without X-User-Id is a new random user (load tests only)" },
+    { "RETRY_AFTER_S", "retry-after", OPT_INT, F(retry_after_s), 0, 3600, "1",
+      "Retry-After seconds sent with 503" },
+};
+
+#define NOPTIONS (sizeof options / sizeof options[0])
+
+void config_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: seckill [--flag=value ...]\n\n"
+            "Flash-sale service. Every setting is an environment variable; the flag\n"
+            "beside it overrides it.\n\n");
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const option_def *o = &options[i];
+        fprintf(out, "  %-24s --%-24s %s", o->env, o->flag, o->help);
+        if (o->def[0] != '\0')
+            fprintf(out, " [%s]", o->def);
+        fputc('\n', out);
+    }
+    fprintf(out, "\n  --help                    this text\n");
+}
+
+static int set_option(const option_def *o, const char *val, const char *origin)
+{
+    char *base = (char *)&g_cfg;
+    char *end;
+
+    switch (o->type) {
+    case OPT_STR:
+        if (strlen(val) >= o->size) {
+            fprintf(stderr, "seckill: %s is too long (at most %zu bytes)\n", origin, o->size - 1);
+            return -1;
+        }
+        memcpy(base + o->offset, val, strlen(val) + 1);
+        return 0;
+    case OPT_INT:
+    case OPT_LONG:
+    case OPT_BOOL: {
+        errno = 0;
+        long v = strtol(val, &end, 10);
+        if (val[0] == '\0' || *end != '\0' || errno != 0 || v < o->min || v > o->max) {
+            fprintf(stderr, "seckill: invalid %s='%s': expected an integer in %ld..%ld\n",
+                    origin, val, o->min, o->max);
+            return -1;
+        }
+        if (o->type == OPT_LONG)
+            *(long *)(base + o->offset) = v;
+        else
+            *(int *)(base + o->offset) = (int)v;
+        return 0;
+    }
+    case OPT_LEVEL: {
+        enum log_level lvl;
+        if (log_parse_level(val, &lvl) != 0) {
+            fprintf(stderr, "seckill: invalid %s='%s': expected error, warn, info or debug\n",
+                    origin, val);
+            return -1;
+        }
+        *(int *)(base + o->offset) = (int)lvl;
+        return 0;
+    }
+    }
+    return -1;
+}
+
+int config_parse_redis_url(const char *s, redis_url *out)
+{
+    const char *p, *at, *host, *slash;
+    char *end;
+
+    memset(out, 0, sizeof *out);
+    out->port = 6379;
+    if (strncmp(s, "redis://", 8) != 0)
+        return -1;
+    p = s + 8;
+    slash = strchr(p, '/');
+    at = strchr(p, '@');
+    if (at != NULL && (slash == NULL || at < slash)) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        const char *user_end = colon ? colon : at;
+        if ((size_t)(user_end - p) >= sizeof out->username)
+            return -1;
+        memcpy(out->username, p, (size_t)(user_end - p));
+        if (colon != NULL) {
+            if ((size_t)(at - colon - 1) >= sizeof out->password)
+                return -1;
+            memcpy(out->password, colon + 1, (size_t)(at - colon - 1));
+        } else {                       /* "redis://secret@host": the secret is a password */
+            snprintf(out->password, sizeof out->password, "%s", out->username);
+            out->username[0] = '\0';
+        }
+        p = at + 1;
+    }
+    host = p;
+    const char *host_end = slash ? slash : p + strlen(p);
+    const char *colon = memchr(host, ':', (size_t)(host_end - host));
+    const char *name_end = colon ? colon : host_end;
+    if (name_end == host || (size_t)(name_end - host) >= sizeof out->host)
+        return -1;
+    memcpy(out->host, host, (size_t)(name_end - host));
+    if (colon != NULL) {
+        errno = 0;
+        long port = strtol(colon + 1, &end, 10);
+        if (end != host_end || colon + 1 == host_end || errno || port < 1 || port > 65535)
+            return -1;
+        out->port = (int)port;
+    }
+    if (slash != NULL && slash[1] != '\0') {
+        errno = 0;
+        long db = strtol(slash + 1, &end, 10);
+        if (*end != '\0' || errno || db < 0 || db > 1000000)
+            return -1;
+        out->db = (int)db;
+    }
+    return 0;
+}
+
+static int dir_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* ./lua when run from the checkout, else lua/ beside or above the binary. */
+static void default_lua_dir(void)
+{
+    static const char *const rel[] = { "/../lua", "/../../lua", "/../../../lua", "/lua" };
+    char exe[PATH_MAX];
+    ssize_t n;
+
+    if (dir_exists("lua")) {
+        snprintf(g_cfg.lua_dir, sizeof g_cfg.lua_dir, "lua");
+        return;
+    }
+    n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash != NULL)
+            *slash = '\0';
+        for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+            char cand[PATH_MAX + 16];
+            snprintf(cand, sizeof cand, "%s%s", exe, rel[i]);
+            if (dir_exists(cand) && strlen(cand) < sizeof g_cfg.lua_dir) {
+                snprintf(g_cfg.lua_dir, sizeof g_cfg.lua_dir, "%s", cand);
+                return;
+            }
+        }
+    }
+    snprintf(g_cfg.lua_dir, sizeof g_cfg.lua_dir, "lua");
+}
+
+int config_load(int argc, char **argv)
+{
+    memset(&g_cfg, 0, sizeof g_cfg);
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const char *env = getenv(options[i].env);
+        char origin[64];
+        if (set_option(&options[i], options[i].def, options[i].env) != 0)
+            return -1;
+        if (env != NULL) {
+            snprintf(origin, sizeof origin, "%s", options[i].env);
+            if (set_option(&options[i], env, origin) != 0)
+                return -1;
+        }
+    }
+    for (int a = 1; a < argc; a++) {
+        const char *arg = argv[a];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            config_usage(stdout);
+            return 1;
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            fprintf(stderr, "seckill: unexpected argument '%s' (see --help)\n", arg);
+            return -1;
+        }
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        const option_def *o = NULL;
+        for (size_t i = 0; i < NOPTIONS; i++)
+            if (strlen(options[i].flag) == nlen && strncmp(options[i].flag, name, nlen) == 0)
+                o = &options[i];
+        if (o == NULL) {
+            fprintf(stderr, "seckill: unknown option '%s' (see --help)\n", arg);
+            return -1;
+        }
+        const char *val = eq ? eq + 1 : NULL;
+        if (val == NULL) {
+            if (a + 1 >= argc) {
+                fprintf(stderr, "seckill: option --%s needs a value\n", o->flag);
+                return -1;
+            }
+            val = argv[++a];
+        }
+        char origin[64];
+        snprintf(origin, sizeof origin, "--%s", o->flag);
+        if (set_option(o, val, origin) != 0)
+            return -1;
+    }
+
+    if (config_parse_redis_url(g_cfg.redis_url_text, &g_cfg.redis) != 0) {
+        fprintf(stderr, "seckill: invalid REDIS_URL '%s': expected "
+                        "redis://[[user]:password@]host[:port][/db]\n", g_cfg.redis_url_text);
+        return -1;
+    }
+    if (g_cfg.instance_id[0] == '\0')
+        snprintf(g_cfg.instance_id, sizeof g_cfg.instance_id, "seckill-%d", g_cfg.port);
+    for (const char *c = g_cfg.instance_id; *c; c++) {
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '-' || *c == '_' || *c == '.')) {
+            fprintf(stderr, "seckill: invalid INSTANCE_ID '%s': use letters, digits, '-', '_', '.'\n",
+                    g_cfg.instance_id);
+            return -1;
+        }
+    }
+    for (const char *c = g_cfg.id_prefix; *c; c++) {
+        if (*c == ':' || *c == ' ' || (unsigned char)*c < 0x21) {
+            fprintf(stderr, "seckill: invalid ID_PREFIX '%s'\n", g_cfg.id_prefix);
+            return -1;
+        }
+    }
+    if (g_cfg.id_prefix[0] == '\0') {
+        fprintf(stderr, "seckill: ID_PREFIX must not be empty\n");
+        return -1;
+    }
+    if (g_cfg.lua_dir[0] == '\0')
+        default_lua_dir();
+    util_uuid4(g_cfg.instance_uuid);
+    return 0;
+}

@@ -1,0 +1,53 @@
+/* config: the process configuration, read once from the environment (and
+ * mirrored flags) before any thread starts, then read-only. */
+#ifndef SECKILL_CONFIG_H
+#define SECKILL_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct redis_url {
+    char host[256];
+    int port;
+    char username[128];   /* empty: no ACL user */
+    char password[256];   /* empty: no AUTH */
+    int db;
+} redis_url;
+
+typedef struct config {
+    int port;
+    char bind[64];
+    char instance_id[64];
+    char pg_dsn[1024];          /* empty: libpq reads PGHOST, PGPORT, ... */
+    char redis_url_text[512];
+    redis_url redis;
+    int threads;                /* MHD worker threads, each with its own connections */
+    int max_connections;
+    int conn_timeout_s;         /* idle HTTP connection timeout */
+    long max_body;              /* bytes; larger bodies get 413 */
+    long lock_lease_ms;         /* per-user order lock lease; -1 = watchdog */
+    int redis_timeout_ms;       /* connect and command timeout */
+    int pg_connect_timeout_s;
+    int pg_statement_timeout_ms;
+    char admin_token[256];      /* empty: admin API disabled (403) */
+    int log_level;              /* enum log_level */
+    char lua_dir[1024];
+    char id_prefix[64];         /* icr:{prefix}:{yyyy:MM:dd} */
+    int demo_random_user;
+    int retry_after_s;
+    char instance_uuid[37];     /* random per process; lock owner prefix */
+} config;
+
+/* The one process-wide configuration. Written only by config_load. */
+extern config g_cfg;
+
+/* Fills g_cfg from the environment and argv. Returns 0, or -1 after printing
+ * a clear message to stderr; returns 1 when --help was printed. */
+int config_load(int argc, char **argv);
+
+void config_usage(FILE *out);
+
+/* Parses "redis://[[user]:password@]host[:port][/db]". Returns 0 or -1. */
+int config_parse_redis_url(const char *s, redis_url *out);
+
+#endif

@@ -1,0 +1,52 @@
+/* conn: the per-thread connection set. Each worker thread owns one Redis
+ * context and one Postgres connection, created on first use and re-opened
+ * after a failure; nothing here is shared between threads, so no locks. */
+#ifndef SECKILL_CONN_H
+#define SECKILL_CONN_H
+
+#include <stdint.h>
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
+
+typedef struct conn_set {
+    redisContext *redis;   /* NULL until connected, or after conn_redis_broken */
+    PGconn *pg;            /* NULL until connected, or after conn_pg_broken */
+    uint64_t thread_id;    /* process-unique, never reused (lock owner id) */
+    char owner[128];       /* "<instance uuid>:<thread_id>", the lock hash field */
+} conn_set;
+
+/* This thread's set, created on first call; freed when the thread exits
+ * (or by conn_close_thread). Never NULL. */
+conn_set *conn_get(void);
+
+/* A connected Redis context, or NULL when Redis is unreachable (the reason
+ * is logged). Connects with the configured connect and command timeouts,
+ * authenticates and selects the database. Borrowed: do not free. */
+redisContext *conn_redis(conn_set *cs);
+
+/* Call after a NULL reply or any context error: the context is freed and
+ * the next conn_redis opens a new one (a timed-out reply may still arrive
+ * on the old socket, so it must never be reused). */
+void conn_redis_broken(conn_set *cs);
+
+/* A connected Postgres session with our statements prepared, or NULL when
+ * Postgres is unreachable. Borrowed: do not free. */
+PGconn *conn_pg(conn_set *cs);
+
+/* Call when a PG call failed at the connection level: the connection is
+ * closed and re-opened (and re-prepared) by the next conn_pg. */
+void conn_pg_broken(conn_set *cs);
+
+/* Opens a standalone Redis context with the configured timeouts, for threads
+ * outside the worker pool (stats publisher, tests). Caller frees with
+ * redisFree. NULL on failure, with the reason in 'err'. */
+redisContext *conn_redis_open(char *err, size_t errlen);
+
+/* Opens a standalone Postgres connection (statements prepared). Caller frees
+ * with PQfinish. NULL on failure, with the reason in 'err'. */
+PGconn *conn_pg_open(char *err, size_t errlen);
+
+/* Closes and frees the calling thread's set now (idempotent). */
+void conn_close_thread(void);
+
+#endif

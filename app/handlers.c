@@ -1,0 +1,520 @@
+/* handlers: the API. Each handler validates, talks to Redis and Postgres
+ * through the calling worker's own connections, and answers exactly once. */
+#include "handlers.h"
+#include "config.h"
+#include "conn.h"
+#include "idw.h"
+#include "lock.h"
+#include "log.h"
+#include "stats.h"
+#include "store.h"
+#include "util.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#define LOCK_KEY_PREFIX "lock:order:"
+
+/* ---- small helpers ---- */
+
+static enum MHD_Result send_store_error(http_req *r, store_status st)
+{
+    switch (st) {
+    case STORE_NOT_FOUND:
+        return http_send_error(r, API_VOUCHER_NOT_FOUND, NULL);
+    case STORE_SOLD_OUT:
+        return http_send_error(r, API_SOLD_OUT, NULL);
+    case STORE_DUPLICATE:
+        return http_send_error(r, API_ALREADY_ORDERED, NULL);
+    case STORE_INVALID:
+        return http_send_error(r, API_INVALID_FIELD, NULL);
+    default:
+        return http_send_error(r, API_UNAVAILABLE, "database unavailable, retry later");
+    }
+}
+
+/* Postgres on this worker, or NULL after answering 503. */
+static PGconn *pg_or_respond(http_req *r, conn_set *cs)
+{
+    PGconn *pg = conn_pg(cs);
+    if (pg == NULL)
+        http_send_error(r, API_UNAVAILABLE, "database unavailable, retry later");
+    return pg;
+}
+
+static redisContext *redis_or_respond(http_req *r, conn_set *cs)
+{
+    redisContext *c = conn_redis(cs);
+    if (c == NULL)
+        http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
+    return c;
+}
+
+/* A thread-local generator for demo users: no shared state, seeded once. */
+static int64_t random_user_id(void)
+{
+    static _Thread_local uint64_t s;
+    while (s == 0 && getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s)
+        ;
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    /* Above any realistic real id, below 2^53 so JavaScript reads it exactly. */
+    return (int64_t)(1000000000000ULL + s % ((1ULL << 53) - 1000000000000ULL));
+}
+
+static void add_voucher_fields(cJSON *o, const store_voucher *v)
+{
+    char b[32], e[32];
+
+    util_format_iso8601(v->begin_time, b, sizeof b);
+    util_format_iso8601(v->end_time, e, sizeof e);
+    cJSON_AddNumberToObject(o, "voucherId", (double)v->voucher_id);
+    cJSON_AddStringToObject(o, "title", v->title);
+    cJSON_AddNumberToObject(o, "stock", (double)v->stock);
+    cJSON_AddNumberToObject(o, "initialStock", (double)v->initial_stock);
+    cJSON_AddStringToObject(o, "beginTime", b);
+    cJSON_AddStringToObject(o, "endTime", e);
+}
+
+/* ---- GET /health, /ready ---- */
+
+static enum MHD_Result h_health(http_req *r, const char *arg, size_t arg_len)
+{
+    cJSON *o = cJSON_CreateObject();
+
+    (void)arg;
+    (void)arg_len;
+    cJSON_AddStringToObject(o, "status", "ok");
+    cJSON_AddStringToObject(o, "instance", g_cfg.instance_id);
+    return http_send_json(r, 200, o);
+}
+
+static enum MHD_Result h_ready(http_req *r, const char *arg, size_t arg_len)
+{
+    conn_set *cs = conn_get();
+    PGconn *pg = conn_pg(cs);
+    redisContext *c = conn_redis(cs);
+    int pg_ok = 0, redis_ok = 0;
+    cJSON *o;
+
+    (void)arg;
+    (void)arg_len;
+    if (pg != NULL) {
+        PGresult *res = PQexec(pg, "SELECT 1");
+        pg_ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+        PQclear(res);
+        if (!pg_ok)
+            conn_pg_broken(cs);
+    }
+    if (c != NULL) {
+        redisReply *rep = redisCommand(c, "PING");
+        redis_ok = rep != NULL && rep->type == REDIS_REPLY_STATUS;
+        freeReplyObject(rep);
+        if (!redis_ok)
+            conn_redis_broken(cs);
+    }
+    if (!pg_ok || !redis_ok)
+        return http_send_error(r, API_UNAVAILABLE,
+                               !pg_ok && !redis_ok ? "postgres and redis unreachable"
+                               : !pg_ok            ? "postgres unreachable"
+                                                   : "redis unreachable");
+    o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "ready");
+    cJSON_AddStringToObject(o, "postgres", "ok");
+    cJSON_AddStringToObject(o, "redis", "ok");
+    return http_send_json(r, 200, o);
+}
+
+/* ---- GET /voucher/{id} ---- */
+
+static enum MHD_Result h_voucher_get(http_req *r, const char *arg, size_t arg_len)
+{
+    conn_set *cs;
+    PGconn *pg;
+    store_voucher v;
+    store_status st;
+    int64_t id;
+    cJSON *o;
+
+    if (util_parse_id(arg, arg_len, &id) != 0)
+        return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
+    cs = conn_get();
+    if ((pg = pg_or_respond(r, cs)) == NULL)
+        return MHD_YES;
+    st = store_voucher_get(pg, id, &v);
+    if (st != STORE_OK)
+        return send_store_error(r, st);
+    o = cJSON_CreateObject();
+    add_voucher_fields(o, &v);
+    return http_send_json(r, 200, o);
+}
+
+/* ---- POST /voucher/{id}/seckill: the sale (SPEC section 1) ---- */
+
+static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
+{
+    char key[64], body[160];
+    const char *uid_text;
+    conn_set *cs;
+    PGconn *pg;
+    redisContext *c;
+    store_voucher v;
+    store_status st;
+    lock_status ls;
+    idw_status is;
+    lock_grant grant;
+    int64_t voucher_id, user_id, order_id, now;
+    int n;
+
+    /* 1. Validate. */
+    if (util_parse_id(arg, arg_len, &voucher_id) != 0)
+        return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
+    uid_text = http_header(r, "X-User-Id");
+    if (uid_text == NULL && g_cfg.demo_random_user)
+        user_id = random_user_id();
+    else if (uid_text == NULL || util_parse_id(uid_text, strlen(uid_text), &user_id) != 0)
+        return http_send_error(r, API_INVALID_USER_ID, NULL);
+
+    /* 2. The voucher, its window, and the sold-out fast path. The stock read
+     *    here only rejects early; the UPDATE below decides. */
+    cs = conn_get();
+    if ((pg = pg_or_respond(r, cs)) == NULL)
+        return MHD_YES;
+    st = store_voucher_get(pg, voucher_id, &v);
+    if (st != STORE_OK)
+        return send_store_error(r, st);
+    now = util_now_s();
+    if (now < v.begin_time)
+        return http_send_error(r, API_NOT_STARTED, NULL);
+    if (now > v.end_time)
+        return http_send_error(r, API_ENDED, NULL);
+    if (v.stock <= 0)
+        return http_send_error(r, API_SOLD_OUT, NULL);
+
+    /* 3. The per-user lock, one attempt: a concurrent request of the same
+     *    user holds it, so this one is a duplicate. */
+    if ((c = redis_or_respond(r, cs)) == NULL)
+        return MHD_YES;
+    snprintf(key, sizeof key, LOCK_KEY_PREFIX "%" PRId64, user_id);
+    ls = lock_try_acquire(c, key, cs->owner, g_cfg.lock_lease_ms, &grant);
+    if (ls == LOCK_BUSY)
+        return http_send_error(r, API_ALREADY_ORDERED, NULL);
+    if (ls != LOCK_OK) {
+        if (c->err)
+            conn_redis_broken(cs);
+        return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
+    }
+
+    /* 4. The id first (no row lock held yet), then the one-statement
+     *    transaction: duplicate check, stock > 0 deduction, insert. */
+    is = idw_next(c, g_cfg.id_prefix, &order_id);
+    if (is != IDW_OK) {
+        if (is == IDW_REDIS && c->err)
+            conn_redis_broken(cs);
+        else
+            log_error("order id: %s", is == IDW_EXHAUSTED ? "today's counter is exhausted"
+                                                            : "clock outside the id range");
+        st = STORE_UNAVAILABLE;
+    } else {
+        st = store_order_create(pg, order_id, voucher_id, user_id);
+    }
+
+    /* 5. Release only now, after the commit (or rollback): releasing earlier
+     *    lets a second request of the same user in before the order is visible. */
+    if (cs->redis != NULL) {
+        ls = lock_release(cs->redis, key, cs->owner, g_cfg.lock_lease_ms, NULL);
+        if (ls == LOCK_NOT_OWNER)
+            log_warn("lock %s expired during the order (lease %ld ms too short?)", key,
+                     g_cfg.lock_lease_ms);
+        else if (ls == LOCK_ERR && cs->redis->err)
+            conn_redis_broken(cs);      /* the lease frees it */
+    }
+
+    /* 6. The answer. */
+    if (st != STORE_OK)
+        return send_store_error(r, st);
+    /* Built by hand: ids pass 2^53, and cJSON numbers are doubles. */
+    n = snprintf(body, sizeof body,
+                 "{\"orderId\":\"%" PRId64 "\",\"voucherId\":%" PRId64 ",\"userId\":%" PRId64 "}",
+                 order_id, voucher_id, user_id);
+    return http_send_text(r, 200, "application/json", xstrdup(body), (size_t)n);
+}
+
+/* ---- GET /stats ---- */
+
+static enum MHD_Result h_stats(http_req *r, const char *arg, size_t arg_len)
+{
+    conn_set *cs = conn_get();
+    PGconn *pg;
+    redisContext *c;
+    cJSON *o, *vouchers, *instances, *cluster;
+    store_status st;
+
+    (void)arg;
+    (void)arg_len;
+    if ((pg = pg_or_respond(r, cs)) == NULL)
+        return MHD_YES;
+    if ((c = redis_or_respond(r, cs)) == NULL)
+        return MHD_YES;
+    o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "instance", g_cfg.instance_id);
+    cJSON_AddStringToObject(o, "uuid", g_cfg.instance_uuid);
+    cJSON_AddStringToObject(o, "lockStrategy", "reentrant");
+    cJSON_AddStringToObject(o, "stockStrategy", "optimistic");
+    vouchers = cJSON_AddArrayToObject(o, "vouchers");
+    st = store_stats(pg, vouchers);
+    if (st != STORE_OK) {
+        cJSON_Delete(o);
+        return send_store_error(r, STORE_UNAVAILABLE);
+    }
+    stats_self_json(o);
+    instances = cJSON_AddArrayToObject(o, "instances");
+    cluster = cJSON_AddObjectToObject(o, "cluster");
+    if (stats_cluster_json(c, instances, cluster) != 0) {
+        if (c->err)
+            conn_redis_broken(cs);
+        cJSON_Delete(o);
+        return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
+    }
+    cJSON_AddNumberToObject(cluster, "instances", cJSON_GetArraySize(instances));
+    return http_send_json(r, 200, o);
+}
+
+/* ---- GET /metrics (Prometheus text format) ---- */
+
+static enum MHD_Result h_metrics(http_req *r, const char *arg, size_t arg_len)
+{
+    cJSON *self = cJSON_CreateObject(), *it;
+    const cJSON *req, *lock;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f;
+
+    (void)arg;
+    (void)arg_len;
+    stats_self_json(self);
+    req = cJSON_GetObjectItemCaseSensitive(self, "requests");
+    lock = cJSON_GetObjectItemCaseSensitive(self, "lock");
+    f = open_memstream(&buf, &len);
+    if (f == NULL) {
+        cJSON_Delete(self);
+        return MHD_NO;
+    }
+    fprintf(f, "# HELP seckill_requests_total Requests answered, by HTTP status.\n"
+               "# TYPE seckill_requests_total counter\n");
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(req, "byStatus"))
+        fprintf(f, "seckill_requests_total{instance=\"%s\",status=\"%s\"} %.0f\n",
+                g_cfg.instance_id, it->string, it->valuedouble);
+    fprintf(f, "# HELP seckill_errors_total Error answers, by error code.\n"
+               "# TYPE seckill_errors_total counter\n");
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(req, "byError"))
+        fprintf(f, "seckill_errors_total{instance=\"%s\",code=\"%s\"} %.0f\n",
+                g_cfg.instance_id, it->string, it->valuedouble);
+    fprintf(f, "# HELP seckill_lock_events_total Order lock events.\n"
+               "# TYPE seckill_lock_events_total counter\n");
+    cJSON_ArrayForEach(it, lock)
+        fprintf(f, "seckill_lock_events_total{instance=\"%s\",event=\"%s\"} %.0f\n",
+                g_cfg.instance_id, it->string, it->valuedouble);
+    fclose(f);
+    cJSON_Delete(self);
+    return http_send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);
+}
+
+/* ---- admin API (SPEC section 5) ---- */
+
+/* 403 when the admin API is off, 401 on a missing or wrong token; 0 = pass. */
+static int admin_denied(http_req *r)
+{
+    const char *auth;
+
+    if (g_cfg.admin_token[0] == '\0') {
+        http_send_error(r, API_ADMIN_DISABLED, NULL);
+        return 1;
+    }
+    auth = http_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0 ||
+        !util_secret_equal(g_cfg.admin_token, auth + 7)) {
+        http_send_error(r, API_UNAUTHORIZED, NULL);
+        return 1;
+    }
+    return 0;
+}
+
+/* Parses the body as a JSON object; NULL after answering 400 invalid_json. */
+static cJSON *json_body_or_respond(http_req *r)
+{
+    cJSON *doc = NULL;
+    const char *end = NULL;
+
+    /* cJSON's own "require NUL" check fails on length-bounded input, so the
+     * trailing bytes are checked here: only whitespace may follow the value. */
+    if (r->body != NULL && util_utf8_valid(r->body, r->body_len))
+        doc = cJSON_ParseWithLengthOpts(r->body, r->body_len, &end, 0);
+    if (doc != NULL) {
+        while (end < r->body + r->body_len && strchr(" \t\r\n", *end) != NULL && *end != '\0')
+            end++;
+        if (end != r->body + r->body_len) {
+            cJSON_Delete(doc);
+            doc = NULL;
+        }
+    }
+    if (doc == NULL) {
+        http_send_error(r, API_INVALID_JSON, NULL);
+        return NULL;
+    }
+    if (!cJSON_IsObject(doc)) {
+        cJSON_Delete(doc);
+        http_send_error(r, API_INVALID_FIELD, "the body must be a JSON object");
+        return NULL;
+    }
+    return doc;
+}
+
+/* A whole number 0..2^53 in a JSON number. */
+static int json_count(const cJSON *o, const char *name, int64_t *out)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
+    double d;
+
+    if (!cJSON_IsNumber(it))
+        return -1;
+    d = it->valuedouble;
+    if (!(d >= 0 && d <= 9007199254740992.0) || d != (double)(int64_t)d)
+        return -1;
+    *out = (int64_t)d;
+    return 0;
+}
+
+/* Optional ISO-8601 time: 1 present, 0 absent, -1 invalid. */
+static int json_time(const cJSON *o, const char *name, int64_t *out)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
+
+    if (it == NULL || cJSON_IsNull(it))
+        return 0;
+    if (!cJSON_IsString(it) || util_parse_iso8601(it->valuestring, out) != 0 || *out < 0 ||
+        *out > 253402300799LL)        /* 9999-12-31T23:59:59Z */
+        return -1;
+    return 1;
+}
+
+static enum MHD_Result h_admin_create(http_req *r, const char *arg, size_t arg_len)
+{
+    conn_set *cs;
+    PGconn *pg;
+    cJSON *doc, *o;
+    const cJSON *title;
+    int64_t stock, begin, end, id;
+    const char *bad = NULL;
+    store_status st;
+    enum MHD_Result ret;
+
+    (void)arg;
+    (void)arg_len;
+    if (admin_denied(r))
+        return MHD_YES;
+    if ((doc = json_body_or_respond(r)) == NULL)
+        return MHD_YES;
+    title = cJSON_GetObjectItemCaseSensitive(doc, "title");
+    if (!cJSON_IsString(title) || title->valuestring[0] == '\0' || strlen(title->valuestring) > 200)
+        bad = "title must be a non-empty string of at most 200 bytes";
+    else if (json_count(doc, "stock", &stock) != 0)
+        bad = "stock must be a whole number >= 0";
+    else if (json_time(doc, "beginTime", &begin) != 1)
+        bad = "beginTime must be an ISO-8601 date-time";
+    else if (json_time(doc, "endTime", &end) != 1)
+        bad = "endTime must be an ISO-8601 date-time";
+    else if (end < begin)
+        bad = "endTime is before beginTime";
+    if (bad != NULL) {
+        ret = http_send_error(r, API_INVALID_FIELD, bad);
+        goto cleanup;
+    }
+    cs = conn_get();
+    if ((pg = pg_or_respond(r, cs)) == NULL) {
+        ret = MHD_YES;
+        goto cleanup;
+    }
+    st = store_voucher_create(pg, title->valuestring, stock, begin, end, &id);
+    if (st != STORE_OK) {
+        ret = send_store_error(r, st);
+        goto cleanup;
+    }
+    log_info("admin: voucher %" PRId64 " created, stock %" PRId64, id, stock);
+    o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "voucherId", (double)id);
+    ret = http_send_json(r, 201, o);
+cleanup:
+    cJSON_Delete(doc);
+    return ret;
+}
+
+static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_len)
+{
+    conn_set *cs;
+    PGconn *pg;
+    cJSON *doc = NULL, *o;
+    int64_t id, stock, begin = -1, end = -1;
+    int hb, he;
+    const char *bad = NULL;
+    store_status st;
+    store_voucher v;
+    enum MHD_Result ret;
+
+    if (util_parse_id(arg, arg_len, &id) != 0)
+        return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
+    if (admin_denied(r))
+        return MHD_YES;
+    if ((doc = json_body_or_respond(r)) == NULL)
+        return MHD_YES;
+    hb = json_time(doc, "beginTime", &begin);
+    he = json_time(doc, "endTime", &end);
+    if (json_count(doc, "stock", &stock) != 0)
+        bad = "stock must be a whole number >= 0";
+    else if (hb < 0)
+        bad = "beginTime must be an ISO-8601 date-time";
+    else if (he < 0)
+        bad = "endTime must be an ISO-8601 date-time";
+    else if (hb == 1 && he == 1 && end < begin)
+        bad = "endTime is before beginTime";
+    if (bad != NULL) {
+        ret = http_send_error(r, API_INVALID_FIELD, bad);
+        goto cleanup;
+    }
+    cs = conn_get();
+    if ((pg = pg_or_respond(r, cs)) == NULL) {
+        ret = MHD_YES;
+        goto cleanup;
+    }
+    st = store_voucher_reset(pg, id, stock, hb == 1 ? begin : -1, he == 1 ? end : -1);
+    if (st == STORE_OK)
+        st = store_voucher_get(pg, id, &v);
+    if (st != STORE_OK) {
+        ret = send_store_error(r, st);
+        goto cleanup;
+    }
+    log_info("admin: voucher %" PRId64 " reset to stock %" PRId64, id, stock);
+    o = cJSON_CreateObject();
+    add_voucher_fields(o, &v);
+    ret = http_send_json(r, 200, o);
+cleanup:
+    cJSON_Delete(doc);
+    return ret;
+}
+
+const http_route handlers_routes[] = {
+    { "GET", "/health", h_health },
+    { "GET", "/ready", h_ready },
+    { "GET", "/stats", h_stats },
+    { "GET", "/metrics", h_metrics },
+    { "GET", "/voucher/*", h_voucher_get },
+    { "POST", "/voucher/*/seckill", h_seckill },
+    { "POST", "/admin/vouchers", h_admin_create },
+    { "POST", "/admin/vouchers/*/reset", h_admin_reset },
+};
+
+const size_t handlers_route_count = sizeof handlers_routes / sizeof handlers_routes[0];

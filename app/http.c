@@ -1,0 +1,295 @@
+/* http: libmicrohttpd daemon, body collection, routing, responses. */
+#include "http.h"
+#include "config.h"
+#include "log.h"
+#include "stats.h"
+#include "util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static struct MHD_Daemon *daemon_handle;
+static const http_route *route_table;
+static size_t route_count;
+static _Atomic int in_flight;
+
+/* Bodies past the limit are drained (so the client reads our 413) up to this
+ * many bytes; beyond it the connection is dropped. */
+static size_t drain_cap(void)
+{
+    size_t cap = (size_t)g_cfg.max_body * 4;
+    return cap < (8u << 20) ? (8u << 20) : cap;
+}
+
+const char *http_header(http_req *r, const char *name)
+{
+    return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+static enum MHD_Result queue(http_req *r, int status, struct MHD_Response *resp,
+                             const char *content_type)
+{
+    enum MHD_Result ret;
+
+    if (resp == NULL)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(resp, "X-Instance-Id", g_cfg.instance_id);
+    if (status == 503) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", g_cfg.retry_after_s);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+    }
+    r->status = status;
+    ret = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);            /* MHD keeps its own reference */
+    return ret;
+}
+
+enum MHD_Result http_send_text(http_req *r, int status, const char *content_type, char *text,
+                               size_t len)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+
+    if (resp == NULL) {
+        free(text);
+        return MHD_NO;
+    }
+    return queue(r, status, resp, content_type);
+}
+
+enum MHD_Result http_send_json(http_req *r, int status, cJSON *body)
+{
+    char *text = body ? cJSON_PrintUnformatted(body) : NULL;
+
+    cJSON_Delete(body);
+    if (text == NULL)
+        return MHD_NO;
+    return http_send_text(r, status, "application/json", text, strlen(text));
+}
+
+static enum MHD_Result send_error_with(http_req *r, api_err e, const char *message,
+                                       const char *allow)
+{
+    cJSON *o = cJSON_CreateObject();
+    struct MHD_Response *resp;
+    char *text;
+    int status = api_err_status(e);
+
+    cJSON_AddStringToObject(o, "error", api_err_code(e));
+    cJSON_AddStringToObject(o, "message", message ? message : api_err_message(e));
+    text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (text == NULL)
+        return MHD_NO;
+    resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL) {
+        free(text);
+        return MHD_NO;
+    }
+    if (allow != NULL)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    r->err = e;
+    return queue(r, status, resp, "application/json");
+}
+
+enum MHD_Result http_send_error(http_req *r, api_err e, const char *message)
+{
+    return send_error_with(r, e, message, NULL);
+}
+
+/* Matches 'path' against 'pattern' segment by segment; '*' takes one segment
+ * (possibly empty) and is returned through arg/arg_len. */
+static int route_match(const char *pattern, const char *path, const char **arg, size_t *arg_len)
+{
+    const char *p = pattern, *s = path;
+
+    while (*p != '\0') {
+        if (*p == '*') {
+            const char *end = strchr(s, '/');
+            size_t n = end ? (size_t)(end - s) : strlen(s);
+            *arg = s;
+            *arg_len = n;
+            s += n;
+            p++;
+            continue;
+        }
+        if (*p != *s)
+            return 0;
+        p++;
+        s++;
+    }
+    return *s == '\0';
+}
+
+static int method_is(const char *have, const char *want)
+{
+    return strcmp(have, want) == 0 ||
+           (strcmp(want, MHD_HTTP_METHOD_GET) == 0 && strcmp(have, MHD_HTTP_METHOD_HEAD) == 0);
+}
+
+static enum MHD_Result dispatch(http_req *r)
+{
+    char allow[64] = "";
+    const char *arg = NULL;
+    size_t arg_len = 0;
+    int path_known = 0;
+
+    for (size_t i = 0; i < route_count; i++) {
+        const http_route *rt = &route_table[i];
+        if (!route_match(rt->pattern, r->url, &arg, &arg_len))
+            continue;
+        if (method_is(r->method, rt->method))
+            return rt->fn(r, arg, arg_len);
+        path_known = 1;
+        size_t used = strlen(allow);
+        snprintf(allow + used, sizeof allow - used, "%s%s%s", used ? ", " : "", rt->method,
+                 strcmp(rt->method, MHD_HTTP_METHOD_GET) == 0 ? ", HEAD" : "");
+    }
+    if (path_known)
+        return send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, allow);
+    return http_send_error(r, API_NOT_FOUND, NULL);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **req_cls)
+{
+    http_req *r = *req_cls;
+
+    (void)cls;
+    (void)version;
+    if (r == NULL) {                         /* headers only: the body comes later */
+        r = xcalloc(1, sizeof *r);
+        r->conn = conn;
+        r->method = method;
+        r->url = url;
+        r->start_us = util_mono_us();
+        *req_cls = r;
+        atomic_fetch_add(&in_flight, 1);
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        int64_t n;
+        if (cl != NULL && (util_parse_u63(cl, strlen(cl), &n) != 0 || (uint64_t)n > drain_cap()))
+            return http_send_error(r, API_BODY_TOO_LARGE, NULL);   /* MHD closes after it */
+        return MHD_YES;
+    }
+    if (*upload_data_size != 0) {
+        size_t n = *upload_data_size;
+        r->body_seen += n;
+        if (!r->too_large && r->body_len + n > (size_t)g_cfg.max_body) {
+            r->too_large = 1;
+            free(r->body);
+            r->body = NULL;
+            r->body_len = 0;
+        }
+        if (!r->too_large) {
+            r->body = xrealloc(r->body, r->body_len + n + 1);
+            memcpy(r->body + r->body_len, upload_data, n);
+            r->body_len += n;
+            r->body[r->body_len] = '\0';
+        }
+        *upload_data_size = 0;
+        if (r->body_seen > drain_cap())
+            return MHD_NO;                   /* an endless body: drop the connection */
+        return MHD_YES;
+    }
+    if (r->status != 0)
+        return MHD_YES;                      /* already answered */
+    if (r->too_large)
+        return http_send_error(r, API_BODY_TOO_LARGE, NULL);
+    return dispatch(r);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    http_req *r = *req_cls;
+
+    (void)cls;
+    (void)conn;
+    if (r == NULL)
+        return;
+    if (r->status != 0) {
+        stats_record(r->status, r->err);
+        log_info("access %s %s %d %.3fms %s%s%s", r->method, r->url, r->status,
+                 (double)(util_mono_us() - r->start_us) / 1000.0, g_cfg.instance_id,
+                 r->err != API_OK ? " " : "", r->err != API_OK ? api_err_code(r->err) : "");
+    } else {
+        log_debug("request %s %s ended without answer (termination %d)", r->method, r->url,
+                  (int)toe);
+    }
+    free(r->body);
+    free(r);
+    *req_cls = NULL;
+    atomic_fetch_sub(&in_flight, 1);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char line[512];
+
+    (void)cls;
+    vsnprintf(line, sizeof line, fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    log_warn("mhd: %s", line);
+}
+
+int http_start(const http_route *routes, size_t nroutes)
+{
+    struct sockaddr_in addr;
+
+    route_table = routes;
+    route_count = nroutes;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)g_cfg.port);
+    if (inet_pton(AF_INET, g_cfg.bind, &addr.sin_addr) != 1) {
+        log_error("invalid BIND address '%s' (IPv4 expected)", g_cfg.bind);
+        return -1;
+    }
+    daemon_handle = MHD_start_daemon(
+        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG,
+        (uint16_t)g_cfg.port, NULL, NULL, on_request, NULL,
+        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)g_cfg.threads,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)g_cfg.max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g_cfg.conn_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+        MHD_OPTION_END);
+    if (daemon_handle == NULL) {
+        log_error("cannot listen on %s:%d (port in use?)", g_cfg.bind, g_cfg.port);
+        return -1;
+    }
+    return 0;
+}
+
+void http_stop(int grace_ms)
+{
+    int64_t deadline;
+    struct timespec tick = { 0, 10 * 1000 * 1000 };
+
+    if (daemon_handle == NULL)
+        return;
+    /* Stop accepting; requests already read keep running until answered. */
+    MHD_quiesce_daemon(daemon_handle);
+    deadline = util_mono_us() + (int64_t)grace_ms * 1000;
+    while (atomic_load(&in_flight) > 0 && util_mono_us() < deadline)
+        nanosleep(&tick, NULL);
+    if (atomic_load(&in_flight) > 0)
+        log_warn("shutdown: %d requests still open after %d ms", atomic_load(&in_flight), grace_ms);
+    MHD_stop_daemon(daemon_handle);
+    daemon_handle = NULL;
+}

@@ -1,0 +1,60 @@
+/* http: the libmicrohttpd glue. A pool of worker threads (epoll), request
+ * bodies collected up to a limit, a route table matched by path then method,
+ * and JSON responses. Handlers run on the worker threads, so they may use
+ * the thread's own connection set (conn.h) without locks. */
+#ifndef SECKILL_HTTP_H
+#define SECKILL_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cJSON.h>
+#include <microhttpd.h>
+
+#include "api.h"
+
+typedef struct http_req {
+    struct MHD_Connection *conn;
+    const char *method;       /* borrowed from MHD, valid for the request */
+    const char *url;          /* path without the query string */
+    char *body;               /* NUL-terminated; owned, freed at completion */
+    size_t body_len;
+    size_t body_seen;         /* bytes received, stored or not */
+    int too_large;
+    int64_t start_us;
+    int status;               /* answer sent, for the access log and stats */
+    api_err err;
+} http_req;
+
+/* A handler answers with one of the http_send_* calls and returns its result.
+ * 'arg' is the path segment matched by '*' in the route (may be empty). */
+typedef enum MHD_Result (*http_handler)(http_req *r, const char *arg, size_t arg_len);
+
+typedef struct http_route {
+    const char *method;       /* "GET", "POST"; GET routes also answer HEAD */
+    const char *pattern;      /* "/voucher/ * /seckill" without spaces: '*' is one segment */
+    http_handler fn;
+} http_route;
+
+/* Starts the daemon on g_cfg.bind:g_cfg.port with 'routes' (borrowed for the
+ * daemon's lifetime). Returns 0 or -1. */
+int http_start(const http_route *routes, size_t nroutes);
+
+/* Stops accepting, lets requests in flight finish (up to 'grace_ms'), then
+ * closes every connection and joins the workers. */
+void http_stop(int grace_ms);
+
+/* Request header value, or NULL. Borrowed from MHD. */
+const char *http_header(http_req *r, const char *name);
+
+/* Sends 'body' (taken: freed here) with 'status'. */
+enum MHD_Result http_send_json(http_req *r, int status, cJSON *body);
+
+/* Sends 'len' bytes of 'text' (taken: freed here with free()). */
+enum MHD_Result http_send_text(http_req *r, int status, const char *content_type, char *text,
+                               size_t len);
+
+/* Sends {"error":code,"message":...} with the code's status ('message' NULL:
+ * the default text). Adds Retry-After to 503. */
+enum MHD_Result http_send_error(http_req *r, api_err e, const char *message);
+
+#endif

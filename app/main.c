@@ -1,0 +1,64 @@
+/* seckill: a flash-sale service. main wires the modules together: config,
+ * scripts, the stats publisher, the HTTP daemon, and a clean shutdown. */
+#include "config.h"
+#include "handlers.h"
+#include "http.h"
+#include "log.h"
+#include "script.h"
+#include "stats.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <microhttpd.h>
+
+#define SHUTDOWN_GRACE_MS 5000
+
+int main(int argc, char **argv)
+{
+    char err[512];
+    sigset_t sigs;
+    int sig, rc;
+
+    rc = config_load(argc, argv);
+    if (rc != 0)
+        return rc > 0 ? EXIT_SUCCESS : 2;
+    log_set_level((enum log_level)g_cfg.log_level);
+    if (script_load_all(g_cfg.lua_dir, err, sizeof err) != 0) {
+        log_error("lua scripts: %s (set LUA_DIR)", err);
+        return 2;
+    }
+
+    /* Block the signals in every thread; main alone takes them with sigwait. */
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (stats_publisher_start() != 0) {
+        log_error("cannot start the stats publisher thread");
+        return 1;
+    }
+    if (http_start(handlers_routes, handlers_route_count) != 0) {
+        stats_publisher_stop();
+        return 1;
+    }
+    log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
+             g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
+             g_cfg.instance_uuid);
+    if (g_cfg.demo_random_user)
+        log_warn("DEMO_RANDOM_USER=1: requests without X-User-Id buy as random new users");
+
+    do {
+        if (sigwait(&sigs, &sig) != 0)
+            sig = SIGTERM;
+    } while (sig == SIGHUP);
+    log_info("signal %d: finishing requests in flight, then stopping", sig);
+    http_stop(SHUTDOWN_GRACE_MS);
+    stats_publisher_stop();
+    log_info("stopped");
+    return EXIT_SUCCESS;
+}

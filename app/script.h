@@ -1,0 +1,35 @@
+/* script: the Redis Lua scripts, read from lua/<name>.lua at start and run
+ * with EVALSHA, falling back to EVAL when the server answers NOSCRIPT
+ * (restart, failover, SCRIPT FLUSH). */
+#ifndef SECKILL_SCRIPT_H
+#define SECKILL_SCRIPT_H
+
+#include <stddef.h>
+#include <hiredis/hiredis.h>
+
+enum script_id {
+    SCRIPT_LOCK_ACQUIRE,   /* lua/lock_acquire.lua */
+    SCRIPT_LOCK_RELEASE,   /* lua/lock_release.lua */
+    SCRIPT_COUNT
+};
+
+/* Reads every script from 'dir' and computes its SHA1. Call once before
+ * threads start. Returns 0, or -1 with the reason in 'err'. */
+int script_load_all(const char *dir, char *err, size_t errlen);
+
+/* Name and SHA1 (40 hex chars) of a loaded script, for logs and tests. */
+const char *script_name(enum script_id id);
+const char *script_sha(enum script_id id);
+
+/* Runs script 'id' with 'nkeys' keys followed by the other arguments:
+ * argv[0..nkeys-1] are KEYS, the rest ARGV; argvlen may be NULL for
+ * NUL-terminated strings. Returns the reply (caller frees it with
+ * freeReplyObject; it may be REDIS_REPLY_ERROR), or NULL when the connection
+ * failed (c->err set: the context must be discarded). */
+redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
+                       int argc, const char **argv, const size_t *argvlen);
+
+/* SHA1 of 'len' bytes as 40 lowercase hex digits + NUL. */
+void script_sha1_hex(const void *data, size_t len, char out[41]);
+
+#endif

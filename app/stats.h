@@ -1,0 +1,32 @@
+/* stats: request outcome counters of this instance (atomics), published to
+ * Redis once a second so that any instance can show every live instance. */
+#ifndef SECKILL_STATS_H
+#define SECKILL_STATS_H
+
+#include <stdint.h>
+#include <cJSON.h>
+#include <hiredis/hiredis.h>
+
+#include "api.h"
+
+/* Counts one answered request. Thread-safe, lock-free. */
+void stats_record(int status, api_err err);
+
+/* Adds this instance's "requests" and "lock" objects to 'obj'. */
+void stats_self_json(cJSON *obj);
+
+/* Appends one object per live instance (this one from memory, the others
+ * from Redis) to 'instances' and the sums to 'cluster'. Returns 0, or -1 when
+ * Redis failed (NULL reply: the context must be discarded). */
+int stats_cluster_json(redisContext *c, cJSON *instances, cJSON *cluster);
+
+/* Starts / stops the thread that publishes this instance's counters. */
+int stats_publisher_start(void);
+void stats_publisher_stop(void);
+
+/* Redis keys. Live instances are a sorted set scored by last publish (ms). */
+#define STATS_INSTANCES_KEY "seckill:instances"
+#define STATS_INSTANCE_PREFIX "seckill:instance:"
+#define STATS_LIVE_MS 5000
+
+#endif

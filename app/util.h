@@ -1,0 +1,43 @@
+/* util: small pure helpers shared by every module (parsing, time, memory). */
+#ifndef SECKILL_UTIL_H
+#define SECKILL_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Strict positive int64 from a whole string: decimal digits only (no sign,
+ * no spaces), value in 1..INT64_MAX. 'len' is the number of bytes to read.
+ * Returns 0 and sets *out, or -1. */
+int util_parse_id(const char *s, size_t len, int64_t *out);
+
+/* Non-negative int64 with the same strictness (0 allowed). */
+int util_parse_u63(const char *s, size_t len, int64_t *out);
+
+/* ISO-8601 date-time -> Unix seconds. Accepts YYYY-MM-DDTHH:MM:SS with an
+ * optional fraction and a zone of Z, +HH:MM, +HHMM (no zone means UTC).
+ * Returns 0 or -1. */
+int util_parse_iso8601(const char *s, int64_t *out);
+
+/* Unix seconds -> "YYYY-MM-DDTHH:MM:SSZ" in 'buf' (at least 21 bytes). */
+void util_format_iso8601(int64_t ts, char *buf, size_t n);
+
+/* Wall clock in Unix seconds, and a monotonic clock in microseconds. */
+int64_t util_now_s(void);
+int64_t util_mono_us(void);
+
+/* Fills 'buf' (37 bytes) with a random RFC 4122 version-4 UUID. */
+void util_uuid4(char buf[37]);
+
+/* Compares two NUL-terminated secrets in time independent of where they differ. */
+int util_secret_equal(const char *a, const char *b);
+
+/* 1 if 'len' bytes are well-formed UTF-8 (no overlongs, no surrogates). */
+int util_utf8_valid(const char *s, size_t len);
+
+/* Allocation that aborts on failure: our own code never sees NULL. */
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t m);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+
+#endif

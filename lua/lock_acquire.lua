@@ -1,0 +1,24 @@
+-- lock_acquire: one attempt at a Redisson-compatible reentrant lock, with a
+-- fencing token (the hash layout of Redisson's RLock, the reply of its
+-- RFencedLock).
+--
+-- KEYS[1]  lock key: a hash, field = owner id, value = hold count
+-- KEYS[2]  token counter "redisson_lock_token:{<lock key>}"
+-- ARGV[1]  lease in ms (PEXPIRE)
+-- ARGV[2]  owner id "<instance uuid>:<thread id>"
+--
+-- Reply: {-1, token}  granted (new or reentry); token is the INCRed counter,
+--                     >= 1, never reset (no TTL), so it survives release
+--        {pttl, -1}   held by another owner; pttl = holder's remaining ms
+--                     (-1 when the key has no expiry)
+-- The second element tells the cases apart: pttl can itself be -1.
+
+if (redis.call('exists', KEYS[1]) == 0)
+        or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+    redis.call('hincrby', KEYS[1], ARGV[2], 1)
+    -- reentry resets the lease to the full value, it does not add to it
+    redis.call('pexpire', KEYS[1], ARGV[1])
+    local token = redis.call('incr', KEYS[2])
+    return {-1, token}
+end
+return {redis.call('pttl', KEYS[1]), -1}

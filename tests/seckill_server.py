@@ -1,0 +1,587 @@
+"""Helpers for the black-box tests of the seckill server (Python 3 stdlib only).
+
+- Server: starts build/seckill on a free loopback port with env overrides,
+  waits for GET /health, stops it with SIGTERM and checks it exits 0.
+- request() / Client: a small HTTP client (http.client) with timeouts that
+  returns Response(status, headers, body, raw); body is parsed JSON when the
+  answer is JSON, raw text otherwise.
+- raw_request(): sends arbitrary bytes on a socket, for malformed requests.
+- psql() / redis(): run queries with the psql and redis-cli clients.
+- RedisServer: a dedicated redis-server (for outage tests).
+- test / main: a minimal test runner printing "ok - name" / "FAIL - name: why"
+  and "N passed, M failed".
+
+Environment (set by tests/run.sh): SECKILL_BIN, PG_DSN, REDIS_URL, LUA_DIR,
+TEST_TMP. TEST_ONLY=substring runs only the matching test functions.
+"""
+
+import atexit
+import http.client
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import namedtuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECKILL_BIN = os.environ.get("SECKILL_BIN", os.path.join(ROOT, "build", "seckill"))
+PG_DSN = os.environ.get("PG_DSN", "")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+LUA_DIR = os.environ.get("LUA_DIR", os.path.join(ROOT, "lua"))
+TEST_TMP = os.environ.get("TEST_TMP") or os.path.join(ROOT, "build", "test-tmp")
+PIDS_DIR = os.path.join(TEST_TMP, "pids")
+
+HTTP_TIMEOUT = 15.0       # seconds, every HTTP call
+START_TIMEOUT = 10.0      # seconds until /health answers
+STOP_TIMEOUT = 5.0        # seconds until the process exits after SIGTERM
+
+os.makedirs(PIDS_DIR, exist_ok=True)
+
+
+def fail(msg):
+    raise AssertionError(msg)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dead_port():
+    """A loopback port with nothing listening (as far as we can tell)."""
+    port = free_port()
+    with socket.socket() as s:
+        s.settimeout(1)
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            fail(f"port {port} unexpectedly answers")
+    return port
+
+
+def tail(path, lines=40):
+    try:
+        with open(path, "rb") as f:
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join("    | " + l for l in data.splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------- processes
+
+_children = []            # Popen objects to kill at exit
+_children_lock = threading.Lock()
+
+
+def _track(proc):
+    with _children_lock:
+        _children.append(proc)
+    try:
+        open(os.path.join(PIDS_DIR, str(proc.pid)), "w").close()
+    except OSError:
+        pass
+
+
+def _untrack(proc):
+    with _children_lock:
+        if proc in _children:
+            _children.remove(proc)
+    try:
+        os.unlink(os.path.join(PIDS_DIR, str(proc.pid)))
+    except OSError:
+        pass
+
+
+def _kill_children():
+    with _children_lock:
+        procs = list(_children)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        _untrack(p)
+
+
+atexit.register(_kill_children)
+
+
+def _on_sigterm(signum, frame):
+    # Turn SIGTERM (from timeout(1) or run.sh) into a normal exit so atexit runs.
+    raise SystemExit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+class Server:
+    """One seckill instance on 127.0.0.1:<free port>.
+
+    env: overrides on top of the inherited environment; a value of None
+    removes the variable (e.g. ADMIN_TOKEN=None for a server without admin).
+    """
+
+    def __init__(self, name, env=None, start=True):
+        self.name = name
+        self.port = None
+        self.proc = None
+        self.log_path = None
+        self.env_overrides = dict(env or {})
+        self.returncode = None
+        if start:
+            self.start()
+
+    def build_env(self):
+        env = dict(os.environ)
+        env.update({
+            "BIND": "127.0.0.1",
+            "INSTANCE_ID": self.name,
+            "LUA_DIR": LUA_DIR,
+            "PG_DSN": PG_DSN,
+            "REDIS_URL": REDIS_URL,
+            "LOG_LEVEL": "info",
+        })
+        # Every other setting at its default unless the test overrides it.
+        for k in ("ADMIN_TOKEN", "DEMO_RANDOM_USER", "SECKILL_LOCK", "SECKILL_STOCK",
+                  "THREADS", "MAX_CONNECTIONS", "CONN_TIMEOUT_S", "MAX_BODY",
+                  "LOCK_LEASE_MS", "REDIS_TIMEOUT_MS", "PG_CONNECT_TIMEOUT_S",
+                  "PG_STATEMENT_TIMEOUT_MS", "ID_PREFIX", "RETRY_AFTER_S"):
+            env.pop(k, None)
+        for k, v in self.env_overrides.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = str(v)
+        return env
+
+    def start(self, timeout=START_TIMEOUT):
+        if not os.access(SECKILL_BIN, os.X_OK):
+            fail(f"server binary {SECKILL_BIN} is missing")
+        last_error = None
+        for _attempt in range(3):       # a free port can be taken meanwhile
+            self.port = free_port()
+            env = self.build_env()
+            env["PORT"] = str(self.port)
+            self.log_path = os.path.join(TEST_TMP, f"server-{self.name}-{self.port}.log")
+            log = open(self.log_path, "ab")
+            try:
+                self.proc = subprocess.Popen([SECKILL_BIN], env=env, stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            finally:
+                log.close()
+            _track(self.proc)
+            try:
+                self.wait_healthy(timeout)
+                return self
+            except AssertionError as e:
+                last_error = e
+                if self.proc.poll() is None:       # alive but not answering: no retry
+                    self.kill()
+                    raise
+                _untrack(self.proc)
+        raise last_error
+
+    def wait_healthy(self, timeout=START_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                fail(f"server {self.name} exited with {self.proc.returncode} during start;"
+                     f" log {self.log_path}:\n{tail(self.log_path)}")
+            try:
+                r = request(self.port, "GET", "/health", timeout=1)
+                if r.status == 200:
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.05)
+        fail(f"server {self.name} did not answer GET /health within {timeout}s;"
+             f" log {self.log_path}:\n{tail(self.log_path)}")
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout=STOP_TIMEOUT):
+        """SIGTERM, wait; returns (exit code, seconds taken). Kills on timeout."""
+        if self.proc is None:
+            return self.returncode, 0.0
+        t0 = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            fail(f"server {self.name} did not exit within {timeout}s of SIGTERM;"
+                 f" log {self.log_path}:\n{tail(self.log_path)}")
+        took = time.monotonic() - t0
+        self.returncode = self.proc.returncode
+        _untrack(self.proc)
+        self.proc = None
+        return self.returncode, took
+
+    def stop_ok(self, timeout=STOP_TIMEOUT):
+        """Stops and asserts a clean exit (status 0) within 'timeout'."""
+        rc, _ = self.stop(timeout)
+        if rc != 0:
+            fail(f"server {self.name} exited with {rc} after SIGTERM;"
+                 f" log {self.log_path}:\n{tail(self.log_path)}")
+
+    def kill(self):
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+            self.returncode = self.proc.returncode
+            _untrack(self.proc)
+            self.proc = None
+
+    def log_tail(self, lines=40):
+        return tail(self.log_path, lines)
+
+    # convenience
+    def request(self, method, path, headers=None, body=None, timeout=HTTP_TIMEOUT):
+        return request(self.port, method, path, headers, body, timeout)
+
+    def get(self, path, headers=None, timeout=HTTP_TIMEOUT):
+        return self.request("GET", path, headers, None, timeout)
+
+    def post(self, path, headers=None, body=None, timeout=HTTP_TIMEOUT):
+        return self.request("POST", path, headers, body, timeout)
+
+    def seckill(self, voucher_id, user_id, timeout=HTTP_TIMEOUT):
+        return request(self.port, "POST", f"/voucher/{voucher_id}/seckill",
+                       {"X-User-Id": str(user_id)}, None, timeout)
+
+
+class RedisServer:
+    """A dedicated redis-server (no persistence) on a given or free port."""
+
+    def __init__(self, port=None):
+        self.port = port or free_port()
+        self.proc = None
+        self.dir = os.path.join(TEST_TMP, f"redis-{self.port}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.log_path = os.path.join(self.dir, "redis.log")
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout=10):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", self.dir,
+             "--logfile", self.log_path],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _track(self.proc)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                fail(f"redis-server on {self.port} exited:\n{tail(self.log_path)}")
+            try:
+                if redis(["PING"], url=self.url, timeout=2) == "PONG":
+                    return self
+            except AssertionError:
+                pass
+            time.sleep(0.05)
+        fail(f"redis-server on {self.port} not ready within {timeout}s")
+
+    def kill(self):
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+            _untrack(self.proc)
+            self.proc = None
+
+
+# ---------------------------------------------------------------- HTTP
+
+Response = namedtuple("Response", "status headers body raw")
+
+
+def _encode_body(body, headers):
+    if body is None:
+        return None
+    if isinstance(body, (dict, list)):
+        headers.setdefault("Content-Type", "application/json")
+        return json.dumps(body).encode()
+    if isinstance(body, str):
+        return body.encode()
+    return body
+
+
+def _make_response(status, header_items, raw):
+    headers = {}
+    for k, v in header_items:
+        headers[k.lower()] = v
+    body = raw
+    ctype = headers.get("content-type", "")
+    text = raw.decode("utf-8", "replace")
+    if "json" in ctype or text[:1] in ("{", "["):
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = text
+    else:
+        body = text
+    return Response(status, headers, body, raw)
+
+
+def request(port, method, path, headers=None, body=None, timeout=HTTP_TIMEOUT):
+    """One request on a fresh connection. Raises OSError/HTTPException on
+    transport errors (connection refused, timeout, reset)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        headers = dict(headers or {})
+        data = _encode_body(body, headers)
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        raw = resp.read()
+        return _make_response(resp.status, resp.getheaders(), raw)
+    finally:
+        conn.close()
+
+
+class Client:
+    """A keep-alive connection (one per thread); reconnects after errors."""
+
+    def __init__(self, port, timeout=HTTP_TIMEOUT):
+        self.port = port
+        self.timeout = timeout
+        self.conn = None
+
+    def connect(self):
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+            self.conn.connect()
+        return self
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def request(self, method, path, headers=None, body=None):
+        self.connect()
+        headers = dict(headers or {})
+        data = _encode_body(body, headers)
+        try:
+            self.conn.request(method, path, body=data, headers=headers)
+            resp = self.conn.getresponse()
+            raw = resp.read()
+        except Exception:
+            self.close()
+            raise
+        if resp.will_close:
+            self.close()
+        return _make_response(resp.status, resp.getheaders(), raw)
+
+    def seckill(self, voucher_id, user_id):
+        return self.request("POST", f"/voucher/{voucher_id}/seckill",
+                            {"X-User-Id": str(user_id)})
+
+
+def raw_request(port, data, timeout=5.0):
+    """Sends raw bytes and reads the answer (until Content-Length is satisfied
+    or the server closes). Sending and reading are interleaved, so an answer
+    the server gives before reading everything (e.g. 413) is still seen.
+    Returns a Response, or None if the server closed without answering."""
+    if isinstance(data, str):
+        data = data.encode()
+    buf = b""
+    deadline = time.monotonic() + timeout
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.setblocking(False)
+        sent = 0
+        while time.monotonic() < deadline:
+            want_write = sent < len(data)
+            r, w, _ = select.select([s], [s] if want_write else [], [],
+                                    max(0.0, deadline - time.monotonic()))
+            if r:
+                try:
+                    chunk = s.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    chunk = None
+                except OSError:          # reset: the server closed on unread data
+                    break
+                if chunk == b"":
+                    break
+                if chunk:
+                    buf += chunk
+                    parsed = _parse_raw(buf)
+                    if parsed is not None and parsed[3]:
+                        break
+            if w:
+                try:
+                    sent += s.send(data[sent:sent + 65536])
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:          # the server stopped reading: keep reading
+                    sent = len(data)
+            if not r and not w:
+                break                    # timed out
+    if not buf:
+        return None
+    parsed = _parse_raw(buf)
+    if parsed is None:
+        fail(f"unparsable answer: {buf[:200]!r}")
+    status, items, body, _complete = parsed
+    return _make_response(status, items, body)
+
+
+def _parse_raw(buf):
+    """(status, header items, body, complete) or None if the head is incomplete."""
+    head, sep, rest = buf.partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+        raise AssertionError(f"bad status line {lines[0]!r}")
+    status = int(parts[1])
+    items = []
+    for l in lines[1:]:
+        k, _, v = l.partition(":")
+        items.append((k.strip(), v.strip()))
+    clen = None
+    for k, v in items:
+        if k.lower() == "content-length":
+            clen = int(v)
+    if clen is not None:
+        return status, items, rest[:clen], len(rest) >= clen
+    return status, items, rest, False
+
+
+def run_concurrently(port_for_worker, jobs_per_worker, fn, workers, start_barrier=True,
+                     timeout=120):
+    """Runs 'workers' threads, each with its own keep-alive Client on
+    port_for_worker(i); all connect first, wait at a barrier, then worker i
+    calls fn(client, job) for each job in jobs_per_worker[i].
+    Returns a list of (job, Response or exception)."""
+    results = []
+    res_lock = threading.Lock()
+    barrier = threading.Barrier(workers) if start_barrier else None
+    errors = []
+
+    def worker(i):
+        client = Client(port_for_worker(i))
+        try:
+            try:
+                client.connect()
+            except Exception as e:          # still reach the barrier
+                with res_lock:
+                    errors.append(e)
+            if barrier is not None:
+                try:
+                    barrier.wait(timeout=30)
+                except threading.BrokenBarrierError:
+                    pass
+            for job in jobs_per_worker[i]:
+                try:
+                    r = fn(client, job)
+                except Exception as e:
+                    r = e
+                with res_lock:
+                    results.append((job, r))
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.1, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        fail(f"concurrent requests did not finish within {timeout}s")
+    return results
+
+
+# ---------------------------------------------------------------- psql / redis
+
+def psql(sql, dsn=None, timeout=30):
+    """Runs one SQL command; returns rows as lists of strings."""
+    cmd = ["psql", "-X", "-q", "-A", "-t", "-F", "\t", "-v", "ON_ERROR_STOP=1",
+           "-d", dsn or PG_DSN, "-c", sql]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        fail(f"psql failed ({p.returncode}) for {sql!r}: {p.stderr.strip()}")
+    return [line.split("\t") for line in p.stdout.splitlines() if line != ""]
+
+
+def psql_value(sql, dsn=None):
+    rows = psql(sql, dsn)
+    if len(rows) != 1 or len(rows[0]) != 1:
+        fail(f"expected one value from {sql!r}, got {rows!r}")
+    return rows[0][0]
+
+
+def redis(args, url=None, timeout=10):
+    """Runs one redis-cli command; returns its raw output, stripped."""
+    cmd = ["redis-cli", "-u", url or REDIS_URL, "--raw"] + list(args)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        fail(f"redis-cli {args} timed out")
+    if p.returncode != 0:
+        fail(f"redis-cli {args} failed: {p.stderr.strip() or p.stdout.strip()}")
+    out = p.stdout.strip()
+    if "Could not connect" in p.stderr or "Could not connect" in out:
+        fail(f"redis-cli {args}: {p.stderr.strip() or out}")
+    return out
+
+
+# ---------------------------------------------------------------- runner
+
+_tests = []
+
+
+def test(fn):
+    """Decorator: registers a test function (run in definition order)."""
+    _tests.append(fn)
+    return fn
+
+
+def main(teardown=None):
+    only = os.environ.get("TEST_ONLY", "")
+    if len(sys.argv) > 1:
+        only = sys.argv[1]
+    passed = failed = 0
+    try:
+        for fn in _tests:
+            name = fn.__name__
+            if only and only not in name:
+                continue
+            t0 = time.monotonic()
+            try:
+                fn()
+            except AssertionError as e:
+                failed += 1
+                print(f"FAIL - {name}: {e}", flush=True)
+                continue
+            except Exception as e:
+                failed += 1
+                tb = traceback.format_exc().rstrip().replace("\n", "\n    ")
+                print(f"FAIL - {name}: {type(e).__name__}: {e}\n    {tb}", flush=True)
+                continue
+            passed += 1
+            print(f"ok - {name} ({time.monotonic() - t0:.1f}s)", flush=True)
+        if teardown is not None:
+            try:
+                teardown()
+            except Exception as e:
+                failed += 1
+                print(f"FAIL - teardown: {type(e).__name__}: {e}", flush=True)
+    finally:
+        _kill_children()
+    print(f"{passed} passed, {failed} failed", flush=True)
+    sys.exit(1 if failed else 0)

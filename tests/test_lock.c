@@ -1,0 +1,493 @@
+/* test_lock: the Redisson-compatible lock against a real Redis (REDIS_URL). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lock.h"
+#include "script.h"
+#include "t.h"
+
+#define OWNER_A "6f1c2b0e-9a43-4d7e-b1f2-0c8d5e7a9b31:1"
+#define OWNER_B "6f1c2b0e-9a43-4d7e-b1f2-0c8d5e7a9b31:2"
+#define OWNER_C "0d4e1f22-7b65-4c90-a8e3-5f9b2c6d1e47:1"
+#define LEASE 10000L
+
+static redisContext *rc;   /* the connection every lock call uses */
+
+/* A key unique to this run and case. */
+static void key_for(const char *suffix, char *buf, size_t n)
+{
+    snprintf(buf, n, "t:lock:%ld:%s", (long)getpid(), suffix);
+}
+
+static void token_key_for(const char *key, char *buf, size_t n)
+{
+    snprintf(buf, n, "redisson_lock_token:{%s}", key);
+}
+
+static void del_lock(const char *key)
+{
+    char tk[512];
+    token_key_for(key, tk, sizeof tk);
+    redisReply *r = T_CMD(rc, "DEL %s %s", key, tk);
+    freeReplyObject(r);
+}
+
+/* HGET as a number; -1 when the field is absent, -2 on error. */
+static long long hget_count(const char *key, const char *field)
+{
+    long long v = -2;
+    redisReply *r = T_CMD(rc, "HGET %s %s", key, field);
+    if (r == NULL)
+        return -2;
+    if (r->type == REDIS_REPLY_NIL)
+        v = -1;
+    else if (r->type == REDIS_REPLY_STRING)
+        v = strtoll(r->str, NULL, 10);
+    freeReplyObject(r);
+    return v;
+}
+
+static long long int_cmd(const char *fmt, const char *key)
+{
+    long long v = -100;
+    redisReply *r = T_CMD(rc, fmt, key);
+    if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+        v = r->integer;
+    freeReplyObject(r);
+    return v;
+}
+
+static long long pttl(const char *key)
+{
+    return int_cmd("PTTL %s", key);
+}
+
+static long long exists(const char *key)
+{
+    return int_cmd("EXISTS %s", key);
+}
+
+/* A second connection subscribed to 'channel' (confirmation consumed), or
+ * NULL after recording a failure. Its 2 s timeout bounds every wait. */
+static redisContext *sub_open(const char *channel)
+{
+    redisContext *s = t_redis();
+    struct timeval tv = {2, 0};
+    redisReply *r = T_CMD(s, "SUBSCRIBE %s", channel);
+    if (!T_ASSERT(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 3)) {
+        freeReplyObject(r);
+        redisFree(s);
+        return NULL;
+    }
+    freeReplyObject(r);
+    redisSetTimeout(s, tv);
+    return s;
+}
+
+/* Next message payload on a subscribed context, into 'buf'; 0 or -1. */
+static int sub_next(redisContext *s, const char *channel, char *buf, size_t n)
+{
+    void *v = NULL;
+    int rc_ = -1;
+    if (redisGetReply(s, &v) != REDIS_OK || v == NULL)
+        goto cleanup;
+    redisReply *r = v;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+        r->element[0]->type != REDIS_REPLY_STRING || strcmp(r->element[0]->str, "message") != 0 ||
+        r->element[1]->type != REDIS_REPLY_STRING || strcmp(r->element[1]->str, channel) != 0 ||
+        r->element[2]->type != REDIS_REPLY_STRING)
+        goto cleanup;
+    snprintf(buf, n, "%s", r->element[2]->str);
+    rc_ = 0;
+cleanup:
+    freeReplyObject(v);
+    return rc_;
+}
+
+/*---- cases ----*/
+
+static void test_layout_and_names(void)
+{
+    char key[256], ch[512];
+    lock_grant g = {0, 0};
+    key_for("layout", key, sizeof key);
+
+    lock_channel_name("lock:order:42", ch, sizeof ch);
+    T_EQ_STR(ch, "redisson_lock__channel:{lock:order:42}");
+    /* Redisson's prefixName: a key with its own hash tag is not re-braced */
+    lock_channel_name("lock:{order}:42", ch, sizeof ch);
+    T_EQ_STR(ch, "redisson_lock__channel:lock:{order}:42");
+
+    if (!T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, &g), LOCK_OK))
+        goto cleanup;
+    redisReply *r = T_CMD(rc, "TYPE %s", key);
+    T_ASSERT(r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "hash") == 0);
+    freeReplyObject(r);
+    r = T_CMD(rc, "HGETALL %s", key);
+    if (T_ASSERT(r != NULL && r->type == REDIS_REPLY_ARRAY) && T_EQ_I64(r->elements, 2)) {
+        T_EQ_STR(r->element[0]->str, OWNER_A);
+        T_EQ_STR(r->element[1]->str, "1");
+    }
+    freeReplyObject(r);
+    long long t = pttl(key);
+    T_ASSERT(t > 0 && t <= LEASE);
+    char tk[512];
+    token_key_for(key, tk, sizeof tk);
+    r = T_CMD(rc, "GET %s", tk);
+    T_ASSERT(r != NULL && r->type == REDIS_REPLY_STRING && strtoll(r->str, NULL, 10) == g.token);
+    freeReplyObject(r);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+cleanup:
+    del_lock(key);
+}
+
+static void test_reentry_three_deep(void)
+{
+    char key[256];
+    long left = -1;
+    key_for("reentry", key, sizeof key);
+
+    for (int i = 0; i < 3; i++)
+        T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(hget_count(key, OWNER_A), 3);
+
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_OK);
+    T_EQ_I64(left, 2);
+    T_EQ_I64(hget_count(key, OWNER_A), 2);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_OK);
+    T_EQ_I64(left, 1);
+    T_EQ_I64(exists(key), 1);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_OK);
+    T_EQ_I64(left, 0);
+    T_EQ_I64(exists(key), 0);
+
+    left = 99;
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_NOT_OWNER);
+    T_EQ_I64(left, 99);
+    T_EQ_I64(exists(key), 0);
+    del_lock(key);
+}
+
+static void test_non_owner_release_changes_nothing(void)
+{
+    char key[256], ch[512], msg[64];
+    redisContext *sub = NULL;
+    key_for("nonowner", key, sizeof key);
+    lock_channel_name(key, ch, sizeof ch);
+
+    if (!T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK))
+        goto cleanup;
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    sub = sub_open(ch);
+    if (sub == NULL)
+        goto cleanup;
+    t_sleep_ms(50);
+    long long before = pttl(key);
+
+    /* a longer lease: a wrongful PEXPIRE would show as a bigger PTTL */
+    T_EQ_I64(lock_release(rc, key, OWNER_B, 60000, NULL), LOCK_NOT_OWNER);
+    T_EQ_I64(lock_release(rc, key, OWNER_C, 60000, NULL), LOCK_NOT_OWNER);
+
+    redisReply *r = T_CMD(rc, "HGETALL %s", key);
+    if (T_ASSERT(r != NULL && r->type == REDIS_REPLY_ARRAY) && T_EQ_I64(r->elements, 2)) {
+        T_EQ_STR(r->element[0]->str, OWNER_A);
+        T_EQ_STR(r->element[1]->str, "2");
+    }
+    freeReplyObject(r);
+    long long after = pttl(key);
+    T_ASSERT(after > 0 && after <= before);
+
+    /* Messages arrive in order: if a refused release had published, its
+     * "0" would come before this marker. */
+    r = T_CMD(rc, "PUBLISH %s marker", ch);
+    freeReplyObject(r);
+    if (T_EQ_I64(sub_next(sub, ch, msg, sizeof msg), 0))
+        T_EQ_STR(msg, "marker");
+
+cleanup:
+    redisFree(sub);
+    del_lock(key);
+}
+
+static void test_release_publishes_zero(void)
+{
+    char key[256], ch[512], msg[64];
+    redisContext *sub = NULL;
+    long left = -1;
+    key_for("publish", key, sizeof key);
+    lock_channel_name(key, ch, sizeof ch);
+
+    sub = sub_open(ch);
+    if (sub == NULL)
+        goto cleanup;
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    /* the inner release must not wake anyone; the final one must */
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_OK);
+    T_EQ_I64(left, 1);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_OK);
+    T_EQ_I64(left, 0);
+    if (T_EQ_I64(sub_next(sub, ch, msg, sizeof msg), 0))
+        T_EQ_STR(msg, "0");
+    redisReply *r = T_CMD(rc, "PUBLISH %s marker", ch);
+    freeReplyObject(r);
+    if (T_EQ_I64(sub_next(sub, ch, msg, sizeof msg), 0))
+        T_EQ_STR(msg, "marker");
+cleanup:
+    redisFree(sub);
+    del_lock(key);
+}
+
+static void test_contention_returns_ttl(void)
+{
+    char key[256];
+    lock_grant g = {0, 0};
+    long lease = 5000;
+    key_for("contention", key, sizeof key);
+
+    if (!T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, lease, NULL), LOCK_OK))
+        goto cleanup;
+    t_sleep_ms(50);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_B, 60000, &g), LOCK_BUSY);
+    T_ASSERT(g.ttl_ms > 0 && g.ttl_ms <= lease);
+    T_ASSERT(g.ttl_ms < lease);   /* the holder's clock, not a fresh lease */
+    T_EQ_I64(g.token, -1);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_C, 60000, NULL), LOCK_BUSY);
+
+    redisReply *r = T_CMD(rc, "HGETALL %s", key);
+    if (T_ASSERT(r != NULL && r->type == REDIS_REPLY_ARRAY) && T_EQ_I64(r->elements, 2)) {
+        T_EQ_STR(r->element[0]->str, OWNER_A);
+        T_EQ_STR(r->element[1]->str, "1");
+    }
+    freeReplyObject(r);
+    long long t = pttl(key);
+    T_ASSERT(t > 0 && t <= lease);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, lease, NULL), LOCK_OK);
+cleanup:
+    del_lock(key);
+}
+
+static void test_reentry_resets_ttl(void)
+{
+    char key[256];
+    long lease = 1000;
+    key_for("reset", key, sizeof key);
+
+    if (!T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, lease, NULL), LOCK_OK))
+        goto cleanup;
+    t_sleep_ms(400);
+    long long t = pttl(key);
+    T_ASSERT(t > 0 && t <= 650);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, lease, NULL), LOCK_OK);
+    t = pttl(key);
+    /* reset to the lease, not extended by it */
+    T_ASSERT(t > 800 && t <= lease);
+    t_sleep_ms(300);
+    /* an inner release also resets the lease */
+    long left = -1;
+    T_EQ_I64(lock_release(rc, key, OWNER_A, lease, &left), LOCK_OK);
+    T_EQ_I64(left, 1);
+    t = pttl(key);
+    T_ASSERT(t > 800 && t <= lease);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, lease, &left), LOCK_OK);
+cleanup:
+    del_lock(key);
+}
+
+static void test_lease_expiry_then_other_owner(void)
+{
+    char key[256];
+    lock_grant g = {0, 0};
+    key_for("expiry", key, sizeof key);
+
+    if (!T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, 300, NULL), LOCK_OK))
+        goto cleanup;
+    t_sleep_ms(400);
+    T_EQ_I64(exists(key), 0);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_B, LEASE, &g), LOCK_OK);
+    /* the first owner's late release must not free the new owner's lock */
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_NOT_OWNER);
+    T_EQ_I64(exists(key), 1);
+    T_EQ_I64(hget_count(key, OWNER_B), 1);
+    T_EQ_I64(hget_count(key, OWNER_A), -1);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_BUSY);
+    T_EQ_I64(lock_release(rc, key, OWNER_B, LEASE, NULL), LOCK_OK);
+cleanup:
+    del_lock(key);
+}
+
+static void test_fencing_tokens_increase(void)
+{
+    char key[256], tk[512];
+    lock_grant g = {0, 0};
+    int64_t last = 0;
+    key_for("fencing", key, sizeof key);
+    token_key_for(key, tk, sizeof tk);
+
+    /* new grant, two reentries, a full release, another owner, ... */
+    const char *seq[] = {OWNER_A, OWNER_A, OWNER_A, NULL, OWNER_B, OWNER_B, NULL, OWNER_A};
+    int held = 0;
+    const char *holder = NULL;
+    for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+        if (seq[i] == NULL) {
+            for (; held > 0; held--)
+                T_EQ_I64(lock_release(rc, key, holder, LEASE, NULL), LOCK_OK);
+            T_EQ_I64(exists(key), 0);
+            T_EQ_I64(exists(tk), 1);   /* the counter outlives the lock */
+            continue;
+        }
+        if (!T_EQ_I64(lock_try_acquire(rc, key, seq[i], LEASE, &g), LOCK_OK))
+            break;
+        T_ASSERT(g.token > last);
+        last = g.token;
+        holder = seq[i];
+        held++;
+    }
+    T_EQ_I64(last, 6);   /* fresh key per run: one INCR per grant */
+    /* a refused attempt does not consume a token */
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_C, LEASE, &g), LOCK_BUSY);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, &g), LOCK_OK);
+    T_EQ_I64(g.token, 7);
+    for (held++; held > 0; held--)
+        T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(exists(key), 0);
+    del_lock(key);
+}
+
+static void test_noscript_recovery(void)
+{
+    char key[256];
+    long left = -1;
+    key_for("noscript", key, sizeof key);
+
+    redisReply *r = T_CMD(rc, "SCRIPT FLUSH");
+    freeReplyObject(r);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    r = T_CMD(rc, "SCRIPT EXISTS %s %s", script_sha(SCRIPT_LOCK_ACQUIRE),
+              script_sha(SCRIPT_LOCK_RELEASE));
+    if (T_ASSERT(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2)) {
+        T_EQ_I64(r->element[0]->integer, 1);   /* EVAL cached it again */
+        T_EQ_I64(r->element[1]->integer, 0);
+    }
+    freeReplyObject(r);
+    r = T_CMD(rc, "SCRIPT FLUSH");
+    freeReplyObject(r);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_OK);
+    T_EQ_I64(left, 0);
+    /* and the cached path after the fallback */
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_OK);
+    T_EQ_I64(exists(key), 0);
+    del_lock(key);
+}
+
+static void test_script_sha_matches_server(void)
+{
+    char hex[41];
+    /* FIPS 180-4 / RFC 3174 vectors */
+    script_sha1_hex("abc", 3, hex);
+    T_EQ_STR(hex, "a9993e364706816aba3e25717850c26c9cd0d89d");
+    script_sha1_hex("", 0, hex);
+    T_EQ_STR(hex, "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+    const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    script_sha1_hex(two, strlen(two), hex);
+    T_EQ_STR(hex, "84983e441c3bd26ebaae4aa1f95129e5e54670f1");
+    static char mil[1000000];
+    memset(mil, 'a', sizeof mil);
+    script_sha1_hex(mil, sizeof mil, hex);
+    T_EQ_STR(hex, "34aa973cd4c4daa4f61eeb2bdbad27316534016f");
+
+    /* the server's own hash of each script equals ours */
+    for (int i = 0; i < SCRIPT_COUNT; i++) {
+        redisReply *r;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.lua", t_lua_dir(), script_name((enum script_id)i));
+        FILE *f = fopen(path, "rb");
+        if (!T_ASSERT(f != NULL))
+            continue;
+        static char buf[65536];
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        r = T_CMD(rc, "SCRIPT LOAD %b", buf, n);
+        if (T_ASSERT(r != NULL && r->type == REDIS_REPLY_STRING))
+            T_EQ_STR(r->str, script_sha((enum script_id)i));
+        freeReplyObject(r);
+    }
+}
+
+static void test_counters_and_errors(void)
+{
+    char key[256], wrong[256];
+    lock_counters a, b;
+    key_for("counters", key, sizeof key);
+    key_for("wrongtype", wrong, sizeof wrong);
+
+    lock_counters_get(&a);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_B, LEASE, NULL), LOCK_BUSY);
+    T_EQ_I64(lock_release(rc, key, OWNER_B, LEASE, NULL), LOCK_NOT_OWNER);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    /* a Redis error (WRONGTYPE inside the script) is LOCK_ERR */
+    redisReply *r = T_CMD(rc, "SET %s notahash", wrong);
+    freeReplyObject(r);
+    T_EQ_I64(lock_try_acquire(rc, wrong, OWNER_A, LEASE, NULL), LOCK_ERR);
+    T_EQ_I64(lock_release(rc, wrong, OWNER_A, LEASE, NULL), LOCK_ERR);
+    lock_counters_get(&b);
+    T_EQ_I64(b.acquired - a.acquired, 2);
+    T_EQ_I64(b.contended - a.contended, 1);
+    T_EQ_I64(b.not_owner - a.not_owner, 1);
+    T_EQ_I64(b.released - a.released, 2);
+    T_EQ_I64(b.errors - a.errors, 2);
+    del_lock(key);
+    del_lock(wrong);
+}
+
+static void test_dead_connection_is_err(void)
+{
+    char key[256];
+    lock_counters a, b;
+    key_for("dead", key, sizeof key);
+    redisContext *c = t_redis();
+    /* kill our own connection from the server side */
+    redisReply *r = T_CMD(c, "CLIENT ID");
+    long long id = r != NULL && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    r = T_CMD(rc, "CLIENT KILL ID %lld", id);
+    freeReplyObject(r);
+    lock_counters_get(&a);
+    T_EQ_I64(lock_try_acquire(c, key, OWNER_A, LEASE, NULL), LOCK_ERR);
+    T_ASSERT(c->err != 0);
+    lock_counters_get(&b);
+    T_EQ_I64(b.errors - a.errors, 1);
+    redisFree(c);
+    del_lock(key);
+}
+
+int main(void)
+{
+    char err[256];
+    rc = t_redis();
+    if (script_load_all(t_lua_dir(), err, sizeof err) != 0) {
+        fprintf(stderr, "script_load_all: %s\n", err);
+        redisFree(rc);
+        return 2;
+    }
+    T_RUN(test_layout_and_names);
+    T_RUN(test_reentry_three_deep);
+    T_RUN(test_non_owner_release_changes_nothing);
+    T_RUN(test_release_publishes_zero);
+    T_RUN(test_contention_returns_ttl);
+    T_RUN(test_reentry_resets_ttl);
+    T_RUN(test_lease_expiry_then_other_owner);
+    T_RUN(test_fencing_tokens_increase);
+    T_RUN(test_noscript_recovery);
+    T_RUN(test_script_sha_matches_server);
+    T_RUN(test_counters_and_errors);
+    T_RUN(test_dead_connection_is_err);
+    redisFree(rc);
+    return t_done();
+}
