@@ -61,3 +61,6 @@ clean:
 	rm -rf build
 
 -include $(APP_OBJS:.o=.d) $(TEST_BINS:=.d)
+
+# Targets of the local stack, load tests and benchmarks live beside this file.
+-include mk/*.mk
