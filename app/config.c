@@ -13,7 +13,12 @@
 
 config g_cfg;
 
-enum opt_type { OPT_INT, OPT_LONG, OPT_STR, OPT_BOOL, OPT_LEVEL };
+enum opt_type { OPT_INT, OPT_LONG, OPT_STR, OPT_BOOL, OPT_LEVEL, OPT_LOCK, OPT_STOCK };
+
+static const char *const lock_names[] = { "none", "local", "setnx", "owner", "reentrant" };
+static const char *const stock_names[] = { "naive", "cas", "optimistic", "pessimistic" };
+
+#define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
 typedef struct option_def {
     const char *env;
@@ -63,6 +68,12 @@ static const option_def options[] = {
       "order id counter keys: icr:<prefix>:<yyyy:MM:dd>" },
     { "DEMO_RANDOM_USER", "demo-random-user", OPT_BOOL, F(demo_random_user), 0, 1, "0",
       "1: a seckill request without X-User-Id is a new random user (load tests only)" },
+    { "SECKILL_LOCK", "lock", OPT_LOCK, F(lock_strategy), 0, 0, "reentrant",
+      "per-user lock: none, local, setnx, owner or reentrant (only reentrant is safe)" },
+    { "SECKILL_STOCK", "stock", OPT_STOCK, F(stock_strategy), 0, 0, "optimistic",
+      "stock deduction: naive, cas, optimistic or pessimistic (naive oversells)" },
+    { "DEMO_DELAY_MS", "demo-delay-ms", OPT_INT, F(demo_delay_ms), 0, 60000, "0",
+      "demo only: sleep this long inside the critical section to widen races" },
     { "RETRY_AFTER_S", "retry-after", OPT_INT, F(retry_after_s), 0, 3600, "1",
       "Retry-After seconds sent with 503" },
 };
@@ -114,6 +125,22 @@ static int set_option(const option_def *o, const char *val, const char *origin)
             *(int *)(base + o->offset) = (int)v;
         return 0;
     }
+    case OPT_LOCK:
+    case OPT_STOCK: {
+        const char *const *names = o->type == OPT_LOCK ? lock_names : stock_names;
+        size_t n = o->type == OPT_LOCK ? NELEM(lock_names) : NELEM(stock_names);
+        for (size_t i = 0; i < n; i++) {
+            if (strcmp(val, names[i]) == 0) {
+                *(int *)(base + o->offset) = (int)i;
+                return 0;
+            }
+        }
+        fprintf(stderr, "seckill: invalid %s='%s': expected one of", origin, val);
+        for (size_t i = 0; i < n; i++)
+            fprintf(stderr, " %s", names[i]);
+        fputc('\n', stderr);
+        return -1;
+    }
     case OPT_LEVEL: {
         enum log_level lvl;
         if (log_parse_level(val, &lvl) != 0) {
@@ -126,6 +153,22 @@ static int set_option(const option_def *o, const char *val, const char *origin)
     }
     }
     return -1;
+}
+
+const char *config_lock_name(int s)
+{
+    return s >= 0 && (size_t)s < NELEM(lock_names) ? lock_names[s] : "unknown";
+}
+
+const char *config_stock_name(int s)
+{
+    return s >= 0 && (size_t)s < NELEM(stock_names) ? stock_names[s] : "unknown";
+}
+
+int config_unsafe(void)
+{
+    return g_cfg.lock_strategy != LOCKS_REENTRANT || g_cfg.stock_strategy == STOCKS_NAIVE ||
+           g_cfg.demo_delay_ms > 0;
 }
 
 int config_parse_redis_url(const char *s, redis_url *out)

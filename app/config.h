@@ -14,6 +14,11 @@ typedef struct redis_url {
     int db;
 } redis_url;
 
+/* The demo ladder (SPEC section 6). Only the last of each is safe; the others
+ * exist to be measured. */
+enum lock_strategy { LOCKS_NONE, LOCKS_LOCAL, LOCKS_SETNX, LOCKS_OWNER, LOCKS_REENTRANT };
+enum stock_strategy { STOCKS_NAIVE, STOCKS_CAS, STOCKS_OPTIMISTIC, STOCKS_PESSIMISTIC };
+
 typedef struct config {
     int port;
     char bind[64];
@@ -35,6 +40,9 @@ typedef struct config {
     char id_prefix[64];         /* icr:{prefix}:{yyyy:MM:dd} */
     int demo_random_user;
     int retry_after_s;
+    int lock_strategy;          /* enum lock_strategy (SECKILL_LOCK) */
+    int stock_strategy;         /* enum stock_strategy (SECKILL_STOCK) */
+    int demo_delay_ms;          /* sleep inside the critical section (demo only) */
     char instance_uuid[37];     /* random per process; lock owner prefix */
 } config;
 
@@ -46,6 +54,13 @@ extern config g_cfg;
 int config_load(int argc, char **argv);
 
 void config_usage(FILE *out);
+
+/* "reentrant", "optimistic", ... */
+const char *config_lock_name(int s);
+const char *config_stock_name(int s);
+
+/* 1 when the strategies in force can oversell or sell twice to one user. */
+int config_unsafe(void);
 
 /* Parses "redis://[[user]:password@]host[:port][/db]". Returns 0 or -1. */
 int config_parse_redis_url(const char *s, redis_url *out);

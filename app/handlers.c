@@ -3,8 +3,7 @@
 #include "handlers.h"
 #include "config.h"
 #include "conn.h"
-#include "idw.h"
-#include "lock.h"
+#include "order.h"
 #include "log.h"
 #include "stats.h"
 #include "store.h"
@@ -15,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-
-#define LOCK_KEY_PREFIX "lock:order:"
 
 /* ---- small helpers ---- */
 
@@ -51,6 +48,16 @@ static redisContext *redis_or_respond(http_req *r, conn_set *cs)
     if (c == NULL)
         http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
     return c;
+}
+
+/* A header value's length without trailing spaces and tabs: HTTP's optional
+ * whitespace around a field value is not part of it (RFC 9110, 5.5). */
+static size_t header_len(const char *v)
+{
+    size_t n = strlen(v);
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    return n;
 }
 
 /* A thread-local generator for demo users: no shared state, seeded once. */
@@ -157,16 +164,13 @@ static enum MHD_Result h_voucher_get(http_req *r, const char *arg, size_t arg_le
 
 static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
 {
-    char key[64], body[160];
-    const char *uid_text;
+    char body[160];
+    const char *uid_text, *message;
     conn_set *cs;
     PGconn *pg;
-    redisContext *c;
     store_voucher v;
     store_status st;
-    lock_status ls;
-    idw_status is;
-    lock_grant grant;
+    api_err err;
     int64_t voucher_id, user_id, order_id, now;
     int n;
 
@@ -176,11 +180,11 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
     uid_text = http_header(r, "X-User-Id");
     if (uid_text == NULL && g_cfg.demo_random_user)
         user_id = random_user_id();
-    else if (uid_text == NULL || util_parse_id(uid_text, strlen(uid_text), &user_id) != 0)
+    else if (uid_text == NULL || util_parse_id(uid_text, header_len(uid_text), &user_id) != 0)
         return http_send_error(r, API_INVALID_USER_ID, NULL);
 
     /* 2. The voucher, its window, and the sold-out fast path. The stock read
-     *    here only rejects early; the UPDATE below decides. */
+     *    here only rejects early; the transaction decides. */
     cs = conn_get();
     if ((pg = pg_or_respond(r, cs)) == NULL)
         return MHD_YES;
@@ -195,49 +199,12 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
     if (v.stock <= 0)
         return http_send_error(r, API_SOLD_OUT, NULL);
 
-    /* 3. The per-user lock, one attempt: a concurrent request of the same
-     *    user holds it, so this one is a duplicate. */
-    if ((c = redis_or_respond(r, cs)) == NULL)
-        return MHD_YES;
-    snprintf(key, sizeof key, LOCK_KEY_PREFIX "%" PRId64, user_id);
-    ls = lock_try_acquire(c, key, cs->owner, g_cfg.lock_lease_ms, &grant);
-    if (ls == LOCK_BUSY)
-        return http_send_error(r, API_ALREADY_ORDERED, NULL);
-    if (ls != LOCK_OK) {
-        if (c->err)
-            conn_redis_broken(cs);
-        return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
-    }
+    /* 3-5. Lock, id, transaction, unlock. */
+    err = order_place(cs, voucher_id, user_id, &order_id, &message);
+    if (err != API_OK)
+        return http_send_error(r, err, message);
 
-    /* 4. The id first (no row lock held yet), then the one-statement
-     *    transaction: duplicate check, stock > 0 deduction, insert. */
-    is = idw_next(c, g_cfg.id_prefix, &order_id);
-    if (is != IDW_OK) {
-        if (is == IDW_REDIS && c->err)
-            conn_redis_broken(cs);
-        else
-            log_error("order id: %s", is == IDW_EXHAUSTED ? "today's counter is exhausted"
-                                                            : "clock outside the id range");
-        st = STORE_UNAVAILABLE;
-    } else {
-        st = store_order_create(pg, order_id, voucher_id, user_id);
-    }
-
-    /* 5. Release only now, after the commit (or rollback): releasing earlier
-     *    lets a second request of the same user in before the order is visible. */
-    if (cs->redis != NULL) {
-        ls = lock_release(cs->redis, key, cs->owner, g_cfg.lock_lease_ms, NULL);
-        if (ls == LOCK_NOT_OWNER)
-            log_warn("lock %s expired during the order (lease %ld ms too short?)", key,
-                     g_cfg.lock_lease_ms);
-        else if (ls == LOCK_ERR && cs->redis->err)
-            conn_redis_broken(cs);      /* the lease frees it */
-    }
-
-    /* 6. The answer. */
-    if (st != STORE_OK)
-        return send_store_error(r, st);
-    /* Built by hand: ids pass 2^53, and cJSON numbers are doubles. */
+    /* 6. Built by hand: ids pass 2^53, and cJSON numbers are doubles. */
     n = snprintf(body, sizeof body,
                  "{\"orderId\":\"%" PRId64 "\",\"voucherId\":%" PRId64 ",\"userId\":%" PRId64 "}",
                  order_id, voucher_id, user_id);
@@ -263,8 +230,12 @@ static enum MHD_Result h_stats(http_req *r, const char *arg, size_t arg_len)
     o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "instance", g_cfg.instance_id);
     cJSON_AddStringToObject(o, "uuid", g_cfg.instance_uuid);
-    cJSON_AddStringToObject(o, "lockStrategy", "reentrant");
-    cJSON_AddStringToObject(o, "stockStrategy", "optimistic");
+    cJSON_AddStringToObject(o, "lockStrategy", config_lock_name(g_cfg.lock_strategy));
+    cJSON_AddStringToObject(o, "stockStrategy", config_stock_name(g_cfg.stock_strategy));
+    cJSON_AddBoolToObject(o, "unsafe", config_unsafe());
+    if (config_unsafe())
+        cJSON_AddStringToObject(o, "warning", "UNSAFE demo strategy in force: this instance can "
+                                              "oversell or sell twice to one user");
     vouchers = cJSON_AddArrayToObject(o, "vouchers");
     st = store_stats(pg, vouchers);
     if (st != STORE_OK) {
@@ -352,7 +323,8 @@ static cJSON *json_body_or_respond(http_req *r)
 
     /* cJSON's own "require NUL" check fails on length-bounded input, so the
      * trailing bytes are checked here: only whitespace may follow the value. */
-    if (r->body != NULL && util_utf8_valid(r->body, r->body_len))
+    if (r->body != NULL && memchr(r->body, '\0', r->body_len) == NULL &&
+        util_utf8_valid(r->body, r->body_len))
         doc = cJSON_ParseWithLengthOpts(r->body, r->body_len, &end, 0);
     if (doc != NULL) {
         while (end < r->body + r->body_len && strchr(" \t\r\n", *end) != NULL && *end != '\0')
@@ -374,7 +346,7 @@ static cJSON *json_body_or_respond(http_req *r)
     return doc;
 }
 
-/* A whole number 0..2^53 in a JSON number. */
+/* A whole number 0..2^53-1 in a JSON number. */
 static int json_count(const cJSON *o, const char *name, int64_t *out)
 {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
@@ -383,7 +355,9 @@ static int json_count(const cJSON *o, const char *name, int64_t *out)
     if (!cJSON_IsNumber(it))
         return -1;
     d = it->valuedouble;
-    if (!(d >= 0 && d <= 9007199254740992.0) || d != (double)(int64_t)d)
+    /* Past 2^53 - 1 a double no longer holds every integer: 2^53 + 1 would
+     * arrive as 2^53 and be stored as something the client did not send. */
+    if (!(d >= 0 && d <= 9007199254740991.0) || d != (double)(int64_t)d)
         return -1;
     *out = (int64_t)d;
     return 0;

@@ -49,6 +49,11 @@ int main(int argc, char **argv)
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
+    if (config_unsafe())
+        log_warn("UNSAFE demo strategies in force: lock=%s stock=%s delay=%dms. This instance "
+                 "can oversell or sell twice to one user; never run it for a real sale.",
+                 config_lock_name(g_cfg.lock_strategy), config_stock_name(g_cfg.stock_strategy),
+                 g_cfg.demo_delay_ms);
     if (g_cfg.demo_random_user)
         log_warn("DEMO_RANDOM_USER=1: requests without X-User-Id buy as random new users");
 

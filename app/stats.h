@@ -9,6 +9,19 @@
 
 #include "api.h"
 
+/* Events counted outside the lock module: the demo ladder's locks (the
+ * reentrant lock counts its own) and fencing-token refusals in Postgres. */
+enum stats_event {
+    STATS_DEMO_LOCK_ACQUIRED,
+    STATS_DEMO_LOCK_CONTENDED,
+    STATS_DEMO_LOCK_RELEASED,
+    STATS_DEMO_LOCK_NOT_OWNER,
+    STATS_STALE_TOKEN,
+    STATS_EVENT_COUNT
+};
+
+void stats_note(enum stats_event ev);
+
 /* Counts one answered request. Thread-safe, lock-free. */
 void stats_record(int status, api_err err);
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct statement {
     const char *name;
@@ -20,20 +21,46 @@ static const statement statements[] = {
       "       extract(epoch FROM begin_time)::bigint, extract(epoch FROM end_time)::bigint"
       "  FROM tb_voucher WHERE voucher_id = $1" },
 
-    /* Duplicate check, deduction and insert in one statement: the row lock
-     * taken by the UPDATE is held only until this statement's commit. */
-    { "order_create", 3,
-      "WITH dup AS ("
+    /* Fence, duplicate check, deduction and insert in one statement: the row
+     * lock taken by the UPDATE is held only until this statement's commit.
+     * The fence row moves only forward; a stale token leaves it and
+     * everything else untouched. */
+    { "order_create", 5,
+      "WITH fence AS ("
+      "    INSERT INTO tb_lock_fence (lock_key, token) SELECT $4::text, $5::bigint"
+      "     WHERE $4::text IS NOT NULL"
+      "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
+      "     WHERE tb_lock_fence.token <= EXCLUDED.token"
+      "    RETURNING 1"
+      "), dup AS ("
       "    SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1 LIMIT 1"
       "), upd AS ("
       "    UPDATE tb_voucher SET stock = stock - 1"
       "     WHERE voucher_id = $1 AND stock > 0 AND NOT EXISTS (SELECT 1 FROM dup)"
+      "       AND ($4::text IS NULL OR EXISTS (SELECT 1 FROM fence))"
       "    RETURNING voucher_id"
       "), ins AS ("
       "    INSERT INTO tb_voucher_order (id, user_id, voucher_id)"
       "    SELECT $3, $2, voucher_id FROM upd RETURNING id"
       ")"
-      "SELECT EXISTS (SELECT 1 FROM dup), EXISTS (SELECT 1 FROM ins)" },
+      "SELECT $4::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fence),"
+      "       EXISTS (SELECT 1 FROM dup), EXISTS (SELECT 1 FROM ins)" },
+
+    /* The step-by-step transaction of the seed notes (store_order_steps). */
+    { "fence_advance", 2,
+      "INSERT INTO tb_lock_fence (lock_key, token) VALUES ($1, $2)"
+      "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
+      "     WHERE tb_lock_fence.token <= EXCLUDED.token RETURNING 1" },
+    { "order_exists", 2,
+      "SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1 LIMIT 1" },
+    { "stock_read", 1, "SELECT stock FROM tb_voucher WHERE voucher_id = $1" },
+    { "stock_read_locked", 1, "SELECT stock FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE" },
+    { "stock_write", 2, "UPDATE tb_voucher SET stock = $2 WHERE voucher_id = $1" },
+    { "stock_cas", 3, "UPDATE tb_voucher SET stock = $2 WHERE voucher_id = $1 AND stock = $3" },
+    { "stock_decrement", 1,
+      "UPDATE tb_voucher SET stock = stock - 1 WHERE voucher_id = $1 AND stock > 0" },
+    { "order_insert", 3,
+      "INSERT INTO tb_voucher_order (id, user_id, voucher_id) VALUES ($1, $2, $3)" },
 
     { "voucher_create", 4,
       "INSERT INTO tb_voucher (title, stock, initial_stock, begin_time, end_time)"
@@ -140,30 +167,151 @@ cleanup:
     return st;
 }
 
-store_status store_order_create(PGconn *pg, int64_t order_id, int64_t voucher_id,
-                                int64_t user_id)
+store_status store_order_create(PGconn *pg, const store_order *o)
 {
-    char v[24], u[24], o[24];
-    const char *vals[3] = { v, u, o };
+    char v[24], u[24], id[24], tok[24];
+    const char *vals[5] = { v, u, id, o->fence_key, o->fence_key ? tok : NULL };
     store_status st;
     PGresult *res;
 
-    snprintf(v, sizeof v, "%" PRId64, voucher_id);
-    snprintf(u, sizeof u, "%" PRId64, user_id);
-    snprintf(o, sizeof o, "%" PRId64, order_id);
-    res = exec(pg, "order_create", 3, vals);
+    snprintf(v, sizeof v, "%" PRId64, o->voucher_id);
+    snprintf(u, sizeof u, "%" PRId64, o->user_id);
+    snprintf(id, sizeof id, "%" PRId64, o->order_id);
+    snprintf(tok, sizeof tok, "%" PRId64, o->fence_token);
+    res = exec(pg, "order_create", 5, vals);
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
         st = result_error(pg, res, "order_create");
         goto cleanup;
     }
     if (PQgetvalue(res, 0, 0)[0] == 't')
-        st = STORE_DUPLICATE;
+        st = STORE_STALE_TOKEN;
     else if (PQgetvalue(res, 0, 1)[0] == 't')
+        st = STORE_DUPLICATE;
+    else if (PQgetvalue(res, 0, 2)[0] == 't')
         st = STORE_OK;
     else
         st = STORE_SOLD_OUT;
 cleanup:
     PQclear(res);
+    return st;
+}
+
+/* Runs a command outside the prepared set (BEGIN, COMMIT, ROLLBACK). */
+static store_status simple(PGconn *pg, const char *sql)
+{
+    PGresult *res = PQexec(pg, sql);
+    store_status st = PQresultStatus(res) == PGRES_COMMAND_OK ? STORE_OK
+                                                              : result_error(pg, res, sql);
+    PQclear(res);
+    return st;
+}
+
+/* One step of the transaction; '*rows' gets the rows returned or affected. */
+static store_status step(PGconn *pg, const char *name, int n, const char *const *vals, int *rows,
+                         int64_t *first)
+{
+    PGresult *res = exec(pg, name, n, vals);
+    ExecStatusType es = PQresultStatus(res);
+    store_status st = STORE_OK;
+
+    if (es == PGRES_TUPLES_OK) {
+        *rows = PQntuples(res);
+        if (first != NULL && *rows > 0)
+            *first = get_i64(res, 0, 0);
+    } else if (es == PGRES_COMMAND_OK) {
+        *rows = atoi(PQcmdTuples(res));
+    } else {
+        st = result_error(pg, res, name);
+    }
+    PQclear(res);
+    return st;
+}
+
+store_status store_order_steps(PGconn *pg, const store_order *o, enum stock_strategy strategy,
+                               int delay_ms)
+{
+    char v[24], u[24], id[24], tok[24], next[24], seen[24];
+    const char *vu[2] = { v, u }, *vv[1] = { v }, *fence[2] = { o->fence_key, tok };
+    const char *write[3] = { v, next, seen }, *ins[3] = { id, u, v };
+    int64_t stock = 0;
+    int rows = 0, open = 0;
+    store_status st;
+
+    snprintf(v, sizeof v, "%" PRId64, o->voucher_id);
+    snprintf(u, sizeof u, "%" PRId64, o->user_id);
+    snprintf(id, sizeof id, "%" PRId64, o->order_id);
+    snprintf(tok, sizeof tok, "%" PRId64, o->fence_token);
+
+    if ((st = simple(pg, "BEGIN")) != STORE_OK)
+        goto cleanup;
+    open = 1;
+    if (o->fence_key != NULL) {
+        if ((st = step(pg, "fence_advance", 2, fence, &rows, NULL)) != STORE_OK)
+            goto cleanup;
+        if (rows == 0) {
+            st = STORE_STALE_TOKEN;
+            goto cleanup;
+        }
+    }
+    /* One order per user: checked, not enforced (the lock and the unique
+     * constraint must do that). */
+    if ((st = step(pg, "order_exists", 2, vu, &rows, NULL)) != STORE_OK)
+        goto cleanup;
+    if (rows > 0) {
+        st = STORE_DUPLICATE;
+        goto cleanup;
+    }
+    if (strategy != STOCKS_OPTIMISTIC) {
+        const char *read = strategy == STOCKS_PESSIMISTIC ? "stock_read_locked" : "stock_read";
+        if ((st = step(pg, read, 1, vv, &rows, &stock)) != STORE_OK)
+            goto cleanup;
+        if (rows == 0) {
+            st = STORE_NOT_FOUND;
+            goto cleanup;
+        }
+        if (stock <= 0) {
+            st = STORE_SOLD_OUT;
+            goto cleanup;
+        }
+    }
+    if (delay_ms > 0) {
+        struct timespec ts = { delay_ms / 1000, (long)(delay_ms % 1000) * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+    snprintf(next, sizeof next, "%" PRId64, stock - 1);
+    snprintf(seen, sizeof seen, "%" PRId64, stock);
+    switch (strategy) {
+    case STOCKS_NAIVE:          /* writes back what it read, minus one: lost updates */
+        st = step(pg, "stock_write", 2, write, &rows, NULL);
+        break;
+    case STOCKS_CAS:            /* only if nobody changed it since the read */
+        st = step(pg, "stock_cas", 3, write, &rows, NULL);
+        break;
+    case STOCKS_PESSIMISTIC:    /* the row is ours since FOR UPDATE */
+        st = step(pg, "stock_decrement", 1, vv, &rows, NULL);
+        break;
+    case STOCKS_OPTIMISTIC:
+    default:
+        st = step(pg, "stock_decrement", 1, vv, &rows, NULL);
+        break;
+    }
+    if (st != STORE_OK)
+        goto cleanup;
+    if (rows == 0) {
+        st = STORE_SOLD_OUT;
+        goto cleanup;
+    }
+    if ((st = step(pg, "order_insert", 3, ins, &rows, NULL)) != STORE_OK)
+        goto cleanup;
+    st = simple(pg, "COMMIT");
+    open = 0;
+cleanup:
+    /* Every early exit rolls back, so nothing half-done stays behind; a lost
+     * connection rolls back on the server by itself. */
+    if (open && PQstatus(pg) == CONNECTION_OK) {
+        PGresult *res = PQexec(pg, "ROLLBACK");
+        PQclear(res);
+    }
     return st;
 }
 

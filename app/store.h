@@ -7,12 +7,15 @@
 #include <cJSON.h>
 #include <libpq-fe.h>
 
+#include "config.h"
+
 typedef enum store_status {
     STORE_OK = 0,
     STORE_NOT_FOUND,      /* no such voucher */
     STORE_SOLD_OUT,       /* stock > 0 matched no row */
     STORE_DUPLICATE,      /* this user already has an order for this voucher */
     STORE_INVALID,        /* a constraint refused the values (e.g. end before begin) */
+    STORE_STALE_TOKEN,    /* a newer lock holder already wrote: this holder's lease is gone */
     STORE_UNAVAILABLE     /* connection lost, timed out or refused: answer 503 */
 } store_status;
 
@@ -30,11 +33,25 @@ int store_prepare(PGconn *pg);
 
 store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *out);
 
-/* The whole order in one statement, hence one transaction: duplicate check,
- * optimistic deduction (stock > 0), insert of 'order_id'. A unique violation
- * rolls all of it back and reads as STORE_DUPLICATE. */
-store_status store_order_create(PGconn *pg, int64_t order_id, int64_t voucher_id,
-                                int64_t user_id);
+typedef struct store_order {
+    int64_t order_id;
+    int64_t voucher_id;
+    int64_t user_id;
+    const char *fence_key;    /* lock key whose token guards the write; NULL: none */
+    int64_t fence_token;
+} store_order;
+
+/* The whole order in one statement, hence one transaction: fencing-token
+ * check, duplicate check, optimistic deduction (stock > 0), insert. A unique
+ * violation rolls all of it back and reads as STORE_DUPLICATE. */
+store_status store_order_create(PGconn *pg, const store_order *o);
+
+/* The same order as the seed notes write it, one statement per step in an
+ * explicit transaction, with the stock step of 'strategy' (naive and cas
+ * read the stock, check it in C and write a value back). 'delay_ms' sleeps
+ * between the reads and the writes to widen the races (demo ladder). */
+store_status store_order_steps(PGconn *pg, const store_order *o, enum stock_strategy strategy,
+                               int delay_ms);
 
 store_status store_voucher_create(PGconn *pg, const char *title, int64_t stock,
                                   int64_t begin_time, int64_t end_time, int64_t *voucher_id);

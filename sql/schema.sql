@@ -34,3 +34,11 @@ END $$;
 
 -- Per-voucher aggregation for /stats and reset's DELETE.
 CREATE INDEX IF NOT EXISTS idx_voucher_order_voucher ON tb_voucher_order (voucher_id);
+
+-- Fencing tokens (Kleppmann): the highest lock token accepted per lock key.
+-- An order write carrying a lower token comes from a holder whose lease
+-- expired while it was paused; it is refused in the same transaction.
+CREATE TABLE IF NOT EXISTS tb_lock_fence (
+    lock_key text   PRIMARY KEY,
+    token    bigint NOT NULL
+);

@@ -575,6 +575,9 @@ def main(teardown=None):
                 continue
             passed += 1
             print(f"ok - {name} ({time.monotonic() - t0:.1f}s)", flush=True)
+        if only and passed + failed == 0:
+            failed += 1
+            print(f"FAIL - no test name contains {only!r}", flush=True)
         if teardown is not None:
             try:
                 teardown()

@@ -422,6 +422,27 @@ def invalid_user_id_header():
         fail("an invalid user id produced an order")
 
 
+@test
+def user_id_header_name_case_and_whitespace():
+    """Header names are case-insensitive and optional whitespace around a
+    field value is not part of it (RFC 9110 5.1, 5.5): all of these are
+    valid user ids."""
+    a = server_a()
+    vid = create_voucher(a, 10)
+    u = new_users(4)
+    forms = [("lower-case name", f"x-user-id: {u[0]}"), ("leading space", f"X-User-Id:   {u[1]}"),
+             ("trailing space", f"X-User-Id: {u[2]}  "), ("trailing tab", f"X-User-Id: {u[3]}\t")]
+    bad = []
+    for (label, line), user in zip(forms, u):
+        r = ss.raw_request(a.port, f"POST /voucher/{vid}/seckill HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                   f"{line}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        if r is None or r.status != 200 or r.body.get("userId") != user:
+            bad.append(f"{label} ({line!r}) -> {r.status if r else 'no answer'}"
+                       f" {r.body if r else ''!r}")
+    if bad:
+        fail("valid X-User-Id refused: " + "; ".join(bad))
+
+
 # ---------------------------------------------------------------- errors, routes
 
 @test
@@ -527,7 +548,8 @@ def admin_invalid_json_and_fields():
     a = server_a()
     now = NOW()
     good = {"title": "t", "stock": 10, "beginTime": iso(now), "endTime": iso(now + 60)}
-    for raw in ("{", "not json", "", '{"title": "t",}', "{'title': 't'}"):
+    for raw in ("{", "not json", "", '{"title": "t",}', "{'title': 't'}", "{\x00}",
+                '{"title": "t"} trailing'):
         expect_error(a.post("/admin/vouchers", dict(AUTH, **{"Content-Type": "application/json"}), raw),
                      400, "invalid_json", f"body {raw!r}")
 
@@ -571,6 +593,25 @@ def admin_invalid_json_and_fields():
     # the good body works, and a stock of 0 is valid (not negative)
     vid = create_voucher(a, 0)
     expect_error(a.seckill(vid, new_users(1)[0]), 409, "sold_out", "voucher created with stock 0")
+
+
+@test
+def admin_stock_is_stored_exactly_or_refused():
+    """A stock that is a valid int64 but not exact in a double (2^53 + 1)
+    must be stored as sent or refused with 400 invalid_field, never rounded."""
+    a = server_a()
+    now = NOW()
+    big = 2 ** 53 + 1
+    raw = (f'{{"title":"big","stock":{big},"beginTime":"{iso(now)}",'
+           f'"endTime":"{iso(now + 60)}"}}')
+    r = a.post("/admin/vouchers", dict(AUTH, **{"Content-Type": "application/json"}), raw)
+    if r.status == 400 and err_code(r) == "invalid_field":
+        return
+    expect(r, 201, what=f"create with stock {big}")
+    vid = r.body["voucherId"]
+    stored = db_stock(vid)
+    if stored != big:
+        fail(f"stock {big} was answered 201 but stored as {stored}")
 
 
 @test
@@ -857,6 +898,47 @@ def redis_restart_mid_life():
     finally:
         srv.stop_ok()
         rs.kill()
+
+
+@test
+def postgres_sessions_killed_mid_life():
+    """Postgres drops the server's sessions (restart, failover): at most one
+    503 per worker thread, then orders pass again, with nothing half-done."""
+    a = server_a()
+    vid = create_voucher(a, 30)
+    threads = 2
+    srv = ss.Server("http-pgkill", {"THREADS": threads})
+    try:
+        u = new_users(30)
+        for user in u[:4]:          # open the sessions of both workers
+            expect(srv.seckill(vid, user), 200, what="order before the sessions die")
+        killed = psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                      " WHERE application_name = 'http-pgkill'")
+        if not killed:
+            fail("found no Postgres session with application_name = 'http-pgkill'")
+        oks, failures = 0, []
+        for user in u[4:20]:
+            r = srv.seckill(vid, user)
+            if r.status == 200:
+                oks += 1
+            elif oks:
+                fail(f"after recovering, a request failed again: {r.status} {r.body!r}")
+            else:
+                expect_error(r, 503, "unavailable", "right after the sessions died")
+                failures.append(user)
+        if len(failures) > threads:
+            fail(f"{len(failures)} failures after the sessions died (more than one per worker)")
+        orders = db_orders(vid)
+        if len(orders) != 30 - db_stock(vid) or len(orders) != 4 + oks:
+            fail(f"partial orders: {len(orders)} rows, stock {db_stock(vid)} of 30,"
+                 f" {4 + oks} answered 200")
+        if set(failures) & set(orders.values()):
+            fail("a user answered 503 has an order")
+        for user in failures:
+            if redis(["EXISTS", f"lock:order:{user}"]) != "0":
+                fail(f"lock:order:{user} still held after its 503")
+    finally:
+        srv.stop_ok()
 
 
 # ---------------------------------------------------------------- demo mode, shutdown

@@ -1,0 +1,227 @@
+/* order: lock strategy x stock strategy. Only reentrant + optimistic (the
+ * defaults) is safe; the others are the seed notes' broken steps, kept
+ * runnable so that a load test can show each failure as numbers. */
+#include "order.h"
+#include "config.h"
+#include "idw.h"
+#include "lock.h"
+#include "log.h"
+#include "script.h"
+#include "stats.h"
+#include "store.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#define LOCK_KEY_PREFIX "lock:order:"
+
+/* "local": an in-process mutex per user, striped. Correct on one instance,
+ * useless across two behind nginx: that is what it is here to show. */
+#define LOCAL_STRIPES 1024
+static pthread_mutex_t local_locks[LOCAL_STRIPES];
+static pthread_once_t local_once = PTHREAD_ONCE_INIT;
+
+static void local_init(void)
+{
+    for (int i = 0; i < LOCAL_STRIPES; i++)
+        pthread_mutex_init(&local_locks[i], NULL);
+}
+
+static pthread_mutex_t *local_lock_of(int64_t user_id)
+{
+    pthread_once(&local_once, local_init);
+    return &local_locks[(uint64_t)user_id * 0x9e3779b97f4a7c15ULL >> 54];
+}
+
+typedef struct held {
+    char key[64];
+    int kind;                 /* enum lock_strategy actually taken */
+    lock_grant grant;
+} held;
+
+/* Takes the user's lock. API_OK when held (or when the strategy takes none). */
+static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h)
+{
+    redisReply *r = NULL;
+    api_err err = API_OK;
+
+    snprintf(h->key, sizeof h->key, LOCK_KEY_PREFIX "%" PRId64, user_id);
+    h->kind = g_cfg.lock_strategy;
+    switch (h->kind) {
+    case LOCKS_NONE:
+        break;
+    case LOCKS_LOCAL:
+        /* Blocking, like Java's synchronized: the second request of the user
+         * waits, then finds the first one's order. */
+        pthread_mutex_lock(local_lock_of(user_id));
+        stats_note(STATS_DEMO_LOCK_ACQUIRED);
+        break;
+    case LOCKS_SETNX:
+    case LOCKS_OWNER:
+        /* setnx: SET NX EX, whole seconds; owner: SET NX PX with our owner id. */
+        if (h->kind == LOCKS_SETNX)
+            r = redisCommand(c, "SET %s %s NX EX %ld", h->key, cs->owner,
+                             (g_cfg.lock_lease_ms + 999) / 1000);
+        else
+            r = redisCommand(c, "SET %s %s NX PX %ld", h->key, cs->owner, g_cfg.lock_lease_ms);
+        if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+            err = API_UNAVAILABLE;
+        } else if (r->type == REDIS_REPLY_NIL) {
+            stats_note(STATS_DEMO_LOCK_CONTENDED);
+            err = API_ALREADY_ORDERED;
+        } else {
+            stats_note(STATS_DEMO_LOCK_ACQUIRED);
+        }
+        break;
+    case LOCKS_REENTRANT:
+    default:
+        switch (lock_try_acquire(c, h->key, cs->owner, g_cfg.lock_lease_ms, &h->grant)) {
+        case LOCK_OK:
+            break;
+        case LOCK_BUSY:
+            err = API_ALREADY_ORDERED;
+            break;
+        default:
+            err = API_UNAVAILABLE;
+            break;
+        }
+        break;
+    }
+    freeReplyObject(r);
+    return err;
+}
+
+/* Releases after the transaction ended, whatever its outcome. */
+static void give_back(conn_set *cs, int64_t user_id, held *h)
+{
+    redisContext *c = cs->redis;    /* NULL if it broke meanwhile: leases free it */
+    redisReply *r = NULL;
+    const char *argv[2];
+
+    switch (h->kind) {
+    case LOCKS_NONE:
+        return;
+    case LOCKS_LOCAL:
+        pthread_mutex_unlock(local_lock_of(user_id));
+        stats_note(STATS_DEMO_LOCK_RELEASED);
+        return;
+    case LOCKS_SETNX:
+        if (c == NULL)
+            return;
+        /* The bug on show: DEL without an owner check. The GET before it is
+         * only there to count the deletes of another holder's lock. */
+        r = redisCommand(c, "GET %s", h->key);
+        if (r != NULL && (r->type != REDIS_REPLY_STRING || strcmp(r->str, cs->owner) != 0))
+            stats_note(STATS_DEMO_LOCK_NOT_OWNER);
+        freeReplyObject(r);
+        r = redisCommand(c, "DEL %s", h->key);
+        if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+            stats_note(STATS_DEMO_LOCK_RELEASED);
+        break;
+    case LOCKS_OWNER:
+        if (c == NULL)
+            return;
+        argv[0] = h->key;
+        argv[1] = cs->owner;
+        r = script_run(c, SCRIPT_OWNER_RELEASE, 1, 2, argv, NULL);
+        if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+            stats_note(r->integer == 1 ? STATS_DEMO_LOCK_RELEASED : STATS_DEMO_LOCK_NOT_OWNER);
+        break;
+    case LOCKS_REENTRANT:
+    default:
+        if (c == NULL)
+            return;
+        if (lock_release(c, h->key, cs->owner, g_cfg.lock_lease_ms, NULL) == LOCK_NOT_OWNER)
+            log_warn("lock %s expired during the order (lease %ld ms too short?)", h->key,
+                     g_cfg.lock_lease_ms);
+        break;
+    }
+    if (c->err)
+        conn_redis_broken(cs);
+    freeReplyObject(r);
+}
+
+api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *order_id,
+                    const char **message)
+{
+    redisContext *c;
+    PGconn *pg;
+    store_order o = { 0 };
+    store_status st;
+    idw_status is;
+    held h;
+    api_err err;
+
+    *message = NULL;
+    if ((pg = conn_pg(cs)) == NULL) {
+        *message = "database unavailable, retry later";
+        return API_UNAVAILABLE;
+    }
+    if ((c = conn_redis(cs)) == NULL) {
+        *message = "redis unavailable, retry later";
+        return API_UNAVAILABLE;
+    }
+
+    /* 3. The per-user lock, one attempt: busy means a concurrent request of
+     *    the same user, so this one is the duplicate. */
+    err = take(cs, c, user_id, &h);
+    if (err != API_OK) {
+        if (c->err)
+            conn_redis_broken(cs);
+        if (err == API_UNAVAILABLE)
+            *message = "redis unavailable, retry later";
+        return err;
+    }
+
+    /* 4. The id before the transaction (no row lock held while Redis
+     *    answers), then the transaction. */
+    is = idw_next(c, g_cfg.id_prefix, order_id);
+    if (is != IDW_OK) {
+        if (is == IDW_REDIS && c->err)
+            conn_redis_broken(cs);
+        else if (is != IDW_REDIS)
+            log_error("order id: %s", is == IDW_EXHAUSTED ? "today's counter is exhausted"
+                                                          : "clock outside the id range");
+        st = STORE_UNAVAILABLE;
+        *message = "order ids unavailable, retry later";
+    } else {
+        o.order_id = *order_id;
+        o.voucher_id = voucher_id;
+        o.user_id = user_id;
+        if (h.kind == LOCKS_REENTRANT) {          /* only this lock hands out tokens */
+            o.fence_key = h.key;
+            o.fence_token = h.grant.token;
+        }
+        if (g_cfg.stock_strategy == STOCKS_OPTIMISTIC && g_cfg.demo_delay_ms == 0)
+            st = store_order_create(pg, &o);
+        else
+            st = store_order_steps(pg, &o, (enum stock_strategy)g_cfg.stock_strategy,
+                                   g_cfg.demo_delay_ms);
+    }
+
+    /* 5. Release only now, after the commit or rollback: releasing earlier
+     *    lets a second request of the same user in before the order shows. */
+    give_back(cs, user_id, &h);
+
+    switch (st) {
+    case STORE_OK:
+        return API_OK;
+    case STORE_SOLD_OUT:
+        return API_SOLD_OUT;
+    case STORE_DUPLICATE:
+        return API_ALREADY_ORDERED;
+    case STORE_STALE_TOKEN:
+        stats_note(STATS_STALE_TOKEN);
+        log_warn("stale fencing token %" PRId64 " for %s: write refused", o.fence_token, h.key);
+        *message = "the order lock expired before the write (stale fencing token)";
+        return API_ALREADY_ORDERED;
+    case STORE_NOT_FOUND:
+        return API_VOUCHER_NOT_FOUND;
+    default:
+        if (*message == NULL)
+            *message = "database unavailable, retry later";
+        return API_UNAVAILABLE;
+    }
+}
