@@ -13,10 +13,11 @@
 
 config g_cfg;
 
-enum opt_type { OPT_INT, OPT_LONG, OPT_STR, OPT_BOOL, OPT_LEVEL, OPT_LOCK, OPT_STOCK };
+enum opt_type { OPT_INT, OPT_LONG, OPT_STR, OPT_BOOL, OPT_LEVEL, OPT_LOCK, OPT_STOCK, OPT_LEASE };
 
 static const char *const lock_names[] = { "none", "local", "setnx", "owner", "reentrant" };
-static const char *const stock_names[] = { "naive", "cas", "optimistic", "pessimistic" };
+static const char *const stock_names[] = { "naive", "cas", "optimistic", "pessimistic",
+                                           "batched" };
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -50,8 +51,10 @@ static const option_def options[] = {
       "close an HTTP connection idle this long (seconds)" },
     { "MAX_BODY", "max-body", OPT_LONG, F(max_body), 0, 1L << 30, "65536",
       "largest request body in bytes (413 above)" },
-    { "LOCK_LEASE_MS", "lock-lease-ms", OPT_LONG, F(lock_lease_ms), 1, 86400000L, "10000",
-      "lease of the per-user order lock (ms)" },
+    { "LOCK_LEASE_MS", "lock-lease-ms", OPT_LEASE, F(lock_lease_ms), 1, 86400000L, "10000",
+      "lease of the per-user order lock (ms); -1: watchdog mode (WATCHDOG_TIMEOUT_MS, renewed)" },
+    { "WATCHDOG_TIMEOUT_MS", "watchdog-timeout-ms", OPT_LONG, F(watchdog_timeout_ms), 300,
+      86400000L, "30000", "lease of watchdog-mode locks, renewed every third of it (ms)" },
     { "REDIS_TIMEOUT_MS", "redis-timeout-ms", OPT_INT, F(redis_timeout_ms), 10, 60000, "1000",
       "Redis connect and command timeout (ms)" },
     { "PG_CONNECT_TIMEOUT_S", "pg-connect-timeout", OPT_INT, F(pg_connect_timeout_s), 1, 60, "2",
@@ -71,9 +74,15 @@ static const option_def options[] = {
     { "SECKILL_LOCK", "lock", OPT_LOCK, F(lock_strategy), 0, 0, "reentrant",
       "per-user lock: none, local, setnx, owner or reentrant (only reentrant is safe)" },
     { "SECKILL_STOCK", "stock", OPT_STOCK, F(stock_strategy), 0, 0, "optimistic",
-      "stock deduction: naive, cas, optimistic or pessimistic (naive oversells)" },
+      "stock deduction: naive, cas, optimistic, pessimistic or batched (naive oversells)" },
+    { "BATCH_MAX", "batch-max", OPT_INT, F(batch_max), 1, 1000, "64",
+      "batched: buyers settled in one transaction at most" },
+    { "BATCH_WINDOW_US", "batch-window-us", OPT_INT, F(batch_window_us), 0, 1000000, "1000",
+      "batched: how long a batch gathers buyers (microseconds)" },
     { "DEMO_DELAY_MS", "demo-delay-ms", OPT_INT, F(demo_delay_ms), 0, 60000, "0",
       "demo only: sleep this long inside the critical section to widen races" },
+    { "DEMO_PAUSE_MS", "demo-pause-ms", OPT_INT, F(demo_pause_ms), 0, 60000, "0",
+      "demo only: pause this long after taking the lock (a GC pause: shows fencing)" },
     { "RETRY_AFTER_S", "retry-after", OPT_INT, F(retry_after_s), 0, 3600, "1",
       "Retry-After seconds sent with 503" },
 };
@@ -141,6 +150,17 @@ static int set_option(const option_def *o, const char *val, const char *origin)
         fputc('\n', stderr);
         return -1;
     }
+    case OPT_LEASE: {
+        errno = 0;
+        long v = strtol(val, &end, 10);
+        if (val[0] == '\0' || *end != '\0' || errno != 0 || (v != -1 && (v < o->min || v > o->max))) {
+            fprintf(stderr, "seckill: invalid %s='%s': expected a lease in ms (%ld..%ld) "
+                            "or -1 for watchdog mode\n", origin, val, o->min, o->max);
+            return -1;
+        }
+        *(long *)(base + o->offset) = v;
+        return 0;
+    }
     case OPT_LEVEL: {
         enum log_level lvl;
         if (log_parse_level(val, &lvl) != 0) {
@@ -168,7 +188,7 @@ const char *config_stock_name(int s)
 int config_unsafe(void)
 {
     return g_cfg.lock_strategy != LOCKS_REENTRANT || g_cfg.stock_strategy == STOCKS_NAIVE ||
-           g_cfg.demo_delay_ms > 0;
+           g_cfg.demo_delay_ms > 0 || g_cfg.demo_pause_ms > 0;
 }
 
 int config_parse_redis_url(const char *s, redis_url *out)

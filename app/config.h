@@ -17,7 +17,8 @@ typedef struct redis_url {
 /* The demo ladder (SPEC section 6). Only the last of each is safe; the others
  * exist to be measured. */
 enum lock_strategy { LOCKS_NONE, LOCKS_LOCAL, LOCKS_SETNX, LOCKS_OWNER, LOCKS_REENTRANT };
-enum stock_strategy { STOCKS_NAIVE, STOCKS_CAS, STOCKS_OPTIMISTIC, STOCKS_PESSIMISTIC };
+enum stock_strategy { STOCKS_NAIVE, STOCKS_CAS, STOCKS_OPTIMISTIC, STOCKS_PESSIMISTIC,
+                      STOCKS_BATCHED };
 
 typedef struct config {
     int port;
@@ -31,6 +32,7 @@ typedef struct config {
     int conn_timeout_s;         /* idle HTTP connection timeout */
     long max_body;              /* bytes; larger bodies get 413 */
     long lock_lease_ms;         /* per-user order lock lease; -1 = watchdog */
+    long watchdog_timeout_ms;   /* watchdog-mode lease, renewed every third of it */
     int redis_timeout_ms;       /* connect and command timeout */
     int pg_connect_timeout_s;
     int pg_statement_timeout_ms;
@@ -42,7 +44,10 @@ typedef struct config {
     int retry_after_s;
     int lock_strategy;          /* enum lock_strategy (SECKILL_LOCK) */
     int stock_strategy;         /* enum stock_strategy (SECKILL_STOCK) */
-    int demo_delay_ms;          /* sleep inside the critical section (demo only) */
+    int demo_delay_ms;          /* sleep between the reads and the writes (demo only) */
+    int demo_pause_ms;
+    int batch_max;              /* batched: buyers settled in one transaction at most */
+    int batch_window_us;        /* batched: how long a batch gathers buyers */          /* sleep after taking the lock, before the transaction */
     char instance_uuid[37];     /* random per process; lock owner prefix */
 } config;
 

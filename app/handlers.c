@@ -3,11 +3,13 @@
 #include "handlers.h"
 #include "config.h"
 #include "conn.h"
+#include "bcast.h"
 #include "order.h"
 #include "log.h"
 #include "stats.h"
 #include "store.h"
 #include "util.h"
+#include "vcache.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -186,11 +188,14 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
     /* 2. The voucher, its window, and the sold-out fast path. The stock read
      *    here only rejects early; the transaction decides. */
     cs = conn_get();
-    if ((pg = pg_or_respond(r, cs)) == NULL)
-        return MHD_YES;
-    st = store_voucher_get(pg, voucher_id, &v);
-    if (st != STORE_OK)
-        return send_store_error(r, st);
+    if (!vcache_get(voucher_id, &v)) {
+        if ((pg = pg_or_respond(r, cs)) == NULL)
+            return MHD_YES;
+        st = store_voucher_get(pg, voucher_id, &v);
+        if (st != STORE_OK)
+            return send_store_error(r, st);
+        vcache_put(&v);
+    }
     now = util_now_s();
     if (now < v.begin_time)
         return http_send_error(r, API_NOT_STARTED, NULL);
@@ -201,6 +206,8 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
 
     /* 3-5. Lock, id, transaction, unlock. */
     err = order_place(cs, voucher_id, user_id, &order_id, &message);
+    if (err == API_SOLD_OUT)
+        vcache_mark_sold_out(voucher_id);   /* the next ones are refused from memory */
     if (err != API_OK)
         return http_send_error(r, err, message);
 
@@ -431,6 +438,7 @@ static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_le
 {
     conn_set *cs;
     PGconn *pg;
+    redisContext *c;
     cJSON *doc = NULL, *o;
     int64_t id, stock, begin = -1, end = -1;
     int hb, he;
@@ -470,6 +478,16 @@ static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_le
     if (st != STORE_OK) {
         ret = send_store_error(r, st);
         goto cleanup;
+    }
+    /* Every instance drops what it cached about vouchers (sold-out flags):
+     * a stale flag would undersell. Without Redis the others catch up when
+     * their entries expire (VCACHE_TTL_MS). */
+    if ((c = conn_redis(cs)) == NULL || bcast_voucher_reset(c, id) != 0) {
+        if (c != NULL && c->err)
+            conn_redis_broken(cs);
+        vcache_invalidate_all();
+        log_warn("admin: reset of voucher %" PRId64 " not broadcast (redis down); other "
+                 "instances notice within %d ms", id, VCACHE_TTL_MS);
     }
     log_info("admin: voucher %" PRId64 " reset to stock %" PRId64, id, stock);
     o = cJSON_CreateObject();

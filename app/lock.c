@@ -6,25 +6,81 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
+#include "lockwait.h"
 #include "log.h"
 #include "script.h"
 #include "util.h"
+#include "watchdog.h"
 
 #define LOCK_TOKEN_PREFIX   "redisson_lock_token"
 #define LOCK_CHANNEL_PREFIX "redisson_lock__channel"
+#define LOCK_LATCH_PREFIX   "redisson_unlock_latch"
 #define LOCK_UNLOCK_MESSAGE "0"   /* LockPubSub.UNLOCK_MESSAGE */
+#define LOCK_LATCH_MIN_MS   5000L /* a retried release finds its first result this long */
 
 /* Relaxed: these are statistics, nothing is ordered by them. */
 static atomic_uint_fast64_t n_acquired;
 static atomic_uint_fast64_t n_contended;
 static atomic_uint_fast64_t n_released;
 static atomic_uint_fast64_t n_not_owner;
-static atomic_uint_fast64_t n_renewals;
 static atomic_uint_fast64_t n_errors;
+static atomic_uint_fast64_t n_waits;
+static atomic_uint_fast64_t n_wait_acquired;
+static atomic_uint_fast64_t n_wait_timeouts;
+static atomic_uint_fast64_t n_wait_us_sum;
+static atomic_uint_fast64_t n_wait_us_max;
+static atomic_uint_fast64_t n_wake_samples;
+static atomic_uint_fast64_t n_wake_us_sum;
+static atomic_uint_fast64_t n_wake_us_max;
+
+static _Atomic(lock_hook_fn) test_hook;
 
 static void count(atomic_uint_fast64_t *c)
 {
     atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
+}
+
+/* Adds one duration sample to a sum and a running maximum. */
+static void sample(atomic_uint_fast64_t *sum, atomic_uint_fast64_t *max, int64_t us)
+{
+    uint_fast64_t v = us > 0 ? (uint_fast64_t)us : 0;
+    uint_fast64_t cur = atomic_load_explicit(max, memory_order_relaxed);
+
+    atomic_fetch_add_explicit(sum, v, memory_order_relaxed);
+    while (v > cur && !atomic_compare_exchange_weak_explicit(max, &cur, v, memory_order_relaxed,
+                                                              memory_order_relaxed)) {
+    }
+}
+
+static void run_hook(enum lock_hook_point at, const char *key)
+{
+    lock_hook_fn fn = atomic_load_explicit(&test_hook, memory_order_acquire);
+
+    if (fn != NULL)
+        fn(at, key);
+}
+
+void lock_set_test_hook(lock_hook_fn fn)
+{
+    atomic_store_explicit(&test_hook, fn, memory_order_release);
+}
+
+int lock_runtime_start(void)
+{
+    if (lockwait_start() != 0)
+        return -1;
+    if (wd_start() != 0) {
+        lockwait_stop();
+        return -1;
+    }
+    return 0;
+}
+
+void lock_runtime_stop(void)
+{
+    wd_stop();
+    lockwait_stop();
 }
 
 /* Redisson's prefixName(): "prefix:{key}", but "prefix:key" when the key
@@ -55,7 +111,8 @@ void lock_channel_name(const char *key, char *buf, size_t n)
  * an empty owner would be shared by everyone). */
 static int lock_args_ok(const char *fn, const char *key, const char *owner, long lease_ms)
 {
-    if (key == NULL || key[0] == '\0' || owner == NULL || owner[0] == '\0' || lease_ms <= 0) {
+    if (key == NULL || key[0] == '\0' || owner == NULL || owner[0] == '\0' ||
+        (lease_ms <= 0 && lease_ms != LOCK_WATCHDOG)) {
         log_error("%s: bad arguments (key=%s owner=%s lease=%ld)", fn,
                   key ? key : "(null)", owner ? owner : "(null)", lease_ms);
         return 0;
@@ -72,10 +129,18 @@ lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner
     char lease[24];
     const char *argv[4];
     long long first, second;
+    int watchdog = 0;
 
     if (!lock_args_ok("lock_try_acquire", key, owner, lease_ms))
         goto cleanup;
     token_key = companion_dup(LOCK_TOKEN_PREFIX, key);
+    /* Registered before the acquire is sent, so that no renewal can ever
+     * be scheduled after this hold's release (redisson#7272). */
+    watchdog = lease_ms == LOCK_WATCHDOG;
+    if (watchdog) {
+        lease_ms = wd_timeout_ms();
+        wd_begin(key, owner);
+    }
     snprintf(lease, sizeof lease, "%ld", lease_ms);
 
     argv[0] = key;
@@ -119,6 +184,9 @@ lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner
     }
 
 cleanup:
+    /* No reply may hide a grant: it is not renewed and expires by itself. */
+    if (watchdog)
+        wd_end(key, owner, st == LOCK_OK);
     if (st == LOCK_OK)
         count(&n_acquired);
     else if (st == LOCK_BUSY)
@@ -130,27 +198,135 @@ cleanup:
     return st;
 }
 
-lock_status lock_release(redisContext *c, const char *key, const char *owner,
-                         long lease_ms, long *remaining)
+/* Microseconds left until 'deadline_us', in whole ms rounded up. */
+static long ms_left(int64_t deadline_us)
+{
+    int64_t left = deadline_us - util_mono_us();
+    return left <= 0 ? 0 : (long)((left + 999) / 1000);
+}
+
+lock_status lock_try_lock(redisContext *c, const char *key, const char *owner,
+                          long wait_ms, long lease_ms, lock_grant *g)
+{
+    lock_status st;
+    lock_grant mine = {-1, -1};
+    lockwait_waiter *w = NULL;
+    char *channel = NULL;
+    int64_t start_us = util_mono_us(), woke_at = 0;
+    int confirmed, woken = 0;
+
+    st = lock_try_acquire(c, key, owner, lease_ms, &mine);
+    if (st != LOCK_BUSY || wait_ms <= 0)
+        goto cleanup;
+    count(&n_waits);
+
+    /* Subscribe, then retry: a release published between the refused
+     * attempt and the subscription would otherwise go unheard. */
+    run_hook(LOCK_HOOK_BEFORE_SUBSCRIBE, key);
+    channel = companion_dup(LOCK_CHANNEL_PREFIX, key);
+    w = lockwait_join(channel, ms_left(start_us + (int64_t)wait_ms * 1000), &confirmed);
+    if (!confirmed)
+        log_debug("lock %s: not subscribed yet; waiting on the holder's TTL", key);
+    for (;;) {
+        st = lock_try_acquire(c, key, owner, lease_ms, &mine);
+        if (st != LOCK_BUSY)
+            break;
+        long left = ms_left(start_us + (int64_t)wait_ms * 1000);
+        if (left == 0)
+            break;
+        /* The holder's TTL bounds the wait: if the release message is lost,
+         * the lease running out frees the lock anyway. TTL -1 (no expiry):
+         * only a message or the budget ends the wait. */
+        long t = mine.ttl_ms >= 0 && mine.ttl_ms < left ? mine.ttl_ms : left;
+        run_hook(LOCK_HOOK_BEFORE_WAIT, key);
+        woken = lockwait_wait(w, t > 0 ? t : 1, &woke_at);
+    }
+
+cleanup:
+    if (w != NULL) {
+        /* A wake-up used on an attempt that failed outright is handed on. */
+        lockwait_leave(w, st == LOCK_ERR && woken);
+        if (st == LOCK_OK) {
+            int64_t now = util_mono_us();
+            count(&n_wait_acquired);
+            sample(&n_wait_us_sum, &n_wait_us_max, now - start_us);
+            if (woken && woke_at != 0) {
+                count(&n_wake_samples);
+                sample(&n_wake_us_sum, &n_wake_us_max, now - woke_at);
+            }
+        } else if (st == LOCK_BUSY) {
+            count(&n_wait_timeouts);
+        }
+    }
+    free(channel);
+    if (g != NULL)
+        *g = mine;
+    return st;
+}
+
+void lock_release_req_init(lock_release_req *rq)
+{
+    util_uuid4(rq->id);
+    rq->renewal_cancelled = 0;
+}
+
+/* Redisson's getUnlockLatchName: prefixName(latch prefix, key) + ":" + id.
+ * Caller frees. */
+static char *latch_dup(const char *key, const char *id)
+{
+    char *base = companion_dup(LOCK_LATCH_PREFIX, key);
+    size_t n = strlen(base) + 1 + strlen(id) + 1;
+    char *s = xmalloc(n);
+
+    snprintf(s, n, "%s:%s", base, id);
+    free(base);
+    return s;
+}
+
+/* How long a release's result stays readable for a retry of its request:
+ * a retry comes after one command timeout and a reconnect. */
+static long latch_ms(void)
+{
+    long ms = 5L * g_cfg.redis_timeout_ms;
+    return ms > LOCK_LATCH_MIN_MS ? ms : LOCK_LATCH_MIN_MS;
+}
+
+lock_status lock_release_ex(redisContext *c, const char *key, const char *owner,
+                            long lease_ms, lock_release_req *rq, long *remaining)
 {
     lock_status st = LOCK_ERR;
-    char *channel = NULL;
+    char *channel = NULL, *latch = NULL;
     redisReply *r = NULL;
-    char lease[24];
-    const char *argv[5];
+    char lease[24], latch_px[24];
+    const char *argv[7];
 
-    if (!lock_args_ok("lock_release", key, owner, lease_ms))
+    if (!lock_args_ok("lock_release", key, owner, lease_ms) || rq == NULL || rq->id[0] == '\0') {
+        if (rq == NULL || rq->id[0] == '\0')
+            log_error("lock_release_ex %s: no request id", key ? key : "(null)");
         goto cleanup;
+    }
+    /* Renewal stops before the release is sent, once per request: a late
+     * tick finds the field gone and re-arms nothing. */
+    if (lease_ms == LOCK_WATCHDOG) {
+        if (!rq->renewal_cancelled)
+            wd_cancel(key, owner);
+        rq->renewal_cancelled = 1;
+        lease_ms = wd_timeout_ms();
+    }
     channel = companion_dup(LOCK_CHANNEL_PREFIX, key);
+    latch = latch_dup(key, rq->id);
     snprintf(lease, sizeof lease, "%ld", lease_ms);
+    snprintf(latch_px, sizeof latch_px, "%ld", latch_ms());
 
-    /* Order fixed by lock_release.lua; later additions go at the end. */
+    /* Order fixed by lock_release.lua. */
     argv[0] = key;
     argv[1] = channel;
-    argv[2] = LOCK_UNLOCK_MESSAGE;
-    argv[3] = lease;
-    argv[4] = owner;
-    r = script_run(c, SCRIPT_LOCK_RELEASE, 2, 5, argv, NULL);
+    argv[2] = latch;
+    argv[3] = LOCK_UNLOCK_MESSAGE;
+    argv[4] = lease;
+    argv[5] = owner;
+    argv[6] = latch_px;
+    r = script_run(c, SCRIPT_LOCK_RELEASE, 3, 7, argv, NULL);
     if (r == NULL) {
         log_warn("lock release %s: redis: %s", key, c->errstr);
         goto cleanup;
@@ -183,7 +359,17 @@ cleanup:
         count(&n_errors);
     freeReplyObject(r);
     free(channel);
+    free(latch);
     return st;
+}
+
+lock_status lock_release(redisContext *c, const char *key, const char *owner,
+                         long lease_ms, long *remaining)
+{
+    lock_release_req rq;
+
+    lock_release_req_init(&rq);
+    return lock_release_ex(c, key, owner, lease_ms, &rq, remaining);
 }
 
 void lock_counters_get(lock_counters *out)
@@ -192,6 +378,23 @@ void lock_counters_get(lock_counters *out)
     out->contended = atomic_load_explicit(&n_contended, memory_order_relaxed);
     out->released = atomic_load_explicit(&n_released, memory_order_relaxed);
     out->not_owner = atomic_load_explicit(&n_not_owner, memory_order_relaxed);
-    out->renewals = atomic_load_explicit(&n_renewals, memory_order_relaxed);
     out->errors = atomic_load_explicit(&n_errors, memory_order_relaxed);
+    out->waits = atomic_load_explicit(&n_waits, memory_order_relaxed);
+    out->wait_acquired = atomic_load_explicit(&n_wait_acquired, memory_order_relaxed);
+    out->wait_timeouts = atomic_load_explicit(&n_wait_timeouts, memory_order_relaxed);
+    out->wait_us_sum = atomic_load_explicit(&n_wait_us_sum, memory_order_relaxed);
+    out->wait_us_max = atomic_load_explicit(&n_wait_us_max, memory_order_relaxed);
+    out->wake_samples = atomic_load_explicit(&n_wake_samples, memory_order_relaxed);
+    out->wake_us_sum = atomic_load_explicit(&n_wake_us_sum, memory_order_relaxed);
+    out->wake_us_max = atomic_load_explicit(&n_wake_us_max, memory_order_relaxed);
+
+    lockwait_counters lw;
+    wd_counters wd;
+    lockwait_counters_get(&lw);
+    wd_counters_get(&wd);
+    out->wakeups = lw.wakeups;
+    out->subscriber_reconnects = lw.reconnects;
+    out->renewals = wd.renewals;
+    out->renew_lost = wd.lost;
+    out->renew_errors = wd.errors;
 }

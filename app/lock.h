@@ -4,7 +4,16 @@
  * "<instance uuid>:<thread id>" and whose value is the hold count, with a
  * PEXPIRE lease. Release publishes "0" on "redisson_lock__channel:{<key>}".
  * Every grant also increments "redisson_lock_token:{<key>}" and returns it
- * as a fencing token (Redisson's RFencedLock semantics). */
+ * as a fencing token (Redisson's RFencedLock semantics).
+ *
+ * Lease: 'lease_ms' > 0 is a fixed lease, never renewed. LOCK_WATCHDOG (-1)
+ * is watchdog mode: the lease is WATCHDOG_TIMEOUT_MS and the renewal thread
+ * (lock_runtime_start) renews it every third of that until the final
+ * release, or until the process dies. Release a hold with the same
+ * 'lease_ms' it was taken with.
+ *
+ * Waiting (lock_try_lock) uses the process's one subscriber connection
+ * (lockwait.h). Connections passed in as 'c' belong to the caller. */
 #ifndef SECKILL_LOCK_H
 #define SECKILL_LOCK_H
 
@@ -24,15 +33,55 @@ typedef struct lock_grant {
     int64_t ttl_ms;       /* holder's remaining lease (LOCK_BUSY), -1 if none */
 } lock_grant;
 
-/* One acquire attempt (no waiting). 'lease_ms' > 0 is a fixed lease.
- * On LOCK_OK fills g->token; on LOCK_BUSY fills g->ttl_ms. 'g' may be NULL. */
+#define LOCK_WATCHDOG (-1L)   /* lease_ms: watchdog mode */
+
+/* Starts the subscriber thread (waiting) and the renewal thread (watchdog),
+ * after config_load and script_load_all. Returns 0, or -1 (logged). */
+int lock_runtime_start(void);
+
+/* Stops both threads. Idempotent. Watchdog-mode locks still held are no
+ * longer renewed and expire within one watchdog timeout. */
+void lock_runtime_stop(void);
+
+/* One acquire attempt (no waiting). 'lease_ms' > 0 or LOCK_WATCHDOG.
+ * On LOCK_OK fills g->token; on LOCK_BUSY fills g->ttl_ms. 'g' may be NULL.
+ * Never retried: a lost reply may hide a grant, which then expires. */
 lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner,
                              long lease_ms, lock_grant *g);
 
-/* Releases one hold. '*remaining' (may be NULL) gets the hold count left:
- * 0 means the key was deleted and the release published. A second owner's
- * release returns LOCK_NOT_OWNER and changes nothing. 'lease_ms' is the
- * lease reset on a still-held reentrant lock. */
+/* Redisson's tryLock(waitTime, leaseTime): 'wait_ms' 0 is one attempt;
+ * > 0 waits up to 'wait_ms' for the holder's release message, retrying
+ * after each wake-up and at least once per holder TTL (no polling). After
+ * a failed attempt the caller is subscribed first and only then retries,
+ * so a release in between is never missed. Returns LOCK_OK, LOCK_BUSY when
+ * the budget ran out, or LOCK_ERR (on a NULL reply c->err is set and 'c'
+ * must be discarded). 'g' as for lock_try_acquire. */
+lock_status lock_try_lock(redisContext *c, const char *key, const char *owner,
+                          long wait_ms, long lease_ms, lock_grant *g);
+
+/* A release request: one id per logical release, kept across retries. */
+#define LOCK_REQUEST_ID_LEN 37
+typedef struct lock_release_req {
+    char id[LOCK_REQUEST_ID_LEN];   /* random UUID: the unlock latch's name */
+    int renewal_cancelled;          /* internal: watchdog already told */
+} lock_release_req;
+
+/* A fresh request (new id). */
+void lock_release_req_init(lock_release_req *rq);
+
+/* Releases one hold, idempotently per 'rq': after LOCK_ERR (reply lost,
+ * c->err set) call it again with the same 'rq' on a fresh connection; if
+ * the first call did reach Redis (within the latch's lifetime, about
+ * 5 x REDIS_TIMEOUT_MS and at least 5 s), the retry returns the first
+ * result instead of releasing twice or reporting LOCK_NOT_OWNER.
+ * '*remaining' (may be NULL) gets the hold count left: 0 means the key was
+ * deleted and the release published. A release by a non-holder returns
+ * LOCK_NOT_OWNER and changes nothing. 'lease_ms' is the lease the hold was
+ * taken with; a still-held reentrant lock gets it back. */
+lock_status lock_release_ex(redisContext *c, const char *key, const char *owner,
+                            long lease_ms, lock_release_req *rq, long *remaining);
+
+/* lock_release_ex with a fresh request: for callers that do not retry. */
 lock_status lock_release(redisContext *c, const char *key, const char *owner,
                          long lease_ms, long *remaining);
 
@@ -45,10 +94,32 @@ typedef struct lock_counters {
     uint64_t contended;       /* attempts refused because another owner held it */
     uint64_t released;        /* successful releases */
     uint64_t not_owner;       /* releases refused: not the holder (lease expired?) */
-    uint64_t renewals;        /* watchdog lease renewals */
+    uint64_t renewals;        /* watchdog lease renewals (one per key per tick) */
     uint64_t errors;          /* Redis failures inside lock calls */
+    uint64_t waits;           /* lock_try_lock calls that had to wait */
+    uint64_t wait_acquired;   /* ... and got the lock within their budget */
+    uint64_t wait_timeouts;   /* ... and gave up: budget spent */
+    uint64_t wait_us_sum;     /* time spent waiting by those that got it (us) */
+    uint64_t wait_us_max;
+    uint64_t wakeups;         /* waiters woken by an unlock message */
+    uint64_t wake_samples;    /* grants right after such a wake-up ... */
+    uint64_t wake_us_sum;     /* ... unlock message received -> lock granted (us) */
+    uint64_t wake_us_max;
+    uint64_t renew_lost;      /* watchdog locks dropped: owner field gone */
+    uint64_t renew_errors;    /* renewal batches that failed (logged, retried next tick) */
+    uint64_t subscriber_reconnects;  /* pub/sub connection re-opened after a failure */
 } lock_counters;
 
 void lock_counters_get(lock_counters *out);
+
+/* Testing only: called at two points of lock_try_lock's wait, in the
+ * waiting thread; NULL (the default) in production. Set it while no lock
+ * call runs. */
+enum lock_hook_point {
+    LOCK_HOOK_BEFORE_SUBSCRIBE,   /* first attempt refused, not yet subscribed */
+    LOCK_HOOK_BEFORE_WAIT         /* a retry refused, about to block */
+};
+typedef void (*lock_hook_fn)(enum lock_hook_point at, const char *key);
+void lock_set_test_hook(lock_hook_fn fn);
 
 #endif

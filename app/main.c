@@ -1,5 +1,6 @@
 /* seckill: a flash-sale service. main wires the modules together: config,
  * scripts, the stats publisher, the HTTP daemon, and a clean shutdown. */
+#include "bcast.h"
 #include "config.h"
 #include "handlers.h"
 #include "http.h"
@@ -42,7 +43,13 @@ int main(int argc, char **argv)
         log_error("cannot start the stats publisher thread");
         return 1;
     }
+    if (bcast_start() != 0) {
+        log_error("cannot start the broadcast subscriber thread");
+        stats_publisher_stop();
+        return 1;
+    }
     if (http_start(handlers_routes, handlers_route_count) != 0) {
+        bcast_stop();
         stats_publisher_stop();
         return 1;
     }
@@ -50,10 +57,11 @@ int main(int argc, char **argv)
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
     if (config_unsafe())
-        log_warn("UNSAFE demo strategies in force: lock=%s stock=%s delay=%dms. This instance "
-                 "can oversell or sell twice to one user; never run it for a real sale.",
+        log_warn("UNSAFE demo strategies in force: lock=%s stock=%s delay=%dms pause=%dms. "
+                 "This instance can oversell or sell twice to one user; never run it for a "
+                 "real sale.",
                  config_lock_name(g_cfg.lock_strategy), config_stock_name(g_cfg.stock_strategy),
-                 g_cfg.demo_delay_ms);
+                 g_cfg.demo_delay_ms, g_cfg.demo_pause_ms);
     if (g_cfg.demo_random_user)
         log_warn("DEMO_RANDOM_USER=1: requests without X-User-Id buy as random new users");
 
@@ -63,6 +71,7 @@ int main(int argc, char **argv)
     } while (sig == SIGHUP);
     log_info("signal %d: finishing requests in flight, then stopping", sig);
     http_stop(SHUTDOWN_GRACE_MS);
+    bcast_stop();
     stats_publisher_stop();
     log_info("stopped");
     return EXIT_SUCCESS;

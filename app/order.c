@@ -2,6 +2,7 @@
  * defaults) is safe; the others are the seed notes' broken steps, kept
  * runnable so that a load test can show each failure as numbers. */
 #include "order.h"
+#include "batch.h"
 #include "config.h"
 #include "idw.h"
 #include "lock.h"
@@ -14,6 +15,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #define LOCK_KEY_PREFIX "lock:order:"
 
@@ -175,6 +177,12 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
         return err;
     }
 
+    if (g_cfg.demo_pause_ms > 0) {           /* a holder stalled past its lease */
+        struct timespec ts = { g_cfg.demo_pause_ms / 1000,
+                               (long)(g_cfg.demo_pause_ms % 1000) * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+
     /* 4. The id before the transaction (no row lock held while Redis
      *    answers), then the transaction. */
     is = idw_next(c, g_cfg.id_prefix, order_id);
@@ -194,7 +202,9 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
             o.fence_key = h.key;
             o.fence_token = h.grant.token;
         }
-        if (g_cfg.stock_strategy == STOCKS_OPTIMISTIC && g_cfg.demo_delay_ms == 0)
+        if (g_cfg.stock_strategy == STOCKS_BATCHED)
+            st = batch_settle(cs, &o);
+        else if (g_cfg.stock_strategy == STOCKS_OPTIMISTIC && g_cfg.demo_delay_ms == 0)
             st = store_order_create(pg, &o);
         else
             st = store_order_steps(pg, &o, (enum stock_strategy)g_cfg.stock_strategy,

@@ -16,6 +16,7 @@ static const char *const script_names[SCRIPT_COUNT] = {
     [SCRIPT_LOCK_ACQUIRE] = "lock_acquire",
     [SCRIPT_LOCK_RELEASE] = "lock_release",
     [SCRIPT_OWNER_RELEASE] = "owner_release",
+    [SCRIPT_LOCK_RENEW] = "lock_renew",
 };
 
 typedef struct script {

@@ -11,6 +11,7 @@ enum script_id {
     SCRIPT_LOCK_ACQUIRE,   /* lua/lock_acquire.lua */
     SCRIPT_LOCK_RELEASE,   /* lua/lock_release.lua */
     SCRIPT_OWNER_RELEASE,  /* lua/owner_release.lua (demo "owner" lock) */
+    SCRIPT_LOCK_RENEW,     /* lua/lock_renew.lua (watchdog batch) */
     SCRIPT_COUNT
 };
 

@@ -1,6 +1,7 @@
 /* store: Postgres access through prepared statements. */
 #include "store.h"
 #include "log.h"
+#include "util.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -61,6 +62,43 @@ static const statement statements[] = {
       "UPDATE tb_voucher SET stock = stock - 1 WHERE voucher_id = $1 AND stock > 0" },
     { "order_insert", 3,
       "INSERT INTO tb_voucher_order (id, user_id, voucher_id) VALUES ($1, $2, $3)" },
+
+    /* Group commit: the whole batch in one statement. The voucher row is
+     * locked first (FOR UPDATE), so 'win' counts against the latest stock. */
+    { "order_batch", 5,
+      "WITH req AS ("
+      "    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[])"
+      "           WITH ORDINALITY AS r(order_id, user_id, lock_key, token, n)"
+      "), fence AS ("
+      "    INSERT INTO tb_lock_fence (lock_key, token)"
+      "    SELECT lock_key, token FROM req WHERE lock_key IS NOT NULL"
+      "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
+      "     WHERE tb_lock_fence.token <= EXCLUDED.token"
+      "    RETURNING lock_key"
+      "), fenced AS ("
+      "    SELECT r.* FROM req r"
+      "     WHERE r.lock_key IS NULL OR r.lock_key IN (SELECT lock_key FROM fence)"
+      "), fresh AS ("
+      "    SELECT f.*, row_number() OVER (ORDER BY f.n) AS rn FROM fenced f"
+      "     WHERE NOT EXISTS (SELECT 1 FROM tb_voucher_order o"
+      "                        WHERE o.user_id = f.user_id AND o.voucher_id = $1)"
+      "), v AS ("
+      "    SELECT stock FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE"
+      "), win AS ("
+      "    SELECT fr.* FROM fresh fr, v WHERE fr.rn <= v.stock"
+      "), upd AS ("
+      "    UPDATE tb_voucher SET stock = stock - (SELECT count(*) FROM win)"
+      "     WHERE voucher_id = $1 AND EXISTS (SELECT 1 FROM win) RETURNING stock"
+      "), ins AS ("
+      "    INSERT INTO tb_voucher_order (id, user_id, voucher_id)"
+      "    SELECT order_id, user_id, $1 FROM win RETURNING id"
+      ")"
+      "SELECT r.n, CASE"
+      "    WHEN r.n NOT IN (SELECT n FROM fenced) THEN 's'"
+      "    WHEN r.n IN (SELECT n FROM win) THEN 'o'"
+      "    WHEN r.n NOT IN (SELECT n FROM fresh) THEN 'd'"
+      "    ELSE 'x' END"
+      "  FROM req r ORDER BY r.n" },
 
     { "voucher_create", 4,
       "INSERT INTO tb_voucher (title, stock, initial_stock, begin_time, end_time)"
@@ -312,6 +350,85 @@ cleanup:
         PGresult *res = PQexec(pg, "ROLLBACK");
         PQclear(res);
     }
+    return st;
+}
+
+/* Appends "{a,b,...}" of 'n' values to a growing buffer; NULL strings are
+ * SQL NULLs. Keys are "lock:order:<digits>": nothing to quote. */
+static char *array_text(size_t n, const store_order *o, int field)
+{
+    size_t cap = 2 + n * 48, len = 0;
+    char *buf = xmalloc(cap);
+
+    buf[len++] = '{';
+    for (size_t i = 0; i < n; i++) {
+        int w;
+        if (cap - len < 48) {
+            cap *= 2;
+            buf = xrealloc(buf, cap);
+        }
+        if (i > 0)
+            buf[len++] = ',';
+        switch (field) {
+        case 0:
+            w = snprintf(buf + len, cap - len, "%" PRId64, o[i].order_id);
+            break;
+        case 1:
+            w = snprintf(buf + len, cap - len, "%" PRId64, o[i].user_id);
+            break;
+        case 2:
+            w = snprintf(buf + len, cap - len, "%s", o[i].fence_key ? o[i].fence_key : "NULL");
+            break;
+        default:
+            w = snprintf(buf + len, cap - len, "%" PRId64, o[i].fence_key ? o[i].fence_token : 0);
+            break;
+        }
+        len += (size_t)w;
+    }
+    buf[len++] = '}';
+    buf[len] = '\0';
+    return buf;
+}
+
+store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
+                               store_status *results)
+{
+    char v[24];
+    char *ids = array_text(n, orders, 0), *users = array_text(n, orders, 1);
+    char *keys = array_text(n, orders, 2), *tokens = array_text(n, orders, 3);
+    const char *vals[5] = { v, ids, users, keys, tokens };
+    store_status st;
+    PGresult *res;
+
+    snprintf(v, sizeof v, "%" PRId64, n > 0 ? orders[0].voucher_id : 0);
+    res = exec(pg, "order_batch", 5, vals);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || (size_t)PQntuples(res) != n) {
+        st = result_error(pg, res, "order_batch");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < n; i++) {
+        switch (PQgetvalue(res, (int)i, 1)[0]) {
+        case 'o':
+            results[i] = STORE_OK;
+            break;
+        case 'd':
+            results[i] = STORE_DUPLICATE;
+            break;
+        case 's':
+            results[i] = STORE_STALE_TOKEN;
+            break;
+        default:
+            results[i] = STORE_SOLD_OUT;
+            break;
+        }
+    }
+    st = STORE_OK;
+cleanup:
+    PQclear(res);
+    free(ids);
+    free(users);
+    free(keys);
+    free(tokens);
     return st;
 }
 

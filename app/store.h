@@ -53,6 +53,17 @@ store_status store_order_create(PGconn *pg, const store_order *o);
 store_status store_order_steps(PGconn *pg, const store_order *o, enum stock_strategy strategy,
                                int delay_ms);
 
+/* Group commit (stock strategy "batched"): settles 'n' buyers of one voucher
+ * in one statement. Each gets its own answer in 'results' (STORE_OK,
+ * STORE_SOLD_OUT for those past the stock, STORE_DUPLICATE,
+ * STORE_STALE_TOKEN); stock never goes below zero and the first buyers in
+ * 'orders' are served first. Users must be distinct within a batch. Returns
+ * STORE_OK when the statement ran (then read 'results'), else the failure
+ * shared by all (e.g. STORE_DUPLICATE on a unique violation: settle those
+ * buyers one by one). */
+store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
+                               store_status *results);
+
 store_status store_voucher_create(PGconn *pg, const char *title, int64_t stock,
                                   int64_t begin_time, int64_t end_time, int64_t *voucher_id);
 

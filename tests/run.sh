@@ -121,7 +121,7 @@ find_pg_bin() {
         return
     fi
     local d
-    d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+    d=$(printf '%s\n' /usr/lib/postgresql/*/bin | grep -v '\*' | sort -V | tail -n 1 || true)
     [[ -n "$d" ]] || die "no Postgres server binaries in /usr/lib/postgresql (apt-get install postgresql)"
     echo "$d"
 }

@@ -9,7 +9,6 @@ import calendar
 import itertools
 import os
 import re
-import signal
 import socket
 import sys
 import threading
@@ -31,18 +30,27 @@ NOW = lambda: int(time.time())  # noqa: E731
 _servers = {}
 
 
+def shared_server(name):
+    """A long-lived instance (admin enabled), started on first use. If it
+    died since, the calling test fails with its log; the next call restarts it."""
+    srv = _servers.get(name)
+    if srv is not None and not srv.alive():
+        del _servers[name]
+        rc = srv.proc.returncode if srv.proc is not None else srv.returncode
+        fail(f"server {name} died (exit status {rc}); log {srv.log_path}:\n{srv.log_tail()}")
+    if srv is None:
+        srv = _servers[name] = ss.Server(name, {"ADMIN_TOKEN": TOKEN})
+    return srv
+
+
 def server_a():
-    """The main instance (admin enabled)."""
-    if "a" not in _servers or not _servers["a"].alive():
-        _servers["a"] = ss.Server("http-a", {"ADMIN_TOKEN": TOKEN})
-    return _servers["a"]
+    """The main instance."""
+    return shared_server("http-a")
 
 
 def server_b():
     """A second instance on the same Postgres and Redis."""
-    if "b" not in _servers or not _servers["b"].alive():
-        _servers["b"] = ss.Server("http-b", {"ADMIN_TOKEN": TOKEN})
-    return _servers["b"]
+    return shared_server("http-b")
 
 
 def teardown():

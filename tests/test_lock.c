@@ -467,6 +467,88 @@ static void test_dead_connection_is_err(void)
     del_lock(key);
 }
 
+static void test_release_same_request_twice(void)
+{
+    char key[256], latch[512];
+    lock_release_req rq1, rq2, rq3;
+    lock_counters a, b;
+    long left = -1;
+    key_for("idempotent", key, sizeof key);
+
+    lock_counters_get(&a);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+
+    /* an inner release, sent twice: the count drops once */
+    lock_release_req_init(&rq1);
+    T_EQ_I64(lock_release_ex(rc, key, OWNER_A, LEASE, &rq1, &left), LOCK_OK);
+    T_EQ_I64(left, 1);
+    left = -1;
+    T_EQ_I64(lock_release_ex(rc, key, OWNER_A, LEASE, &rq1, &left), LOCK_OK);
+    T_EQ_I64(left, 1);
+    T_EQ_I64(hget_count(key, OWNER_A), 1);
+
+    /* the final release, sent twice: the retry is not "not owner" */
+    lock_release_req_init(&rq2);
+    T_ASSERT(strcmp(rq1.id, rq2.id) != 0);
+    T_EQ_I64(lock_release_ex(rc, key, OWNER_A, LEASE, &rq2, &left), LOCK_OK);
+    T_EQ_I64(left, 0);
+    T_EQ_I64(exists(key), 0);
+    left = -1;
+    T_EQ_I64(lock_release_ex(rc, key, OWNER_A, LEASE, &rq2, &left), LOCK_OK);
+    T_EQ_I64(left, 0);
+
+    /* the latch is Redisson's name, short-lived */
+    snprintf(latch, sizeof latch, "redisson_unlock_latch:{%s}:%s", key, rq2.id);
+    long long t = pttl(latch);
+    T_ASSERT(t > 0 && t <= 5000);
+
+    /* a new request of a non-holder is still refused */
+    lock_release_req_init(&rq3);
+    T_EQ_I64(lock_release_ex(rc, key, OWNER_A, LEASE, &rq3, NULL), LOCK_NOT_OWNER);
+    lock_counters_get(&b);
+    T_EQ_I64(b.released - a.released, 4);
+    T_EQ_I64(b.not_owner - a.not_owner, 1);
+    del_lock(key);
+}
+
+/* A real lost reply: the server is paused for writes, so the client times
+ * out with the release queued; the release runs when the pause ends, and
+ * the retry on a fresh connection gets its result. */
+static void test_release_retry_after_lost_reply(void)
+{
+    char key[256];
+    lock_release_req rq;
+    lock_counters a, b;
+    struct timeval short_tv = {0, 100000};
+    long left = -1;
+    redisContext *c1 = NULL, *c2 = NULL;
+    key_for("lostreply", key, sizeof key);
+
+    if (!T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK))
+        goto cleanup;
+    c1 = t_redis();
+    redisSetTimeout(c1, short_tv);
+    lock_counters_get(&a);
+    lock_release_req_init(&rq);
+    redisReply *r = T_CMD(rc, "CLIENT PAUSE 400 WRITE");
+    freeReplyObject(r);
+    T_EQ_I64(lock_release_ex(c1, key, OWNER_A, LEASE, &rq, &left), LOCK_ERR);
+    T_ASSERT(c1->err != 0);
+    t_sleep_ms(600);                  /* the pause is over: the release ran */
+    T_EQ_I64(exists(key), 0);
+
+    c2 = t_redis();
+    T_EQ_I64(lock_release_ex(c2, key, OWNER_A, LEASE, &rq, &left), LOCK_OK);
+    T_EQ_I64(left, 0);
+    lock_counters_get(&b);
+    T_EQ_I64(b.not_owner - a.not_owner, 0);
+cleanup:
+    redisFree(c1);
+    redisFree(c2);
+    del_lock(key);
+}
+
 int main(void)
 {
     char err[256];
@@ -488,6 +570,8 @@ int main(void)
     T_RUN(test_script_sha_matches_server);
     T_RUN(test_counters_and_errors);
     T_RUN(test_dead_connection_is_err);
+    T_RUN(test_release_same_request_twice);
+    T_RUN(test_release_retry_after_lost_reply);
     redisFree(rc);
     return t_done();
 }

@@ -1,0 +1,160 @@
+/* batch: leader/follower group commit per voucher. */
+#include "batch.h"
+#include "config.h"
+#include "log.h"
+#include "util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct waiter {
+    const store_order *order;
+    store_status result;
+    int done;                 /* result is set */
+    int lead;                 /* this waiter settles the next batch */
+    struct waiter *next;
+} waiter;
+
+typedef struct queue {
+    int64_t voucher_id;       /* 0: free slot */
+    waiter *head, *tail;
+    int n;
+    int leader;               /* a leader is gathering or settling */
+    pthread_cond_t full;      /* the leader's wake-up: BATCH_MAX reached */
+} queue;
+
+/* The batching state is shared by the workers of this process by design:
+ * that is what lets their buyers share a commit. One mutex guards it. */
+#define NQUEUES 32
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t settled = PTHREAD_COND_INITIALIZER;
+static queue queues[NQUEUES];
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void init(void)
+{
+    for (int i = 0; i < NQUEUES; i++)
+        pthread_cond_init(&queues[i].full, NULL);
+}
+
+/* The voucher's queue, or NULL when every slot is busy with other vouchers. */
+static queue *queue_of(int64_t voucher_id)
+{
+    queue *free_slot = NULL;
+
+    for (int i = 0; i < NQUEUES; i++) {
+        if (queues[i].voucher_id == voucher_id)
+            return &queues[i];
+        if (free_slot == NULL && queues[i].n == 0 && !queues[i].leader)
+            free_slot = &queues[i];
+    }
+    if (free_slot != NULL)
+        free_slot->voucher_id = voucher_id;
+    return free_slot;
+}
+
+/* Settles up to BATCH_MAX waiters taken from the head of 'q' (mu held on
+ * entry and exit; released while Postgres works). */
+static void settle(conn_set *cs, queue *q)
+{
+    waiter *batch[1000];
+    store_order orders[1000];
+    store_status results[1000];
+    int n = 0;
+    PGconn *pg;
+    store_status st;
+
+    while (q->head != NULL && n < g_cfg.batch_max) {
+        waiter *w = q->head;
+        q->head = w->next;
+        q->n--;
+        /* The same user twice in one batch means a concurrent request of that
+         * user (its lock lapsed): the later one is the duplicate. */
+        int dup = 0;
+        for (int i = 0; i < n && !dup; i++)
+            dup = orders[i].user_id == w->order->user_id;
+        if (dup) {
+            w->result = STORE_DUPLICATE;
+            w->done = 1;
+            continue;
+        }
+        batch[n] = w;
+        orders[n] = *w->order;
+        n++;
+    }
+    if (q->head == NULL)
+        q->tail = NULL;
+    pthread_mutex_unlock(&mu);
+
+    pg = conn_pg(cs);
+    st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch(pg, orders, (size_t)n, results);
+    if (st == STORE_DUPLICATE || (st != STORE_OK && pg != NULL && PQstatus(pg) == CONNECTION_OK)) {
+        /* A unique violation (a lock lapsed) or a deadlock fails the whole
+         * statement: settle these buyers one by one so each gets its answer. */
+        log_warn("batch of %d failed as a whole; settling one by one", n);
+        for (int i = 0; i < n; i++)
+            results[i] = store_order_create(pg, &orders[i]);
+    } else if (st != STORE_OK) {
+        for (int i = 0; i < n; i++)
+            results[i] = st;
+    }
+
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < n; i++) {
+        batch[i]->result = results[i];
+        batch[i]->done = 1;
+    }
+}
+
+store_status batch_settle(conn_set *cs, const store_order *o)
+{
+    waiter me = { .order = o };
+    queue *q;
+
+    pthread_once(&once, init);
+    pthread_mutex_lock(&mu);
+    q = queue_of(o->voucher_id);
+    if (q == NULL) {                          /* more hot vouchers than slots */
+        pthread_mutex_unlock(&mu);
+        PGconn *pg = conn_pg(cs);
+        return pg == NULL ? STORE_UNAVAILABLE : store_order_create(pg, o);
+    }
+    if (q->tail != NULL)
+        q->tail->next = &me;
+    else
+        q->head = &me;
+    q->tail = &me;
+    q->n++;
+    if (!q->leader) {
+        q->leader = 1;
+        me.lead = 1;
+    } else if (q->n >= g_cfg.batch_max) {
+        pthread_cond_signal(&q->full);
+    }
+
+    while (!me.done && !me.lead)
+        pthread_cond_wait(&settled, &mu);
+
+    if (!me.done) {
+        /* The leader gathers for the window, or until the batch is full. */
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_nsec += (long)g_cfg.batch_window_us * 1000L;
+        deadline.tv_sec += deadline.tv_nsec / 1000000000L;
+        deadline.tv_nsec %= 1000000000L;
+        while (q->n < g_cfg.batch_max &&
+               pthread_cond_timedwait(&q->full, &mu, &deadline) != ETIMEDOUT)
+            ;
+        settle(cs, q);
+        /* Hand over: the next queued buyer leads the next batch at once. */
+        if (q->head != NULL)
+            q->head->lead = 1;
+        else
+            q->leader = 0;
+        pthread_cond_broadcast(&settled);
+    }
+    pthread_mutex_unlock(&mu);
+    return me.result;
+}

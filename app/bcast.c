@@ -1,0 +1,110 @@
+/* bcast: the reset notice subscriber. */
+#include "bcast.h"
+#include "conn.h"
+#include "log.h"
+#include "vcache.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+static pthread_t thread;
+static _Atomic int stop_flag;
+static int running;
+
+/* Subscribes on a fresh connection. NULL when Redis is down. */
+static redisContext *subscribe(void)
+{
+    char err[256];
+    redisContext *c = conn_redis_open(err, sizeof err);
+    redisReply *r;
+
+    if (c == NULL)
+        return NULL;
+    r = redisCommand(c, "SUBSCRIBE %s", BCAST_RESET_CHANNEL);
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
+        freeReplyObject(r);
+        redisFree(c);
+        return NULL;
+    }
+    freeReplyObject(r);
+    /* Whatever happened while we were not listening is unknown: start clean. */
+    vcache_invalidate_all();
+    return c;
+}
+
+static void *bcast_main(void *arg)
+{
+    redisContext *c = NULL;
+    struct timespec backoff = { 0, 200 * 1000 * 1000 };
+
+    (void)arg;
+    while (!atomic_load(&stop_flag)) {
+        redisReply *r = NULL;
+
+        if (c == NULL && (c = subscribe()) == NULL) {
+            nanosleep(&backoff, NULL);
+            continue;
+        }
+        /* poll, not a socket timeout: a timed-out hiredis read poisons the
+         * context, and waking every 200 ms is how the loop sees the stop flag. */
+        struct pollfd p = { .fd = c->fd, .events = POLLIN };
+        int n = poll(&p, 1, 200);
+        if (n == 0 || (n < 0 && errno == EINTR))
+            continue;
+        if (n < 0 || redisBufferRead(c) != REDIS_OK) {
+            log_warn("bcast: subscriber connection lost (%s); re-subscribing",
+                     c->err ? c->errstr : "poll failed");
+            redisFree(c);
+            c = NULL;
+            continue;
+        }
+        while (redisGetReplyFromReader(c, (void **)&r) == REDIS_OK && r != NULL) {
+            if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+                r->element[2]->type == REDIS_REPLY_STRING) {
+                log_info("bcast: voucher %s was reset: dropping cached voucher state",
+                         r->element[2]->str);
+                vcache_invalidate_all();
+            }
+            freeReplyObject(r);
+            r = NULL;
+        }
+    }
+    if (c != NULL)
+        redisFree(c);
+    return NULL;
+}
+
+int bcast_start(void)
+{
+    atomic_store(&stop_flag, 0);
+    if (pthread_create(&thread, NULL, bcast_main, NULL) != 0)
+        return -1;
+    running = 1;
+    return 0;
+}
+
+void bcast_stop(void)
+{
+    if (!running)
+        return;
+    atomic_store(&stop_flag, 1);
+    pthread_join(thread, NULL);
+    running = 0;
+}
+
+int bcast_voucher_reset(redisContext *c, int64_t voucher_id)
+{
+    redisReply *r;
+    int ok;
+
+    vcache_invalidate_all();              /* this instance at once */
+    r = redisCommand(c, "PUBLISH %s %" PRId64, BCAST_RESET_CHANNEL, voucher_id);
+    ok = r != NULL && r->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(r);
+    return ok ? 0 : -1;
+}

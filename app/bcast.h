@@ -1,0 +1,20 @@
+/* bcast: instance-to-instance notices over Redis pub/sub. Today one notice:
+ * a voucher was reset, so every instance drops its cached voucher state
+ * (vcache). One subscriber thread per process, with its own connection; a
+ * lost connection also drops the caches, since notices may have been missed. */
+#ifndef SECKILL_BCAST_H
+#define SECKILL_BCAST_H
+
+#include <stdint.h>
+#include <hiredis/hiredis.h>
+
+#define BCAST_RESET_CHANNEL "seckill:voucher-reset"
+
+int bcast_start(void);
+void bcast_stop(void);
+
+/* Announces a reset of 'voucher_id' to every instance (this one included)
+ * on the caller's connection. Returns 0, or -1 when Redis failed. */
+int bcast_voucher_reset(redisContext *c, int64_t voucher_id);
+
+#endif

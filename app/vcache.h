@@ -1,0 +1,30 @@
+/* vcache: a per-thread cache of vouchers and their sold-out flags, so that a
+ * request for a sold-out or unknown-window voucher touches no database.
+ *
+ * Entries live at most VCACHE_TTL_MS and all of them are dropped when the
+ * process-wide generation moves (a reset on any instance, see bcast.h). The
+ * cache never decides a sale: a "not sold out" entry still goes to the
+ * transaction; a sold-out flag is only set from the database's answer, and
+ * stock only grows again through a reset, which clears it. */
+#ifndef SECKILL_VCACHE_H
+#define SECKILL_VCACHE_H
+
+#include <stdint.h>
+
+#include "store.h"
+
+#define VCACHE_TTL_MS 1000
+
+/* 1 and fills 'out' on a fresh hit; 0 on a miss. */
+int vcache_get(int64_t voucher_id, store_voucher *out);
+
+/* Remembers 'v' (as just read from Postgres) for this thread. */
+void vcache_put(const store_voucher *v);
+
+/* The transaction found no stock: later requests are refused from memory. */
+void vcache_mark_sold_out(int64_t voucher_id);
+
+/* Drops every entry of every thread (lazily, at each thread's next lookup). */
+void vcache_invalidate_all(void);
+
+#endif

@@ -1,0 +1,371 @@
+/* watchdog: one renewal thread, one batched EVALSHA per 100 locks per tick
+ * (Redisson >= 3.44's LockTask). */
+#include "watchdog.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <hiredis/hiredis.h>
+
+#include "config.h"
+#include "conn.h"
+#include "log.h"
+#include "script.h"
+#include "util.h"
+
+#define WD_BUCKETS 1024
+
+typedef struct wd_entry {
+    char *key;
+    char *owner;
+    struct wd_entry *next;   /* hash chain */
+    long holds;              /* confirmed watchdog-mode holds */
+    long inflight;           /* acquires sent whose reply is not in yet */
+    uint64_t seq;            /* bumped by every wd_begin (see drop_if_stale) */
+} wd_entry;
+
+/* One lock of a tick's snapshot, copied so the table can change meanwhile. */
+typedef struct wd_item {
+    char *key;
+    char *owner;
+    uint64_t seq;
+} wd_item;
+
+/* Guarded by wd.mu. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;     /* monotonic clock; signalled by wd_stop */
+    wd_entry *buckets[WD_BUCKETS];
+    int count;
+    uint64_t seq;
+    int running;
+    int stopping;
+    int warned_not_running;
+    pthread_t thread;
+} wd = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
+
+/* Statistics only: relaxed. */
+static atomic_uint_fast64_t n_renewals;
+static atomic_uint_fast64_t n_lost;
+static atomic_uint_fast64_t n_errors;
+
+static void cond_init(void)
+{
+    pthread_condattr_t attr;
+
+    if (pthread_condattr_init(&attr) != 0 ||
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) != 0 ||
+        pthread_cond_init(&wd.cond, &attr) != 0)
+        abort();
+    pthread_condattr_destroy(&attr);
+}
+
+long wd_timeout_ms(void)
+{
+    return g_cfg.watchdog_timeout_ms > 0 ? g_cfg.watchdog_timeout_ms : WD_DEFAULT_TIMEOUT_MS;
+}
+
+/*---- registry (wd.mu held) ----*/
+
+static unsigned hash_pair(const char *key, const char *owner)
+{
+    uint32_t h = 2166136261u;                 /* FNV-1a over key NUL owner */
+    for (const char *s = key; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    h *= 16777619u;
+    for (const char *s = owner; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h % WD_BUCKETS;
+}
+
+static wd_entry **entry_slot(const char *key, const char *owner)
+{
+    wd_entry **pp = &wd.buckets[hash_pair(key, owner)];
+
+    while (*pp != NULL && (strcmp((*pp)->key, key) != 0 || strcmp((*pp)->owner, owner) != 0))
+        pp = &(*pp)->next;
+    return pp;
+}
+
+static void entry_unlink(wd_entry **pp)
+{
+    wd_entry *e = *pp;
+
+    *pp = e->next;
+    wd.count--;
+    free(e->key);
+    free(e->owner);
+    free(e);
+}
+
+/* Drops a pair that has neither holds nor acquires in flight. */
+static void entry_settle(wd_entry **pp)
+{
+    if ((*pp)->holds <= 0 && (*pp)->inflight <= 0)
+        entry_unlink(pp);
+}
+
+void wd_begin(const char *key, const char *owner)
+{
+    pthread_mutex_lock(&wd.mu);
+    if (!wd.running && !wd.warned_not_running) {
+        wd.warned_not_running = 1;
+        log_warn("watchdog-mode lock %s taken but the renewal thread is not running "
+                 "(lock_runtime_start): it expires after %ld ms", key, wd_timeout_ms());
+    }
+    wd_entry **pp = entry_slot(key, owner);
+    if (*pp == NULL) {
+        wd_entry *e = xcalloc(1, sizeof *e);
+        e->key = xstrdup(key);
+        e->owner = xstrdup(owner);
+        *pp = e;
+        wd.count++;
+    }
+    (*pp)->inflight++;
+    (*pp)->seq = ++wd.seq;
+    pthread_mutex_unlock(&wd.mu);
+}
+
+void wd_end(const char *key, const char *owner, int acquired)
+{
+    pthread_mutex_lock(&wd.mu);
+    wd_entry **pp = entry_slot(key, owner);
+    if (*pp != NULL) {
+        (*pp)->inflight--;
+        if (acquired)
+            (*pp)->holds++;
+        entry_settle(pp);
+    }
+    pthread_mutex_unlock(&wd.mu);
+}
+
+void wd_cancel(const char *key, const char *owner)
+{
+    pthread_mutex_lock(&wd.mu);
+    wd_entry **pp = entry_slot(key, owner);
+    if (*pp != NULL) {
+        (*pp)->holds--;
+        entry_settle(pp);
+    }
+    pthread_mutex_unlock(&wd.mu);
+}
+
+/* The renewal of 'it' found the owner field gone. The entry goes unless an
+ * acquire started since the snapshot (a tick may run between wd_begin and
+ * the acquire reaching Redis, and must not cancel the hold it creates). */
+static void drop_if_stale(const wd_item *it)
+{
+    pthread_mutex_lock(&wd.mu);
+    wd_entry **pp = entry_slot(it->key, it->owner);
+    if (*pp != NULL && (*pp)->seq == it->seq && (*pp)->inflight == 0) {
+        log_info("watchdog: %s is no longer held by %s; renewal stopped", it->key, it->owner);
+        atomic_fetch_add_explicit(&n_lost, 1, memory_order_relaxed);
+        entry_unlink(pp);
+    }
+    pthread_mutex_unlock(&wd.mu);
+}
+
+int wd_count(void)
+{
+    pthread_mutex_lock(&wd.mu);
+    int n = wd.count;
+    pthread_mutex_unlock(&wd.mu);
+    return n;
+}
+
+/*---- the renewal thread ----*/
+
+/* Copies every held lock. Caller frees with items_free. wd.mu held. */
+static wd_item *snapshot(size_t *n)
+{
+    wd_item *items = xmalloc(sizeof *items * ((size_t)wd.count + 1));
+    size_t k = 0;
+
+    for (int b = 0; b < WD_BUCKETS; b++) {
+        for (wd_entry *e = wd.buckets[b]; e != NULL; e = e->next) {
+            if (e->holds <= 0)
+                continue;                   /* first acquire still in flight */
+            items[k].key = xstrdup(e->key);
+            items[k].owner = xstrdup(e->owner);
+            items[k].seq = e->seq;
+            k++;
+        }
+    }
+    *n = k;
+    return items;
+}
+
+static void items_free(wd_item *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(items[i].key);
+        free(items[i].owner);
+    }
+    free(items);
+}
+
+/* Renews items[0..n-1] (n <= WD_BATCH) with one EVALSHA. The script only
+ * PEXPIREs to a fixed value, so one retry on a fresh connection is safe. */
+static void renew_batch(redisContext **cp, const wd_item *items, size_t n)
+{
+    const char *argv[2 * WD_BATCH + 1];
+    char lease[24];
+    redisReply *r = NULL;
+    char err[256];
+    int ok = 0;
+
+    snprintf(lease, sizeof lease, "%ld", wd_timeout_ms());
+    for (size_t i = 0; i < n; i++) {
+        argv[i] = items[i].key;
+        argv[n + 1 + i] = items[i].owner;
+    }
+    argv[n] = lease;
+
+    for (int attempt = 0; attempt < 2 && r == NULL; attempt++) {
+        if (*cp == NULL) {
+            *cp = conn_redis_open(err, sizeof err);
+            if (*cp == NULL) {
+                log_warn("watchdog: redis unavailable: %s", err);
+                goto cleanup;
+            }
+        }
+        r = script_run(*cp, SCRIPT_LOCK_RENEW, (int)n, (int)(2 * n + 1), argv, NULL);
+        if (r == NULL) {
+            log_warn("watchdog: renewal failed: %s", (*cp)->errstr);
+            redisFree(*cp);
+            *cp = NULL;
+        }
+    }
+    if (r == NULL)
+        goto cleanup;
+    if (r->type == REDIS_REPLY_ERROR) {
+        log_warn("watchdog: renewal failed: %s", r->str);
+        goto cleanup;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != n) {
+        log_warn("watchdog: unexpected renewal reply (type %d)", r->type);
+        goto cleanup;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *e = r->element[i];
+        if (e->type == REDIS_REPLY_INTEGER && e->integer == 1)
+            atomic_fetch_add_explicit(&n_renewals, 1, memory_order_relaxed);
+        else if (e->type == REDIS_REPLY_INTEGER && e->integer == 0)
+            drop_if_stale(&items[i]);
+    }
+    ok = 1;
+cleanup:
+    if (!ok)
+        atomic_fetch_add_explicit(&n_errors, 1, memory_order_relaxed);
+    freeReplyObject(r);
+}
+
+static void tick(redisContext **cp)
+{
+    size_t n;
+    wd_item *items;
+
+    pthread_mutex_lock(&wd.mu);
+    items = snapshot(&n);
+    pthread_mutex_unlock(&wd.mu);
+    for (size_t off = 0; off < n; off += WD_BATCH)
+        renew_batch(cp, items + off, n - off < WD_BATCH ? n - off : WD_BATCH);
+    items_free(items, n);
+}
+
+static void mono_ts(int64_t us, struct timespec *ts)
+{
+    ts->tv_sec = (time_t)(us / 1000000);
+    ts->tv_nsec = (long)(us % 1000000) * 1000L;
+}
+
+static void *renewal_main(void *arg)
+{
+    redisContext *c = NULL;
+    int64_t period_us = wd_timeout_ms() * 1000LL / 3;
+    int64_t next = util_mono_us() + period_us;
+    struct timespec ts;
+
+    (void)arg;
+    pthread_mutex_lock(&wd.mu);
+    while (!wd.stopping) {
+        mono_ts(next, &ts);
+        if (util_mono_us() < next) {
+            int rc = pthread_cond_timedwait(&wd.cond, &wd.mu, &ts);
+            if (rc != 0 && rc != ETIMEDOUT)
+                log_warn("watchdog: timed wait: %s", strerror(rc));
+            continue;                       /* re-check stopping and the time */
+        }
+        pthread_mutex_unlock(&wd.mu);
+        tick(&c);
+        pthread_mutex_lock(&wd.mu);
+        /* Keep the schedule; after a stall, start again from now. */
+        next += period_us;
+        if (next <= util_mono_us())
+            next = util_mono_us() + period_us;
+    }
+    pthread_mutex_unlock(&wd.mu);
+    if (c != NULL)
+        redisFree(c);
+    return NULL;
+}
+
+int wd_start(void)
+{
+    int rc = -1;
+
+    pthread_once(&cond_once, cond_init);
+    pthread_mutex_lock(&wd.mu);
+    if (wd.running) {
+        rc = 0;
+        goto cleanup;
+    }
+    wd.stopping = 0;
+    if (pthread_create(&wd.thread, NULL, renewal_main, NULL) != 0) {
+        log_error("watchdog: cannot start the renewal thread");
+        goto cleanup;
+    }
+    wd.running = 1;
+    rc = 0;
+cleanup:
+    pthread_mutex_unlock(&wd.mu);
+    return rc;
+}
+
+void wd_stop(void)
+{
+    pthread_t t;
+
+    pthread_once(&cond_once, cond_init);
+    pthread_mutex_lock(&wd.mu);
+    if (!wd.running || wd.stopping) {
+        pthread_mutex_unlock(&wd.mu);
+        return;
+    }
+    wd.stopping = 1;
+    t = wd.thread;
+    pthread_cond_signal(&wd.cond);
+    pthread_mutex_unlock(&wd.mu);
+
+    pthread_join(t, NULL);
+
+    pthread_mutex_lock(&wd.mu);
+    wd.running = 0;
+    for (int b = 0; b < WD_BUCKETS; b++)
+        while (wd.buckets[b] != NULL)
+            entry_unlink(&wd.buckets[b]);
+    pthread_mutex_unlock(&wd.mu);
+}
+
+void wd_counters_get(wd_counters *out)
+{
+    out->renewals = atomic_load_explicit(&n_renewals, memory_order_relaxed);
+    out->lost = atomic_load_explicit(&n_lost, memory_order_relaxed);
+    out->errors = atomic_load_explicit(&n_errors, memory_order_relaxed);
+}

@@ -1,0 +1,700 @@
+#!/usr/bin/env bash
+# scripts/stack.sh start|stop|restart|status|env|instance-env -- the local stack.
+#
+# A throwaway Postgres and Redis, N seckill instances and nginx in front, all on
+# 127.0.0.1, everything (data, logs, PID files, nginx config) inside RUN_DIR.
+# Used by 'make demo', 'make stack', 'make stop' and tests/test_stack.py.
+#
+#   start         start the stack (already running and healthy: says so, exit 0;
+#                 partly running or another INSTANCES count: restarts it)
+#   stop          stop exactly what 'start' started, by PID
+#   restart       stop, then start
+#   status        what runs (exit 0: all of it, 1: part of it, 3: nothing)
+#   env           print the env file (BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...)
+#   instance-env  print the environment an instance gets (NAME=value, instance 1)
+#
+# Environment:
+#   RUN_DIR            run directory (default: <repo>/.run)
+#   INSTANCES          number of seckill instances (default 2)
+#   NGINX_PORT         nginx port (default 8080; 'auto': a free port)
+#   APP_PORT_BASE      instance i listens on APP_PORT_BASE+i-1 (default 8081; 'auto')
+#   PG_PORT, REDIS_PORT  ports of the throwaway Postgres and Redis (default 'auto')
+#   EXTERNAL_PG_DSN    use this Postgres instead of starting one (schema is loaded)
+#   EXTERNAL_REDIS_URL use this Redis instead of starting one
+#   ADMIN_TOKEN        admin token (default: RUN_DIR/admin_token, random on first use)
+#   LOG_LEVEL          instances' log level (default warn: nginx logs every request)
+#   THREADS, DEMO_RANDOM_USER, SECKILL_*, MAX_BODY, ... passed to the instances as set
+#   SECKILL_BIN        server binary (default <repo>/build/seckill)
+#   PG_BIN             Postgres server binaries (default newest /usr/lib/postgresql/*/bin)
+#   PG_DURABLE=1       keep fsync on (default off: a throwaway database)
+#   STACK_TIMEOUT      seconds to wait for each component to be ready (default 30)
+#
+# Source RUN_DIR/stack.env to get BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUN_DIR=${RUN_DIR:-$ROOT/.run}
+case "$RUN_DIR" in /*) ;; *) RUN_DIR="$PWD/$RUN_DIR" ;; esac
+RUN_DIR=${RUN_DIR%/}
+INSTANCES=${INSTANCES:-2}
+NGINX_PORT=${NGINX_PORT:-8080}
+APP_PORT_BASE=${APP_PORT_BASE:-8081}
+PG_PORT=${PG_PORT:-auto}
+REDIS_PORT=${REDIS_PORT:-auto}
+EXTERNAL_PG_DSN=${EXTERNAL_PG_DSN:-}
+EXTERNAL_REDIS_URL=${EXTERNAL_REDIS_URL:-}
+SECKILL_BIN=${SECKILL_BIN:-$ROOT/build/seckill}
+case "$SECKILL_BIN" in /*) ;; *) SECKILL_BIN="$PWD/$SECKILL_BIN" ;; esac
+STACK_TIMEOUT=${STACK_TIMEOUT:-30}
+LUA_DIR_STACK=${LUA_DIR:-$ROOT/lua}
+case "$LUA_DIR_STACK" in /*) ;; *) LUA_DIR_STACK="$PWD/$LUA_DIR_STACK" ;; esac
+# The schema files loaded into the database, in this order (docker-compose.yml
+# mounts the same files into /docker-entrypoint-initdb.d).
+SCHEMA_FILES=(sql/schema.sql)
+
+PIDS="$RUN_DIR/pids"
+STATE_FILE="$RUN_DIR/stack.state"
+ENV_FILE="$RUN_DIR/stack.env"
+
+log() { printf 'stack: %s\n' "$*" >&2; }
+die() { printf 'stack: error: %s\n' "$*" >&2; exit 1; }
+
+# ------------------------------------------------------------------ helpers
+
+# Prints the last lines of a log file, indented.
+tail_log() {
+    local file=$1
+    [[ -f "$file" ]] || return 0
+    log "last lines of $file:"
+    tail -n 20 "$file" | sed 's/^/    | /' >&2
+}
+
+# The command line of PID with NULs turned into spaces ('' when gone).
+cmdline_of() {
+    local pid=$1
+    [[ -r "/proc/$pid/cmdline" ]] || return 0
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | sed 's/ $//' || true
+}
+
+# pid file format: line 1 the PID, line 2 a glob its /proc/PID/cmdline must match.
+write_pidfile() {
+    local name=$1 pid=$2 pattern=$3
+    printf '%s\n%s\n' "$pid" "$pattern" >"$PIDS/$name.pid"
+}
+
+# Prints the PID of a pid file if that process lives and is the expected
+# program; returns 1 otherwise (no file, dead, or a reused PID).
+live_pid() {
+    local file="$PIDS/$1.pid" pid pattern cmd
+    [[ -f "$file" ]] || return 1
+    pid=$(sed -n 1p "$file")
+    pattern=$(sed -n 2p "$file")
+    [[ "$pid" =~ ^[0-9]+$ && -n "$pattern" ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    cmd=$(cmdline_of "$pid")
+    # shellcheck disable=SC2053  # the pattern is a glob on purpose
+    [[ -n "$cmd" && "$cmd" == $pattern ]] || return 1
+    printf '%s\n' "$pid"
+}
+
+# Names of all pid files present (without .pid), nginx first, postgres last:
+# the order to stop in.
+pid_names() {
+    local f n
+    [[ -d "$PIDS" ]] || return 0
+    [[ -f "$PIDS/nginx.pid" ]] && echo nginx
+    for f in "$PIDS"/app-*.pid; do
+        [[ -e "$f" ]] || continue
+        n=$(basename "$f" .pid)
+        echo "$n"
+    done | sort -t- -k2 -n
+    [[ -f "$PIDS/redis.pid" ]] && echo redis
+    [[ -f "$PIDS/postgres.pid" ]] && echo postgres
+    return 0
+}
+
+# Sends SIG to PID, waits up to SECONDS for it to exit; SIGKILL after that.
+stop_pid() {
+    local name=$1 pid=$2 sig=$3 seconds=$4 i
+    kill "-$sig" "$pid" 2>/dev/null || return 0
+    for ((i = 0; i < seconds * 10; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    log "$name (pid $pid) did not stop on SIG$sig within ${seconds}s: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    log "warning: $name (pid $pid) is still alive after SIGKILL"
+}
+
+# Prints N distinct free loopback TCP ports, one a line.
+free_ports() {
+    python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+for s in socks:
+    print(s.getsockname()[1])
+EOF
+}
+
+# True when something listens on 127.0.0.1:PORT or the port cannot be bound.
+port_busy() {
+    python3 - "$1" <<'EOF'
+import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(0)
+sys.exit(1)
+EOF
+}
+
+# Dies with a clear message when PORT (of WHAT, set by VAR) is taken.
+require_free_port() {
+    local port=$1 what=$2 var=$3 owner=""
+    port_busy "$port" || return 0
+    if command -v ss >/dev/null 2>&1; then
+        owner=$(ss -Hltnp "sport = :$port" 2>/dev/null | grep -o 'users:(([^)]*))' | head -n 1 || true)
+    fi
+    die "port $port ($what) is already in use on 127.0.0.1${owner:+ by $owner}; stop that program or set $var to another port (or $var=auto)"
+}
+
+is_port() { [[ "$1" =~ ^[0-9]+$ ]] && (($1 > 0 && $1 < 65536)); }
+
+find_pg_bin() {
+    if [[ -n "${PG_BIN:-}" ]]; then echo "$PG_BIN"; return; fi
+    if [[ -x /usr/lib/postgresql/15/bin/initdb ]]; then echo /usr/lib/postgresql/15/bin; return; fi
+    local d
+    d=$(printf '%s\n' /usr/lib/postgresql/*/bin | grep -v '\*' | sort -V | tail -n 1 || true)
+    [[ -n "$d" ]] || die "no Postgres server binaries in /usr/lib/postgresql (run 'make deps')"
+    echo "$d"
+}
+
+find_nginx() {
+    local n
+    n=$(command -v nginx 2>/dev/null || true)
+    [[ -n "$n" ]] || { [[ -x /usr/sbin/nginx ]] && n=/usr/sbin/nginx; }
+    [[ -n "$n" ]] || die "nginx not found (run 'make deps')"
+    echo "$n"
+}
+
+# Runs a Postgres binary as 'postgres' when we are root (initdb refuses root).
+as_pg() {
+    if [[ $(id -u) -eq 0 ]]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+# Waits up to STACK_TIMEOUT seconds for the command to succeed; PID (optional)
+# must stay alive meanwhile.
+wait_for() {
+    local what=$1 pid=$2 i; shift 2
+    for ((i = 0; i < STACK_TIMEOUT * 10; i++)); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+            log "$what exited during start"
+            return 1
+        fi
+        sleep 0.1
+    done
+    log "$what not ready within ${STACK_TIMEOUT}s"
+    return 1
+}
+
+http_ok() { curl -fsS --max-time 2 -o /dev/null "$1"; }
+redis_ping() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == PONG ]]; }
+
+# ------------------------------------------------------------------ state
+
+# What runs now according to the pid files: sets LIVE (names) and DEAD (names).
+scan() {
+    LIVE=()
+    DEAD=()
+    local n
+    while read -r n; do
+        [[ -n "$n" ]] || continue
+        if live_pid "$n" >/dev/null; then LIVE+=("$n"); else DEAD+=("$n"); fi
+    done < <(pid_names)
+}
+
+# Values recorded by the last start (empty when none).
+state_get() {
+    local key=$1
+    [[ -f "$STATE_FILE" ]] || return 0
+    sed -n "s/^$key=//p" "$STATE_FILE" | tail -n 1
+}
+
+# ------------------------------------------------------------------ start
+
+check_prereqs() {
+    local c
+    for c in python3 curl psql pg_isready redis-cli; do
+        command -v "$c" >/dev/null 2>&1 || die "'$c' not found (run 'make deps')"
+    done
+    [[ -x "$SECKILL_BIN" ]] || die "$SECKILL_BIN is missing: run 'make'"
+    [[ -d "$LUA_DIR_STACK" ]] || die "LUA_DIR $LUA_DIR_STACK is missing"
+    if ! [[ "$INSTANCES" =~ ^[0-9]+$ ]] || ((INSTANCES < 1 || INSTANCES > 64)); then
+        die "INSTANCES must be 1..64 (got '$INSTANCES')"
+    fi
+    [[ "$STACK_TIMEOUT" =~ ^[0-9]+$ ]] || die "STACK_TIMEOUT must be a number of seconds"
+    if [[ -z "$EXTERNAL_PG_DSN" ]]; then
+        command -v redis-server >/dev/null 2>&1 || [[ -n "$EXTERNAL_REDIS_URL" ]] ||
+            die "redis-server not found (run 'make deps')"
+        find_pg_bin >/dev/null
+    fi
+    find_nginx >/dev/null
+}
+
+# Chooses every port (fixed ones are checked, 'auto' ones picked) into
+# P_NGINX, P_PG, P_REDIS and P_APP (array).
+choose_ports() {
+    local -a want=() names=() vars=()
+    local nfree=0 i p
+    [[ "$NGINX_PORT" == auto ]] || is_port "$NGINX_PORT" || die "NGINX_PORT must be a port or 'auto'"
+    [[ "$APP_PORT_BASE" == auto ]] || is_port "$APP_PORT_BASE" || die "APP_PORT_BASE must be a port or 'auto'"
+    [[ "$PG_PORT" == auto ]] || is_port "$PG_PORT" || die "PG_PORT must be a port or 'auto'"
+    [[ "$REDIS_PORT" == auto ]] || is_port "$REDIS_PORT" || die "REDIS_PORT must be a port or 'auto'"
+
+    [[ "$NGINX_PORT" == auto ]] && nfree=$((nfree + 1))
+    [[ "$APP_PORT_BASE" == auto ]] && nfree=$((nfree + INSTANCES))
+    [[ -z "$EXTERNAL_PG_DSN" && "$PG_PORT" == auto ]] && nfree=$((nfree + 1))
+    [[ -z "$EXTERNAL_REDIS_URL" && "$REDIS_PORT" == auto ]] && nfree=$((nfree + 1))
+    local -a free=()
+    if ((nfree > 0)); then mapfile -t free < <(free_ports "$nfree"); fi
+    local k=0
+    next_free() { FREE_PORT=${free[$k]}; k=$((k + 1)); }
+
+    if [[ "$NGINX_PORT" == auto ]]; then next_free; P_NGINX=$FREE_PORT; else P_NGINX=$NGINX_PORT; want+=("$P_NGINX"); names+=(nginx); vars+=(NGINX_PORT); fi
+    P_APP=()
+    for ((i = 1; i <= INSTANCES; i++)); do
+        if [[ "$APP_PORT_BASE" == auto ]]; then
+            next_free; P_APP+=("$FREE_PORT")
+        else
+            p=$((APP_PORT_BASE + i - 1))
+            is_port "$p" || die "APP_PORT_BASE+$((i - 1)) = $p is not a port"
+            P_APP+=("$p"); want+=("$p"); names+=("instance $i"); vars+=(APP_PORT_BASE)
+        fi
+    done
+    P_PG="" P_REDIS=""
+    if [[ -z "$EXTERNAL_PG_DSN" ]]; then
+        if [[ "$PG_PORT" == auto ]]; then next_free; P_PG=$FREE_PORT; else P_PG=$PG_PORT; want+=("$P_PG"); names+=(postgres); vars+=(PG_PORT); fi
+    fi
+    if [[ -z "$EXTERNAL_REDIS_URL" ]]; then
+        if [[ "$REDIS_PORT" == auto ]]; then next_free; P_REDIS=$FREE_PORT; else P_REDIS=$REDIS_PORT; want+=("$P_REDIS"); names+=(redis); vars+=(REDIS_PORT); fi
+    fi
+    # Distinct, and free.
+    local all="$P_NGINX ${P_APP[*]} $P_PG $P_REDIS"
+    local dup
+    dup=$(tr ' ' '\n' <<<"$all" | sed '/^$/d' | sort | uniq -d | head -n 1)
+    [[ -z "$dup" ]] || die "port $dup is configured twice (NGINX_PORT, APP_PORT_BASE, PG_PORT, REDIS_PORT)"
+    for ((i = 0; i < ${#want[@]}; i++)); do
+        require_free_port "${want[$i]}" "${names[$i]}" "${vars[$i]}"
+    done
+}
+
+admin_token() {
+    if [[ -n "${ADMIN_TOKEN:-}" ]]; then
+        printf '%s' "$ADMIN_TOKEN" >"$RUN_DIR/admin_token"
+    elif [[ ! -s "$RUN_DIR/admin_token" ]]; then
+        od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$RUN_DIR/admin_token"
+    fi
+    chmod 600 "$RUN_DIR/admin_token"
+    ADMIN_TOKEN=$(cat "$RUN_DIR/admin_token")
+}
+
+start_postgres() {
+    local port=$1 bin data="$RUN_DIR/pg/data" sock="$RUN_DIR/pg/sock" old
+    bin=$(find_pg_bin)
+    # A postmaster from an earlier run that lost its pid file must not have its
+    # data directory removed under it.
+    if [[ -f "$data/postmaster.pid" ]]; then
+        old=$(head -n 1 "$data/postmaster.pid")
+        if [[ "$old" =~ ^[0-9]+$ ]] && kill -0 "$old" 2>/dev/null &&
+            [[ "$(cmdline_of "$old")" == *postgres* ]]; then
+            die "a Postgres from an earlier run still runs on $data (pid $old): stop it (kill -INT $old) and retry"
+        fi
+    fi
+    rm -rf "$RUN_DIR/pg"
+    mkdir -p "$data" "$sock"
+    chmod 700 "$data"
+    if [[ $(id -u) -eq 0 ]]; then
+        id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' user"
+        chown -R postgres: "$RUN_DIR/pg"
+        runuser -u postgres -- test -x "$RUN_DIR/pg" ||
+            die "the postgres user cannot reach $RUN_DIR (a parent directory is not searchable): set RUN_DIR elsewhere, e.g. RUN_DIR=/tmp/seckill-run"
+    fi
+    if ! as_pg "$bin/initdb" -D "$data" -U postgres -A trust -E UTF8 --locale=C --no-sync \
+        >"$RUN_DIR/pg/initdb.log" 2>&1; then
+        tail_log "$RUN_DIR/pg/initdb.log"
+        die "initdb failed"
+    fi
+    local threads=${THREADS:-8} maxconn
+    [[ "$threads" =~ ^[0-9]+$ ]] || threads=8
+    maxconn=$((INSTANCES * (threads + 4) + 40))
+    ((maxconn >= 100)) || maxconn=100
+    local durable=off
+    [[ "${PG_DURABLE:-0}" == 1 ]] && durable=on
+    cat >>"$data/postgresql.conf" <<EOF
+
+# scripts/stack.sh: a throwaway database on loopback.
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$sock'
+max_connections = $maxconn
+shared_buffers = 128MB
+fsync = $durable
+synchronous_commit = $durable
+full_page_writes = $durable
+log_min_messages = warning
+log_line_prefix = '%m [%p] '
+EOF
+    cat >"$data/pg_hba.conf" <<EOF
+local all all               trust
+host  all all 127.0.0.1/32  trust
+EOF
+    # In a session of its own (setsid), like every process of the stack: a
+    # Ctrl-C in the terminal that started it does not reach it.
+    local -a pg_ctl=("$bin/pg_ctl" -D "$data" -l "$RUN_DIR/pg/postgres.log" -w -t "$STACK_TIMEOUT" start)
+    [[ $(id -u) -ne 0 ]] || pg_ctl=(runuser -u postgres -- "${pg_ctl[@]}")
+    if ! setsid -w "${pg_ctl[@]}" >"$RUN_DIR/pg/pg_ctl.log" 2>&1; then
+        tail_log "$RUN_DIR/pg/pg_ctl.log"
+        tail_log "$RUN_DIR/pg/postgres.log"
+        die "Postgres did not start on 127.0.0.1:$port"
+    fi
+    local pid
+    pid=$(head -n 1 "$data/postmaster.pid")
+    write_pidfile postgres "$pid" "*/postgres -D $data*"
+    live_pid postgres >/dev/null || die "Postgres pid $pid does not look like $bin/postgres -D $data: $(cmdline_of "$pid")"
+    wait_for "Postgres" "$pid" pg_isready -q -h 127.0.0.1 -p "$port" -t 1 || {
+        tail_log "$RUN_DIR/pg/postgres.log"; die "Postgres is not ready on 127.0.0.1:$port"; }
+    psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres \
+        -c 'CREATE DATABASE seckill' >/dev/null || die "CREATE DATABASE seckill failed"
+    log "Postgres pid $pid on 127.0.0.1:$port (data $data)"
+}
+
+load_schema() {
+    local dsn=$1 f
+    for f in "${SCHEMA_FILES[@]}"; do
+        [[ -f "$ROOT/$f" ]] || die "$f is missing"
+        if ! psql -X -q -v ON_ERROR_STOP=1 -d "$dsn" -f "$ROOT/$f" >"$RUN_DIR/logs/schema.log" 2>&1; then
+            tail_log "$RUN_DIR/logs/schema.log"
+            die "loading $f failed"
+        fi
+    done
+}
+
+start_redis() {
+    local port=$1 pid
+    mkdir -p "$RUN_DIR/redis"
+    setsid redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+        --daemonize no --dir "$RUN_DIR/redis" --logfile "$RUN_DIR/redis/redis.log" \
+        --protected-mode yes </dev/null >/dev/null 2>&1 &
+    pid=$!
+    write_pidfile redis "$pid" "redis-server 127.0.0.1:$port*"
+    wait_for "Redis" "$pid" redis_ping "$port" || {
+        tail_log "$RUN_DIR/redis/redis.log"; die "Redis did not start on 127.0.0.1:$port"; }
+    live_pid redis >/dev/null || die "Redis pid $pid does not look like redis-server 127.0.0.1:$port: $(cmdline_of "$pid")"
+    log "Redis pid $pid on 127.0.0.1:$port"
+}
+
+# The environment of instance I (NAME=value lines) -- on top of the launcher's
+# own environment, which passes THREADS, DEMO_RANDOM_USER, SECKILL_*, ... through.
+instance_env() {
+    local i=$1 port=$2
+    printf 'PORT=%s\n' "$port"
+    printf 'BIND=%s\n' 127.0.0.1
+    printf 'INSTANCE_ID=%s\n' "seckill-$i"
+    printf 'PG_DSN=%s\n' "$STACK_PG_DSN"
+    printf 'REDIS_URL=%s\n' "$STACK_REDIS_URL"
+    printf 'ADMIN_TOKEN=%s\n' "$ADMIN_TOKEN"
+    printf 'LUA_DIR=%s\n' "$LUA_DIR_STACK"
+    printf 'LOG_LEVEL=%s\n' "${LOG_LEVEL:-warn}"
+    printf 'THREADS=%s\n' "${THREADS:-8}"
+    printf 'DEMO_RANDOM_USER=%s\n' "${DEMO_RANDOM_USER:-0}"
+}
+
+start_instance() {
+    local i=$1 port=$2 pid
+    local logf="$RUN_DIR/logs/app-$i.log"
+    local -a envs=()
+    mapfile -t envs < <(instance_env "$i" "$port")
+    : >"$logf"
+    (
+        cd "$RUN_DIR"
+        exec setsid env "${envs[@]}" "$SECKILL_BIN" "--port=$port" "--instance-id=seckill-$i" \
+            </dev/null >>"$logf" 2>&1
+    ) &
+    pid=$!
+    write_pidfile "app-$i" "$pid" "$SECKILL_BIN --port=$port --instance-id=seckill-$i*"
+}
+
+wait_instance() {
+    local i=$1 port=$2 pid
+    pid=$(sed -n 1p "$PIDS/app-$i.pid")
+    if ! wait_for "instance seckill-$i" "$pid" http_ok "http://127.0.0.1:$port/health"; then
+        tail_log "$RUN_DIR/logs/app-$i.log"
+        die "instance seckill-$i did not answer GET /health on 127.0.0.1:$port"
+    fi
+    live_pid "app-$i" >/dev/null || die "instance $i pid $pid is not $SECKILL_BIN: $(cmdline_of "$pid")"
+    if ! wait_for "instance seckill-$i (ready)" "$pid" http_ok "http://127.0.0.1:$port/ready"; then
+        tail_log "$RUN_DIR/logs/app-$i.log"
+        die "instance seckill-$i answers /health but not /ready (Postgres or Redis unreachable)"
+    fi
+    log "instance seckill-$i pid $pid on 127.0.0.1:$port"
+}
+
+start_nginx() {
+    local port=$1 bin dir="$RUN_DIR/nginx" pid i
+    local -a ups=()
+    bin=$(find_nginx)
+    for ((i = 0; i < ${#P_APP[@]}; i++)); do ups+=(--upstream "127.0.0.1:${P_APP[$i]}"); done
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    "$ROOT/nginx/gen-conf.sh" --prefix "$dir" --listen "127.0.0.1:$port" "${ups[@]}" -o "$dir/nginx.conf"
+    if ! "$bin" -t -q -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/test.log" 2>&1; then
+        tail_log "$dir/test.log"
+        die "nginx rejected $dir/nginx.conf"
+    fi
+    if ! "$bin" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" -g 'daemon on;' >"$dir/start.log" 2>&1; then
+        tail_log "$dir/start.log"
+        tail_log "$dir/error.log"
+        die "nginx did not start on 127.0.0.1:$port"
+    fi
+    for ((i = 0; i < 50; i++)); do
+        [[ -s "$dir/nginx.pid" ]] && break
+        sleep 0.1
+    done
+    pid=$(cat "$dir/nginx.pid" 2>/dev/null || true)
+    [[ -n "$pid" ]] || die "nginx wrote no pid file ($dir/nginx.pid)"
+    write_pidfile nginx "$pid" "nginx: master process * -c $dir/nginx.conf*"
+    live_pid nginx >/dev/null || die "nginx pid $pid does not look like nginx: $(cmdline_of "$pid")"
+    wait_for "nginx" "$pid" http_ok "http://127.0.0.1:$port/health" || {
+        tail_log "$dir/error.log"; die "nginx does not pass GET /health to the instances"; }
+    log "nginx pid $pid on 127.0.0.1:$port -> ${P_APP[*]}"
+}
+
+write_env_file() {
+    local urls="" i
+    for ((i = 0; i < ${#P_APP[@]}; i++)); do urls+="http://127.0.0.1:${P_APP[$i]} "; done
+    local ids=""
+    for ((i = 1; i <= INSTANCES; i++)); do ids+="seckill-$i "; done
+    {
+        printf '# Written by scripts/stack.sh start on %s. Source it: . %s\n' "$(date -u +%FT%TZ)" "$ENV_FILE"
+        printf 'export %s=%q\n' \
+            RUN_DIR "$RUN_DIR" \
+            BASE_URL "http://127.0.0.1:$P_NGINX" \
+            NGINX_PORT "$P_NGINX" \
+            NGINX_ACCESS_LOG "$RUN_DIR/nginx/access.log" \
+            INSTANCES "$INSTANCES" \
+            INSTANCE_IDS "${ids% }" \
+            INSTANCE_PORTS "${P_APP[*]}" \
+            INSTANCE_URLS "${urls% }" \
+            PG_DSN "$STACK_PG_DSN" \
+            PG_PORT "$P_PG" \
+            REDIS_URL "$STACK_REDIS_URL" \
+            REDIS_PORT "$P_REDIS" \
+            ADMIN_TOKEN "$ADMIN_TOKEN"
+    } >"$ENV_FILE.tmp"
+    chmod 600 "$ENV_FILE.tmp"
+    mv -f "$ENV_FILE.tmp" "$ENV_FILE"
+}
+
+# Is the running stack complete and healthy, with INSTANCES instances?
+healthy() {
+    local n i port base
+    [[ -f "$ENV_FILE" ]] || return 1
+    n=$(state_get INSTANCES)
+    [[ "$n" == "$INSTANCES" ]] || return 1
+    ((${#DEAD[@]} == 0)) || return 1
+    live_pid nginx >/dev/null || return 1
+    for ((i = 1; i <= n; i++)); do live_pid "app-$i" >/dev/null || return 1; done
+    [[ -n "$(state_get EXTERNAL_PG_DSN)" ]] || live_pid postgres >/dev/null || return 1
+    [[ -n "$(state_get EXTERNAL_REDIS_URL)" ]] || live_pid redis >/dev/null || return 1
+    base=$(state_get BASE_URL)
+    http_ok "$base/health" || return 1
+    for port in $(state_get INSTANCE_PORTS); do
+        http_ok "http://127.0.0.1:$port/ready" || return 1
+    done
+}
+
+STARTED_OK=0
+on_start_exit() {
+    local rc=$?
+    if ((STARTED_OK == 0)); then
+        log "start failed: stopping what was started"
+        stop_all || true
+    fi
+    exit "$rc"
+}
+
+cmd_start() {
+    check_prereqs
+    mkdir -p "$RUN_DIR"
+    scan
+    if ((${#LIVE[@]} > 0)); then
+        if healthy; then
+            log "already running in $RUN_DIR ($INSTANCES instances, $(state_get BASE_URL)); 'make stop' (or $0 stop) stops it"
+            return 0
+        fi
+        log "a stack runs in $RUN_DIR but is incomplete or has another INSTANCES count: restarting it"
+        stop_all
+    elif ((${#DEAD[@]} > 0)); then
+        log "removing stale pid files of a stack that is gone: ${DEAD[*]}"
+        stop_all
+    fi
+    choose_ports
+
+    rm -rf "$PIDS" "$RUN_DIR/logs"
+    rm -f "$ENV_FILE"
+    mkdir -p "$PIDS" "$RUN_DIR/logs"
+    chmod 755 "$RUN_DIR"
+    admin_token
+
+    if [[ -n "$EXTERNAL_PG_DSN" ]]; then
+        STACK_PG_DSN=$EXTERNAL_PG_DSN
+    else
+        STACK_PG_DSN="host=127.0.0.1 port=$P_PG dbname=seckill user=postgres"
+    fi
+    if [[ -n "$EXTERNAL_REDIS_URL" ]]; then
+        STACK_REDIS_URL=$EXTERNAL_REDIS_URL
+    else
+        STACK_REDIS_URL="redis://127.0.0.1:$P_REDIS/0"
+    fi
+    {
+        echo "INSTANCES=$INSTANCES"
+        echo "BASE_URL=http://127.0.0.1:$P_NGINX"
+        echo "INSTANCE_PORTS=${P_APP[*]}"
+        echo "EXTERNAL_PG_DSN=$EXTERNAL_PG_DSN"
+        echo "EXTERNAL_REDIS_URL=$EXTERNAL_REDIS_URL"
+    } >"$STATE_FILE"
+
+    STARTED_OK=0
+    trap on_start_exit EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+
+    if [[ -z "$EXTERNAL_PG_DSN" ]]; then start_postgres "$P_PG"; fi
+    load_schema "$STACK_PG_DSN"
+    if [[ -z "$EXTERNAL_REDIS_URL" ]]; then
+        start_redis "$P_REDIS"
+    else
+        redis-cli -u "$STACK_REDIS_URL" ping 2>/dev/null | grep -q PONG ||
+            die "EXTERNAL_REDIS_URL $STACK_REDIS_URL does not answer PING"
+    fi
+    local i
+    for ((i = 1; i <= INSTANCES; i++)); do start_instance "$i" "${P_APP[$((i - 1))]}"; done
+    for ((i = 1; i <= INSTANCES; i++)); do wait_instance "$i" "${P_APP[$((i - 1))]}"; done
+    start_nginx "$P_NGINX"
+    write_env_file
+    STARTED_OK=1
+    trap - EXIT INT TERM
+    log "ready: BASE_URL=http://127.0.0.1:$P_NGINX ($INSTANCES instances); env file $ENV_FILE"
+}
+
+# ------------------------------------------------------------------ stop
+
+stop_all() {
+    local n pid pattern stopped=()
+    for n in $(pid_names); do
+        if pid=$(live_pid "$n"); then
+            case "$n" in
+                nginx) stop_pid nginx "$pid" QUIT 10 ;;
+                app-*) stop_pid "$n" "$pid" TERM 10 ;;
+                redis) stop_pid redis "$pid" TERM 10 ;;
+                postgres) stop_pid postgres "$pid" INT 30 ;;   # fast shutdown
+            esac
+            stopped+=("$n($pid)")
+        else
+            pid=$(sed -n 1p "$PIDS/$n.pid" 2>/dev/null || true)
+            pattern=$(sed -n 2p "$PIDS/$n.pid" 2>/dev/null || true)
+            if [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then
+                log "stale pid file $n.pid: pid $pid now runs '$(cmdline_of "$pid")', not '$pattern': left alone"
+            fi
+        fi
+        rm -f "$PIDS/$n.pid"
+    done
+    rm -f "$ENV_FILE" "$RUN_DIR/nginx/nginx.pid"
+    if ((${#stopped[@]})); then
+        log "stopped ${stopped[*]}"
+    else
+        log "nothing was running in $RUN_DIR"
+    fi
+}
+
+cmd_stop() {
+    [[ -d "$RUN_DIR" ]] || { log "nothing was running ($RUN_DIR does not exist)"; return 0; }
+    stop_all
+}
+
+# ------------------------------------------------------------------ status
+
+cmd_status() {
+    scan
+    if ((${#LIVE[@]} == 0 && ${#DEAD[@]} == 0)); then
+        echo "stopped (no pid files in $PIDS)"
+        return 3
+    fi
+    local n pid
+    for n in $(pid_names); do
+        if pid=$(live_pid "$n"); then
+            printf '  %-10s running  pid %s\n' "$n" "$pid"
+        else
+            pid=$(sed -n 1p "$PIDS/$n.pid" 2>/dev/null || true)
+            printf '  %-10s STALE    pid %s is gone or is another program\n' "$n" "$pid"
+        fi
+    done
+    [[ -n "$(state_get EXTERNAL_PG_DSN)" ]] && printf '  %-10s external %s\n' postgres "$(state_get EXTERNAL_PG_DSN)"
+    [[ -n "$(state_get EXTERNAL_REDIS_URL)" ]] && printf '  %-10s external %s\n' redis "$(state_get EXTERNAL_REDIS_URL)"
+    if ((${#LIVE[@]} == 0)); then
+        echo "stopped (stale pid files: $0 stop removes them)"
+        return 3
+    fi
+    if ((${#DEAD[@]} > 0)); then
+        echo "partly running: $0 restart (or make stop; make stack)"
+        return 1
+    fi
+    if http_ok "$(state_get BASE_URL)/health"; then
+        echo "running: BASE_URL=$(state_get BASE_URL); env file $ENV_FILE"
+    else
+        echo "running, but $(state_get BASE_URL)/health does not answer"
+        return 1
+    fi
+}
+
+cmd_env() {
+    [[ -f "$ENV_FILE" ]] || { log "no env file: the stack is not running in $RUN_DIR"; return 1; }
+    cat "$ENV_FILE"
+}
+
+cmd_instance_env() {
+    ADMIN_TOKEN=${ADMIN_TOKEN:-<generated>}
+    STACK_PG_DSN=${EXTERNAL_PG_DSN:-host=127.0.0.1 port=<PG_PORT> dbname=seckill user=postgres}
+    STACK_REDIS_URL=${EXTERNAL_REDIS_URL:-redis://127.0.0.1:<REDIS_PORT>/0}
+    instance_env 1 "<port>"
+}
+
+main() {
+    local cmd=${1:-}
+    case "$cmd" in
+        start) cmd_start ;;
+        stop) cmd_stop ;;
+        restart) cmd_stop; cmd_start ;;
+        status) cmd_status ;;
+        env) cmd_env ;;
+        instance-env) cmd_instance_env ;;
+        -h | --help | help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
+        *) die "usage: $0 start|stop|restart|status|env|instance-env (see --help)" ;;
+    esac
+}
+
+main "$@"

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""The lock and stock strategies (SPEC section 6) and the fencing-token guard.
+
+Each unsafe strategy must really run unprotected, the safe ones must hold under
+real concurrency, and a lock holder that stalls past its lease must have its
+write refused by Postgres (fencing), also without the unique constraint.
+"""
+
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seckill_server as ss  # noqa: E402
+from seckill_server import fail, psql, psql_value, test  # noqa: E402
+
+TOKEN = "strategies-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+UNIQUE = "uq_voucher_order_user_voucher"
+STOCK = 100          # crowd tests: twice as many buyers as items
+
+
+def iso(ts):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def create_voucher(srv, stock):
+    now = int(time.time())
+    r = srv.post("/admin/vouchers", AUTH, {"title": "strategy", "stock": stock,
+                                           "beginTime": iso(now - 60), "endTime": iso(now + 3600)})
+    if r.status != 201:
+        fail(f"create voucher -> {r.status} {r.body!r}")
+    return r.body["voucherId"]
+
+
+def db_state(vid):
+    orders = int(psql_value(f"SELECT count(*) FROM tb_voucher_order WHERE voucher_id = {vid}"))
+    stock = int(psql_value(f"SELECT stock FROM tb_voucher WHERE voucher_id = {vid}"))
+    dups = int(psql_value(
+        "SELECT count(*) FROM (SELECT user_id FROM tb_voucher_order "
+        f"WHERE voucher_id = {vid} GROUP BY user_id HAVING count(*) > 1) d"))
+    return orders, stock, dups
+
+
+class without_unique:
+    """Drops the unique constraint for the block (the ladder runs without it)."""
+
+    def __enter__(self):
+        psql(f"ALTER TABLE tb_voucher_order DROP CONSTRAINT IF EXISTS {UNIQUE}")
+
+    def __exit__(self, *exc):
+        # Duplicates made on purpose would block the constraint: drop them first.
+        psql("DELETE FROM tb_voucher_order o USING tb_voucher_order p "
+             "WHERE o.user_id = p.user_id AND o.voucher_id = p.voucher_id AND o.id > p.id")
+        psql(f"ALTER TABLE tb_voucher_order ADD CONSTRAINT {UNIQUE} UNIQUE (user_id, voucher_id)")
+
+
+def crowd(srv, vid, users, workers=50):
+    """Distinct users (or one user repeated) over 'workers' keep-alive connections."""
+    jobs = [users[i::workers] for i in range(workers)]
+    res = ss.run_concurrently(lambda i: srv.port, jobs,
+                              lambda c, uid: c.seckill(vid, uid), workers)
+    statuses = {}
+    for _uid, r in res:
+        key = r.status if not isinstance(r, Exception) else type(r).__name__
+        statuses[key] = statuses.get(key, 0) + 1
+    return statuses
+
+
+@test
+def defaults_are_safe_and_unsafe_is_announced():
+    safe = ss.Server("strat-safe", {"ADMIN_TOKEN": TOKEN})
+    unsafe = ss.Server("strat-unsafe", {"SECKILL_LOCK": "none", "SECKILL_STOCK": "naive"})
+    try:
+        s = safe.get("/stats").body
+        if s.get("lockStrategy") != "reentrant" or s.get("stockStrategy") != "optimistic" \
+                or s.get("unsafe") is not False:
+            fail(f"defaults: {s.get('lockStrategy')}/{s.get('stockStrategy')} unsafe={s.get('unsafe')}")
+        u = unsafe.get("/stats").body
+        if u.get("lockStrategy") != "none" or u.get("stockStrategy") != "naive" \
+                or u.get("unsafe") is not True or "UNSAFE" not in u.get("warning", ""):
+            fail(f"unsafe instance not announced in /stats: {u.get('unsafe')} {u.get('warning')}")
+        if "UNSAFE" not in unsafe.log_tail(200):
+            fail("unsafe instance not announced in its log")
+    finally:
+        safe.stop_ok()
+        unsafe.stop_ok()
+
+
+@test
+def invalid_strategy_stops_the_server():
+    env = ss.Server("strat-bad", {"SECKILL_STOCK": "magic"}, start=False).build_env()
+    p = ss.subprocess.run([ss.SECKILL_BIN], env=env, capture_output=True, text=True, timeout=10)
+    if p.returncode == 0 or "SECKILL_STOCK" not in p.stderr:
+        fail(f"SECKILL_STOCK=magic: exit {p.returncode}, stderr {p.stderr!r}")
+
+
+@test
+def every_strategy_sells_correctly_one_at_a_time():
+    """Sequential buyers: every combination answers right when nothing races."""
+    for lock in ("none", "local", "setnx", "owner", "reentrant"):
+        for stock in ("naive", "cas", "optimistic", "pessimistic", "batched"):
+            srv = ss.Server(f"strat-{lock}-{stock}", {"ADMIN_TOKEN": TOKEN, "SECKILL_LOCK": lock,
+                                                      "SECKILL_STOCK": stock,
+                                                      "DEMO_DELAY_MS": 0, "LOG_LEVEL": "warn"})
+            try:
+                vid = create_voucher(srv, 3)
+                got = [srv.seckill(vid, u) for u in (1, 1, 2, 3, 4)]
+                seen = [(r.status, r.body.get("error")) for r in got]
+                want = [(200, None), (409, "already_ordered"), (200, None), (200, None),
+                        (409, "sold_out")]
+                if seen != want:
+                    fail(f"{lock}/{stock}: {seen}")
+                orders, left, dups = db_state(vid)
+                if (orders, left, dups) != (3, 0, 0):
+                    fail(f"{lock}/{stock}: orders {orders}, stock {left}, duplicates {dups}")
+            finally:
+                srv.stop_ok()
+
+
+@test
+def naive_oversells_and_cas_and_optimistic_do_not():
+    """The stock ladder under a crowd, with the race window widened."""
+    results = {}
+    for stock in ("naive", "cas", "optimistic", "pessimistic"):
+        srv = ss.Server(f"crowd-{stock}", {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": stock,
+                                           "DEMO_DELAY_MS": 30, "THREADS": 16,
+                                           "LOG_LEVEL": "warn"})
+        try:
+            vid = create_voucher(srv, STOCK)
+            base = 7_000_000 + len(results) * 1000
+            statuses = crowd(srv, vid, list(range(base, base + 2 * STOCK)))
+            orders, left, dups = db_state(vid)
+            results[stock] = (orders, left, statuses)
+            stats = next(v for v in srv.get("/stats").body["vouchers"] if v["voucherId"] == vid)
+            if stats["orders"] != orders:
+                fail(f"{stock}: /stats orders {stats['orders']} != db {orders}")
+        finally:
+            srv.stop_ok()
+    n_orders, n_left, _ = results["naive"]
+    if not n_orders > STOCK:
+        fail(f"naive did not oversell: {results['naive']}")
+    for safe in ("cas", "optimistic", "pessimistic"):
+        orders, left, _ = results[safe]
+        if orders > STOCK or orders != STOCK - left:
+            fail(f"{safe} oversold or drifted: orders {orders}, stock left {left}")
+    if results["optimistic"][0] != STOCK or results["pessimistic"][0] != STOCK:
+        fail(f"optimistic/pessimistic did not sell out: {results}")
+    if not results["cas"][0] < results["optimistic"][0]:
+        fail(f"cas sold as much as optimistic: {results}")
+
+
+@test
+def no_lock_sells_twice_to_one_user_without_the_constraint():
+    srv = ss.Server("storm-none", {"ADMIN_TOKEN": TOKEN, "SECKILL_LOCK": "none",
+                                   "DEMO_DELAY_MS": 30, "THREADS": 16, "LOG_LEVEL": "warn"})
+    try:
+        with without_unique():
+            vid = create_voucher(srv, 50)
+            crowd(srv, vid, [4242] * 100)
+            orders, _left, dups = db_state(vid)
+        if not (orders > 1 and dups == 1):
+            fail(f"lock=none under a single-user storm: orders {orders}, duplicate users {dups}")
+    finally:
+        srv.stop_ok()
+
+
+@test
+def reentrant_lock_sells_once_to_one_user_without_the_constraint():
+    srv = ss.Server("storm-reentrant", {"ADMIN_TOKEN": TOKEN, "DEMO_DELAY_MS": 30,
+                                        "THREADS": 16, "LOG_LEVEL": "warn"})
+    try:
+        with without_unique():
+            vid = create_voucher(srv, 50)
+            statuses = crowd(srv, vid, [4343] * 100)
+            orders, _left, dups = db_state(vid)
+        if orders != 1 or dups != 0 or statuses.get(200) != 1:
+            fail(f"reentrant storm: orders {orders}, duplicates {dups}, statuses {statuses}")
+    finally:
+        srv.stop_ok()
+
+
+@test
+def fencing_refuses_a_holder_that_stalled_past_its_lease():
+    """A takes the lock, stalls 1.5 s with a 300 ms lease; B takes it and
+    commits; A's write then carries a stale token and must change nothing."""
+    for constraint in (True, False):
+        stalled = ss.Server("fence-stalled", {"ADMIN_TOKEN": TOKEN, "LOCK_LEASE_MS": 300,
+                                              "DEMO_PAUSE_MS": 1500})
+        fresh = ss.Server("fence-fresh", {"LOCK_LEASE_MS": 300})
+        user = 5150 if constraint else 5151
+        try:
+            ctx = without_unique() if not constraint else None
+            if ctx:
+                ctx.__enter__()
+            try:
+                vid = create_voucher(stalled, 5)
+                first = {}
+                t = threading.Thread(target=lambda: first.update(r=stalled.seckill(vid, user)))
+                t.start()
+                time.sleep(0.6)                      # A holds the lock, now expired
+                second = fresh.seckill(vid, user)
+                t.join(10)
+                a = first.get("r")
+                orders, left, dups = db_state(vid)
+            finally:
+                if ctx:
+                    ctx.__exit__(None, None, None)
+            if second.status != 200:
+                fail(f"the second holder was refused: {second.status} {second.body!r}")
+            if a is None or a.status != 409 or a.body.get("error") != "already_ordered" \
+                    or "fencing" not in a.body.get("message", ""):
+                fail(f"the stalled holder's write was not refused by the fence: "
+                     f"{a and a.status} {a and a.body!r}")
+            if (orders, left, dups) != (1, 4, 0):
+                fail(f"after the stale write: orders {orders}, stock {left}, duplicates {dups}")
+            lock = stalled.get("/stats").body["lock"]
+            if lock.get("staleTokenRejections") != 1:
+                fail(f"stale-token rejection not counted: {lock}")
+        finally:
+            stalled.stop_ok()
+            fresh.stop_ok()
+
+
+@test
+def batched_sells_exactly_the_stock_across_two_instances():
+    env = {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "batched", "THREADS": 32, "LOG_LEVEL": "warn"}
+    a, b = ss.Server("batch-a", env), ss.Server("batch-b", env)
+    try:
+        vid = create_voucher(a, STOCK)
+        users = list(range(9_100_000, 9_100_000 + 3 * STOCK))
+        jobs = [users[i::60] for i in range(60)]
+        res = ss.run_concurrently(lambda i: (a if i % 2 else b).port, jobs,
+                                  lambda c, uid: c.seckill(vid, uid), 60)
+        ok = [r for _u, r in res if not isinstance(r, Exception) and r.status == 200]
+        other = [(r.status, r.body.get("error")) for _u, r in res
+                 if not isinstance(r, Exception) and r.status != 200]
+        errors = [r for _u, r in res if isinstance(r, Exception)]
+        orders, left, dups = db_state(vid)
+        if errors or len(ok) != STOCK or (orders, left, dups) != (STOCK, 0, 0) \
+                or any(o != (409, "sold_out") for o in other):
+            fail(f"batched: {len(ok)} x 200, others {set(other)}, errors {errors[:3]}, "
+                 f"db orders {orders} stock {left} dups {dups}")
+        ids = {r.body["orderId"] for r in ok}
+        in_db = {row[0] for row in psql(f"SELECT id FROM tb_voucher_order WHERE voucher_id = {vid}")}
+        if ids != in_db:
+            fail("order ids answered with 200 differ from the ids in the database")
+        # A single-user storm: exactly one order.
+        vid2 = create_voucher(a, 10)
+        res = ss.run_concurrently(lambda i: (a if i % 2 else b).port, [[777001] * 4] * 50,
+                                  lambda c, uid: c.seckill(vid2, uid), 50)
+        wins = sum(1 for _u, r in res if not isinstance(r, Exception) and r.status == 200)
+        orders, left, dups = db_state(vid2)
+        if wins != 1 or (orders, left) != (1, 9):
+            fail(f"batched single-user storm: {wins} x 200, orders {orders}, stock {left}")
+    finally:
+        a.stop_ok()
+        b.stop_ok()
+
+
+if __name__ == "__main__":
+    ss.main()
