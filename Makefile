@@ -4,6 +4,7 @@
 #   make test       every test against a throwaway Postgres and Redis
 #   make asan       the same tests with ASan + UBSan (+ LSan) builds
 #   make deps       install the Debian packages this project needs
+#   V=1             show the full compiler command lines
 
 PKGS      := libmicrohttpd hiredis libpq libcjson
 CC        ?= cc
@@ -16,6 +17,8 @@ LDLIBS    += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -pthread -lm
 LDFLAGS   += $(EXTRA_LDFLAGS)
 
 BUILD     ?= build
+V         ?= 0
+Q         := $(if $(filter 1,$(V)),,@)
 APP_SRCS  := $(wildcard app/*.c)
 APP_OBJS  := $(APP_SRCS:app/%.c=$(BUILD)/app/%.o)
 LIB_OBJS  := $(filter-out $(BUILD)/app/main.o,$(APP_OBJS))
@@ -30,15 +33,18 @@ DEB_PKGS  := build-essential pkg-config libmicrohttpd-dev libhiredis-dev libpq-d
 all: $(BUILD)/seckill
 
 $(BUILD)/seckill: $(APP_OBJS)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "  LD    $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/app/%.o: app/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Iapp -c -o $@ $<
+	@echo "  CC    $<"
+	$(Q)$(CC) $(CFLAGS) -Iapp -c -o $@ $<
 
 $(BUILD)/tests/%: tests/%.c $(LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Iapp -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
+	@echo "  CC    $<"
+	$(Q)$(CC) $(CFLAGS) -Iapp -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
 
 tests-bin: $(BUILD)/seckill $(TEST_BINS)
 
