@@ -269,8 +269,9 @@ static void default_lua_dir(void)
         for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
             char cand[PATH_MAX + 16];
             snprintf(cand, sizeof cand, "%s%s", exe, rel[i]);
-            if (dir_exists(cand) && strlen(cand) < sizeof g_cfg.lua_dir) {
-                snprintf(g_cfg.lua_dir, sizeof g_cfg.lua_dir, "%s", cand);
+            size_t len = strlen(cand);
+            if (dir_exists(cand) && len < sizeof g_cfg.lua_dir) {
+                memcpy(g_cfg.lua_dir, cand, len + 1);
                 return;
             }
         }
