@@ -356,6 +356,30 @@ static redisContext *connect_loop(int *ever_connected)
     return NULL;
 }
 
+/* A silent peer (host gone, no RST) is found by PING: sent after
+ * LW_PING_MS without input, and the connection given up when nothing comes
+ * back within as long again. Sets '*timeout_ms' for the next poll. */
+static int liveness(redisContext *c, int64_t last_rx_us, int64_t *ping_sent_us,
+                    long *timeout_ms)
+{
+    int64_t now = util_mono_us(), since;
+
+    if (*ping_sent_us != 0 && now - *ping_sent_us >= LW_PING_MS * 1000LL) {
+        log_warn("lockwait: no answer to PING in %d ms", LW_PING_MS);
+        return -1;
+    }
+    if (*ping_sent_us == 0 && now - last_rx_us >= LW_PING_MS * 1000LL) {
+        if (redisAppendCommand(c, "PING") != REDIS_OK)
+            return -1;
+        *ping_sent_us = now;
+    }
+    since = *ping_sent_us != 0 ? *ping_sent_us : last_rx_us;
+    *timeout_ms = LW_PING_MS - (long)((now - since) / 1000);
+    if (*timeout_ms < 1)
+        *timeout_ms = 1;
+    return 0;
+}
+
 static void *subscriber_main(void *arg)
 {
     redisContext *c = NULL;
@@ -379,22 +403,9 @@ static void *subscriber_main(void *arg)
         if (stop)
             break;
 
-        /* Liveness: a silent peer (host gone, no RST) is found by PING. */
-        int64_t now = util_mono_us();
-        long timeout_ms;
-        if (ping_sent_us != 0 && now - ping_sent_us >= LW_PING_MS * 1000LL) {
-            log_warn("lockwait: no answer to PING in %d ms", LW_PING_MS);
-            rc = -1;
-        } else if (ping_sent_us == 0 && now - last_rx_us >= LW_PING_MS * 1000LL) {
-            if (redisAppendCommand(c, "PING") != REDIS_OK)
-                rc = -1;
-            ping_sent_us = now;
-        }
-        timeout_ms = ping_sent_us != 0 ? LW_PING_MS - (long)((now - ping_sent_us) / 1000)
-                                       : LW_PING_MS - (long)((now - last_rx_us) / 1000);
-        if (timeout_ms < 1)
-            timeout_ms = 1;
-
+        long timeout_ms = 0;
+        if (rc == 0)
+            rc = liveness(c, last_rx_us, &ping_sent_us, &timeout_ms);
         if (rc == 0 && flush(c) != 0)
             rc = -1;
         if (rc == 0) {

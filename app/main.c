@@ -4,6 +4,7 @@
 #include "config.h"
 #include "handlers.h"
 #include "http.h"
+#include "lock.h"
 #include "log.h"
 #include "script.h"
 #include "stats.h"
@@ -43,6 +44,11 @@ int main(int argc, char **argv)
         log_error("cannot start the stats publisher thread");
         return 1;
     }
+    if (lock_runtime_start() != 0) {
+        log_error("cannot start the lock subscriber and renewal threads");
+        stats_publisher_stop();
+        return 1;
+    }
     if (bcast_start() != 0) {
         log_error("cannot start the broadcast subscriber thread");
         stats_publisher_stop();
@@ -72,6 +78,7 @@ int main(int argc, char **argv)
     log_info("signal %d: finishing requests in flight, then stopping", sig);
     http_stop(SHUTDOWN_GRACE_MS);
     bcast_stop();
+    lock_runtime_stop();
     stats_publisher_stop();
     log_info("stopped");
     return EXIT_SUCCESS;

@@ -268,12 +268,14 @@ cleanup:
 
 static void tick(redisContext **cp)
 {
-    size_t n;
+    size_t n = 0;
     wd_item *items;
 
     pthread_mutex_lock(&wd.mu);
-    items = snapshot(&n);
+    items = wd.count > 0 ? snapshot(&n) : NULL;
     pthread_mutex_unlock(&wd.mu);
+    if (items == NULL)
+        return;                             /* nothing held: no round trip */
     for (size_t off = 0; off < n; off += WD_BATCH)
         renew_batch(cp, items + off, n - off < WD_BATCH ? n - off : WD_BATCH);
     items_free(items, n);

@@ -54,16 +54,7 @@ if ((${#results[@]})); then
 fi
 
 printf '\n== the cluster, from %s/stats\n' "$BASE_URL"
-curl -fsS --max-time 5 "$BASE_URL/stats" | python3 -c '
-import json, sys
-s = json.load(sys.stdin)
-print(f"   strategies  lock {s.get(\"lockStrategy\", \"?\")}, stock {s.get(\"stockStrategy\", \"?\")}")
-for i in sorted(s.get("instances", []), key=lambda i: i.get("instance", "")):
-    r, l = i.get("requests", {}), i.get("lock", {})
-    print(f"   {i.get(\"instance\", \"?\"):<12} requests {r.get(\"total\", 0):>6}   by status {r.get(\"byStatus\", {})}")
-    print(f"   {\"\":<12} lock acquired {l.get(\"acquired\", 0)}, contended {l.get(\"contended\", 0)},"
-          f" released {l.get(\"released\", 0)}, released by a non-owner {l.get(\"notOwnerReleases\", 0)}")
-' || echo "   (no /stats)"
+curl -fsS --max-time 5 "$BASE_URL/stats" | python3 "$LT_DIR/report.py" cluster || true
 
 if ((failed)); then
     printf '\nRESULT: an invariant was VIOLATED (see FAIL lines above)\n'

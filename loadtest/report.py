@@ -2,11 +2,13 @@
 """Turns one load-test run into a short table and checks its invariants.
 
 Used by loadtest/ab_sale.sh, wrk_sale.sh and ab_storm.sh (see them for the
-arguments); also 'report.py summary RESULT.json ...' prints one row per run.
+arguments); also 'report.py summary RESULT.json ...' prints one row per run,
+and 'curl .../stats | report.py cluster' the counters of every instance.
 
 Sources, best first:
-  status counts  the nginx access log (when local), wrk's Lua counters, or the
-                 cluster counters of /stats (after minus before)
+  status counts  the nginx access log (when local), wrk's Lua counters, or
+                 ab's 2xx count and the cluster counters of /stats (after minus
+                 before) for the other statuses
   instances      the nginx access log ($upstream_addr), or /stats per instance
   latency        ab's or wrk's own percentiles
   orders, stock  Postgres via loadtest/check_invariants.py (with PG_DSN), or /stats
@@ -20,6 +22,7 @@ import os
 import re
 import sys
 
+sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_invariants  # noqa: E402
 
@@ -192,7 +195,7 @@ def summary_table(results):
             f"{r['ordersPerSecond']:.0f}" if r.get("ordersPerSecond") else "-",
             v.get("stock", "?"), v.get("oversold", "?"), v.get("duplicateUsers", "?"),
             v.get("stockDrift", "?"), "OK" if r["ok"] else "FAIL",
-            " ".join(f"{n}" for _name, n in r["instances"]) or "-",
+            " ".join(f"{name.split(' ')[0]}={n}" for name, n in r["instances"]) or "-",
         ])
     widths = [max(w, len(c), *(len(str(row[i])) for row in rows)) for i, (c, w, _a) in enumerate(cols)]
 
@@ -227,7 +230,11 @@ def cmd_run(a):
         statuses, status_source = m["statuses"], "wrk Lua counters"
     by_status, by_error = cluster_deltas(before, after)
     if not statuses:
-        statuses, status_source = by_status, "/stats cluster counters"
+        # /stats counts every request, our own GET /stats and POST /admin too:
+        # the 2xx come from ab itself, the error statuses from /stats.
+        statuses = {k: v for k, v in by_status.items() if not k.startswith("2")}
+        statuses["200"] = max(0, m["requests"] - m.get("non2xx", 0) - m.get("failed", 0))
+        status_source = "200s from ab, others from /stats cluster counters"
 
     # Instances: name them with /stats (port -> instance id).
     port_name = {}
@@ -315,10 +322,30 @@ def cmd_summary(paths):
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def cmd_cluster():
+    """Prints the strategies and every instance's counters of a /stats answer (stdin)."""
+    try:
+        s = json.load(sys.stdin)
+    except ValueError:
+        print("   (no /stats answer)")
+        return 2
+    print(f"   strategies  lock {s.get('lockStrategy', '?')}, stock {s.get('stockStrategy', '?')}")
+    for i in sorted(s.get("instances", []) or [], key=lambda i: i.get("instance", "")):
+        r, lk = i.get("requests", {}) or {}, i.get("lock", {}) or {}
+        by = ", ".join(f"{k}: {v}" for k, v in sorted((r.get("byStatus") or {}).items()))
+        print(f"   {i.get('instance', '?'):<12} requests {r.get('total', 0)} ({by})")
+        print(f"   {'':<12} lock acquired {lk.get('acquired', 0)}, contended {lk.get('contended', 0)},"
+              f" released {lk.get('released', 0)}, released by a non-owner"
+              f" {lk.get('notOwnerReleases', 0)}, errors {lk.get('errors', 0)}")
+    return 0
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "summary":
         return cmd_summary(argv[1:])
+    if argv and argv[0] == "cluster":
+        return cmd_cluster()
     ap = argparse.ArgumentParser(description="Report one load-test run (see the module doc).")
     ap.add_argument("--scenario", required=True)
     ap.add_argument("--what", default="")

@@ -6,13 +6,14 @@
 -- ARGV[i+1]  owner id of KEYS[i]
 --
 -- Reply: an array, element i = 1 when KEYS[i] was renewed, 0 when the
--- owner's field is gone (released, expired, or taken over): the caller
--- stops renewing it. HEXISTS first, so a late tick never re-arms a lock
--- that was released or now belongs to someone else.
+-- owner's field is gone (released, expired, taken over, or the key is no
+-- longer a hash): the caller stops renewing it. HEXISTS first, so a late
+-- tick never re-arms a lock that was released or now belongs to someone
+-- else; pcall, so one overwritten key cannot fail the whole batch.
 
 local renewed = {}
 for i = 1, #KEYS do
-    if redis.call('hexists', KEYS[i], ARGV[i + 1]) == 1 then
+    if redis.pcall('hexists', KEYS[i], ARGV[i + 1]) == 1 then
         redis.call('pexpire', KEYS[i], ARGV[1])
         renewed[i] = 1
     else

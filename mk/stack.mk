@@ -9,10 +9,10 @@
 #   make loadtest    the three load runs against BASE_URL (default: the local stack)
 #   make nginx-docker-conf   regenerate nginx/docker.conf from the template
 
-STACK_SH        := scripts/stack.sh
-# ab sends identical requests: the stack's instances run in demo random-user mode.
+# ab sends identical requests: the stack's instances run in demo random-user
+# mode (DEMO_RANDOM_USER=0 make stack: without it).
 DEMO_RANDOM_USER ?= 1
-export DEMO_RANDOM_USER
+STACK_SH        := DEMO_RANDOM_USER=$(DEMO_RANDOM_USER) scripts/stack.sh
 
 .PHONY: demo stack stop status loadtest nginx-docker-conf
 

@@ -12,6 +12,7 @@
 #   status        what runs (exit 0: all of it, 1: part of it, 3: nothing)
 #   env           print the env file (BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...)
 #   instance-env  print the environment an instance gets (NAME=value, instance 1)
+#   describe      print the default ports, schema files and instance env names
 #
 # Environment:
 #   RUN_DIR            run directory (default: <repo>/.run)
@@ -51,6 +52,7 @@ case "$LUA_DIR_STACK" in /*) ;; *) LUA_DIR_STACK="$PWD/$LUA_DIR_STACK" ;; esac
 # The schema files loaded into the database, in this order (docker-compose.yml
 # mounts the same files into /docker-entrypoint-initdb.d).
 SCHEMA_FILES=(sql/schema.sql)
+DB_NAME=seckill
 
 PIDS="$RUN_DIR/pids"
 STATE_FILE="$RUN_DIR/stack.state"
@@ -90,7 +92,7 @@ live_pid() {
     pid=$(sed -n 1p "$file")
     pattern=$(sed -n 2p "$file")
     [[ "$pid" =~ ^[0-9]+$ && -n "$pattern" ]] || return 1
-    kill -0 "$pid" 2>/dev/null || return 1
+    pid_alive "$pid" || return 1
     cmd=$(cmdline_of "$pid")
     # shellcheck disable=SC2053  # the pattern is a glob on purpose
     [[ -n "$cmd" && "$cmd" == $pattern ]] || return 1
@@ -113,18 +115,26 @@ pid_names() {
     return 0
 }
 
+# True while PID runs. A zombie (exited, not yet reaped: the daemons' parent
+# is init, which may reap late) counts as gone.
+pid_alive() {
+    local state
+    state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null || true)
+    [[ -n "$state" && "$state" != Z && "$state" != X ]]
+}
+
 # Sends SIG to PID, waits up to SECONDS for it to exit; SIGKILL after that.
 stop_pid() {
     local name=$1 pid=$2 sig=$3 seconds=$4 i
     kill "-$sig" "$pid" 2>/dev/null || return 0
     for ((i = 0; i < seconds * 10; i++)); do
-        kill -0 "$pid" 2>/dev/null || return 0
+        pid_alive "$pid" || return 0
         sleep 0.1
     done
     log "$name (pid $pid) did not stop on SIG$sig within ${seconds}s: SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
     for ((i = 0; i < 50; i++)); do
-        kill -0 "$pid" 2>/dev/null || return 0
+        pid_alive "$pid" || return 0
         sleep 0.1
     done
     log "warning: $name (pid $pid) is still alive after SIGKILL"
@@ -145,10 +155,12 @@ EOF
 }
 
 # True when something listens on 127.0.0.1:PORT or the port cannot be bound.
+# SO_REUSEADDR, like the servers: connections in TIME_WAIT do not count.
 port_busy() {
     python3 - "$1" <<'EOF'
 import socket, sys
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
     s.bind(("127.0.0.1", int(sys.argv[1])))
 except OSError:
@@ -201,7 +213,7 @@ wait_for() {
     local what=$1 pid=$2 i; shift 2
     for ((i = 0; i < STACK_TIMEOUT * 10; i++)); do
         if "$@" >/dev/null 2>&1; then return 0; fi
-        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+        if [[ -n "$pid" ]] && ! pid_alive "$pid"; then
             log "$what exited during start"
             return 1
         fi
@@ -319,7 +331,7 @@ start_postgres() {
     # data directory removed under it.
     if [[ -f "$data/postmaster.pid" ]]; then
         old=$(head -n 1 "$data/postmaster.pid")
-        if [[ "$old" =~ ^[0-9]+$ ]] && kill -0 "$old" 2>/dev/null &&
+        if [[ "$old" =~ ^[0-9]+$ ]] && pid_alive "$old" &&
             [[ "$(cmdline_of "$old")" == *postgres* ]]; then
             die "a Postgres from an earlier run still runs on $data (pid $old): stop it (kill -INT $old) and retry"
         fi
@@ -378,7 +390,7 @@ EOF
     wait_for "Postgres" "$pid" pg_isready -q -h 127.0.0.1 -p "$port" -t 1 || {
         tail_log "$RUN_DIR/pg/postgres.log"; die "Postgres is not ready on 127.0.0.1:$port"; }
     psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres \
-        -c 'CREATE DATABASE seckill' >/dev/null || die "CREATE DATABASE seckill failed"
+        -c "CREATE DATABASE $DB_NAME" >/dev/null || die "CREATE DATABASE $DB_NAME failed"
     log "Postgres pid $pid on 127.0.0.1:$port (data $data)"
 }
 
@@ -483,14 +495,17 @@ start_nginx() {
     log "nginx pid $pid on 127.0.0.1:$port -> ${P_APP[*]}"
 }
 
+# Values in the env file are single-quoted: none of them may hold a quote.
 write_env_file() {
+    [[ "$STACK_PG_DSN$STACK_REDIS_URL$ADMIN_TOKEN$RUN_DIR" != *"'"* ]] ||
+        die "RUN_DIR, PG_DSN, REDIS_URL and ADMIN_TOKEN must not contain a single quote"
     local urls="" i
     for ((i = 0; i < ${#P_APP[@]}; i++)); do urls+="http://127.0.0.1:${P_APP[$i]} "; done
     local ids=""
     for ((i = 1; i <= INSTANCES; i++)); do ids+="seckill-$i "; done
     {
         printf '# Written by scripts/stack.sh start on %s. Source it: . %s\n' "$(date -u +%FT%TZ)" "$ENV_FILE"
-        printf 'export %s=%q\n' \
+        printf "export %s='%s'\n" \
             RUN_DIR "$RUN_DIR" \
             BASE_URL "http://127.0.0.1:$P_NGINX" \
             NGINX_PORT "$P_NGINX" \
@@ -509,21 +524,47 @@ write_env_file() {
     mv -f "$ENV_FILE.tmp" "$ENV_FILE"
 }
 
-# Is the running stack complete and healthy, with INSTANCES instances?
+# The settings a running stack must share with this start to be reused as it
+# is: the launcher's own, every server setting the binary knows (its --help)
+# and SECKILL_*, and the binary itself (rebuilt: restart).
+CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
+    SECKILL_BIN LUA_DIR_STACK PG_DURABLE)
+config_signature() {
+    local v
+    {
+        for v in "${CONFIG_VARS[@]}"; do printf '%s=%s\n' "$v" "${!v:-}"; done
+        for v in $("$SECKILL_BIN" --help 2>&1 | awk '/^  [A-Z][A-Z0-9_]+ /{print $1}'); do
+            case "$v" in PORT | BIND | INSTANCE_ID | PG_DSN | REDIS_URL | ADMIN_TOKEN | LUA_DIR) continue ;; esac
+            printf '%s=%s\n' "$v" "${!v:-}"
+        done
+        env | grep '^SECKILL_[A-Z_]*=' | grep -v '^SECKILL_BIN=' | sort || true
+        stat -c '%Y %s' "$SECKILL_BIN"
+    } | cksum | cut -d' ' -f1
+}
+
+# Is the running stack complete and healthy, started with the same settings?
 healthy() {
     local n i port base
-    [[ -f "$ENV_FILE" ]] || return 1
+    WHY=""
+    [[ -f "$ENV_FILE" ]] || { WHY="it never became ready (no env file)"; return 1; }
     n=$(state_get INSTANCES)
-    [[ "$n" == "$INSTANCES" ]] || return 1
-    ((${#DEAD[@]} == 0)) || return 1
-    live_pid nginx >/dev/null || return 1
-    for ((i = 1; i <= n; i++)); do live_pid "app-$i" >/dev/null || return 1; done
-    [[ -n "$(state_get EXTERNAL_PG_DSN)" ]] || live_pid postgres >/dev/null || return 1
-    [[ -n "$(state_get EXTERNAL_REDIS_URL)" ]] || live_pid redis >/dev/null || return 1
+    [[ "$(state_get CONFIG)" == "$(config_signature)" ]] ||
+        { WHY="it was started with other settings or another build"; return 1; }
+    if [[ -n "${ADMIN_TOKEN:-}" && "$ADMIN_TOKEN" != "$(cat "$RUN_DIR/admin_token" 2>/dev/null)" ]]; then
+        WHY="it has another ADMIN_TOKEN"
+        return 1
+    fi
+    ((${#DEAD[@]} == 0)) || { WHY="these are gone: ${DEAD[*]}"; return 1; }
+    live_pid nginx >/dev/null || { WHY="nginx is not running"; return 1; }
+    for ((i = 1; i <= n; i++)); do
+        live_pid "app-$i" >/dev/null || { WHY="instance $i is not running"; return 1; }
+    done
+    [[ -n "$(state_get EXTERNAL_PG_DSN)" ]] || live_pid postgres >/dev/null || { WHY="Postgres is not running"; return 1; }
+    [[ -n "$(state_get EXTERNAL_REDIS_URL)" ]] || live_pid redis >/dev/null || { WHY="Redis is not running"; return 1; }
     base=$(state_get BASE_URL)
-    http_ok "$base/health" || return 1
+    http_ok "$base/health" || { WHY="$base/health does not answer"; return 1; }
     for port in $(state_get INSTANCE_PORTS); do
-        http_ok "http://127.0.0.1:$port/ready" || return 1
+        http_ok "http://127.0.0.1:$port/ready" || { WHY="the instance on port $port is not ready"; return 1; }
     done
 }
 
@@ -543,10 +584,10 @@ cmd_start() {
     scan
     if ((${#LIVE[@]} > 0)); then
         if healthy; then
-            log "already running in $RUN_DIR ($INSTANCES instances, $(state_get BASE_URL)); 'make stop' (or $0 stop) stops it"
+            log "already running in $RUN_DIR with these settings ($INSTANCES instances, $(state_get BASE_URL)); 'make stop' (or $0 stop) stops it"
             return 0
         fi
-        log "a stack runs in $RUN_DIR but is incomplete or has another INSTANCES count: restarting it"
+        log "a stack runs in $RUN_DIR but $WHY: restarting it"
         stop_all
     elif ((${#DEAD[@]} > 0)); then
         log "removing stale pid files of a stack that is gone: ${DEAD[*]}"
@@ -563,7 +604,7 @@ cmd_start() {
     if [[ -n "$EXTERNAL_PG_DSN" ]]; then
         STACK_PG_DSN=$EXTERNAL_PG_DSN
     else
-        STACK_PG_DSN="host=127.0.0.1 port=$P_PG dbname=seckill user=postgres"
+        STACK_PG_DSN="host=127.0.0.1 port=$P_PG dbname=$DB_NAME user=postgres"
     fi
     if [[ -n "$EXTERNAL_REDIS_URL" ]]; then
         STACK_REDIS_URL=$EXTERNAL_REDIS_URL
@@ -571,6 +612,7 @@ cmd_start() {
         STACK_REDIS_URL="redis://127.0.0.1:$P_REDIS/0"
     fi
     {
+        echo "CONFIG=$(config_signature)"
         echo "INSTANCES=$INSTANCES"
         echo "BASE_URL=http://127.0.0.1:$P_NGINX"
         echo "INSTANCE_PORTS=${P_APP[*]}"
@@ -617,7 +659,7 @@ stop_all() {
         else
             pid=$(sed -n 1p "$PIDS/$n.pid" 2>/dev/null || true)
             pattern=$(sed -n 2p "$PIDS/$n.pid" 2>/dev/null || true)
-            if [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then
+            if [[ "$pid" =~ ^[0-9]+$ ]] && pid_alive "$pid"; then
                 log "stale pid file $n.pid: pid $pid now runs '$(cmdline_of "$pid")', not '$pattern': left alone"
             fi
         fi
@@ -678,9 +720,20 @@ cmd_env() {
 
 cmd_instance_env() {
     ADMIN_TOKEN=${ADMIN_TOKEN:-<generated>}
-    STACK_PG_DSN=${EXTERNAL_PG_DSN:-host=127.0.0.1 port=<PG_PORT> dbname=seckill user=postgres}
+    STACK_PG_DSN=${EXTERNAL_PG_DSN:-host=127.0.0.1 port=<PG_PORT> dbname=$DB_NAME user=postgres}
     STACK_REDIS_URL=${EXTERNAL_REDIS_URL:-redis://127.0.0.1:<REDIS_PORT>/0}
     instance_env 1 "<port>"
+}
+
+# The launcher's fixed facts, for tests/test_compose.py: default ports, the
+# schema files, the database name, the environment names of an instance.
+cmd_describe() {
+    printf 'NGINX_PORT=%s\n' "$NGINX_PORT"
+    printf 'APP_PORT_BASE=%s\n' "$APP_PORT_BASE"
+    printf 'DB_NAME=%s\n' "$DB_NAME"
+    printf 'SCHEMA_FILES=%s\n' "${SCHEMA_FILES[*]}"
+    printf 'INSTANCE_ENV_NAMES=%s\n' "$(cmd_instance_env | cut -d= -f1 | tr '\n' ' ' | sed 's/ $//')"
+    printf 'INSTANCE_ID_PATTERN=%s\n' 'seckill-<i>'
 }
 
 main() {
@@ -692,8 +745,9 @@ main() {
         status) cmd_status ;;
         env) cmd_env ;;
         instance-env) cmd_instance_env ;;
+        describe) cmd_describe ;;
         -h | --help | help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
-        *) die "usage: $0 start|stop|restart|status|env|instance-env (see --help)" ;;
+        *) die "usage: $0 start|stop|restart|status|env|instance-env|describe (see --help)" ;;
     esac
 }
 

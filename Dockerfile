@@ -1,0 +1,37 @@
+# The seckill server. Build and run with docker-compose.yml (docker compose up --build).
+#
+# Stage 1 builds build/seckill with the Makefile, as on a Debian 12 machine;
+# stage 2 is the runtime: the binary, the Lua scripts (LUA_DIR) and the
+# shared libraries only. Configuration by environment, as everywhere:
+# PORT, BIND, INSTANCE_ID, PG_DSN, REDIS_URL, ADMIN_TOKEN, ... (seckill --help).
+FROM debian:bookworm AS build
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        build-essential make pkg-config \
+        libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY Makefile ./
+COPY mk/ mk/
+COPY app/ app/
+RUN make -j"$(nproc)" build/seckill
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        libmicrohttpd12 libhiredis0.14 libpq5 libcjson1 curl ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --no-create-home --shell /usr/sbin/nologin seckill
+COPY --from=build /src/build/seckill /usr/local/bin/seckill
+COPY lua/ /app/lua/
+COPY sql/ /app/sql/
+WORKDIR /app
+ENV LUA_DIR=/app/lua \
+    BIND=0.0.0.0 \
+    PORT=8080
+USER seckill
+EXPOSE 8080
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=5s --timeout=2s --start-period=5s --retries=5 \
+    CMD curl -fsS "http://127.0.0.1:${PORT}/health" || exit 1
+ENTRYPOINT ["/usr/local/bin/seckill"]

@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""docker-compose.yml, Dockerfile and nginx/docker.conf: valid and consistent
+with the local stack (scripts/stack.sh), without a Docker engine.
+
+- 'docker-compose config -q' accepts the file (Debian package docker-compose);
+- the normalized configuration ('docker-compose config') names the services,
+  the environment of the instances, ports, health checks and the schema files
+  the local stack uses ('scripts/stack.sh describe' and 'instance-env');
+- nginx/docker.conf is what nginx/gen-conf.sh --docker makes of the template,
+  and nginx accepts it (nginx -t, upstream host names mapped to 127.0.0.1).
+Prints "N passed, M failed". Python 3 standard library only.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seckill_server as ss  # noqa: E402
+from seckill_server import fail, test  # noqa: E402
+
+ROOT = ss.ROOT
+COMPOSE = os.path.join(ROOT, "docker-compose.yml")
+STACK = os.path.join(ROOT, "scripts", "stack.sh")
+
+# Variables that change what 'docker-compose config' and the launcher print.
+_SCRUB = ("ADMIN_TOKEN", "DEMO_RANDOM_USER", "LOG_LEVEL", "THREADS", "POSTGRES_PASSWORD",
+          "PG_HOST_PORT", "NGINX_PORT", "APP_PORT_BASE", "INSTANCES", "EXTERNAL_PG_DSN",
+          "EXTERNAL_REDIS_URL", "LUA_DIR", "SECKILL_BIN", "COMPOSE_FILE", "COMPOSE_PROJECT_NAME")
+
+
+def clean_env():
+    env = dict(os.environ)
+    for k in _SCRUB:
+        env.pop(k, None)
+    return env
+
+
+def run(cmd, timeout=60, env=None):
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                           env=env or clean_env())
+    except FileNotFoundError:
+        fail(f"{cmd[0]} not found (run 'make deps')")
+    return p
+
+
+# ---------------------------------------------------------------- a small YAML reader
+# Enough for the block style 'docker-compose config' prints: mappings, lists
+# (indented or not), plain and quoted scalars.
+
+def _scalar(text):
+    t = text.strip()
+    if t in ("", "~", "null"):
+        return None if t != "" else ""
+    if t[0] == "'" and t[-1] == "'":
+        return t[1:-1].replace("''", "'")
+    if t[0] == '"' and t[-1] == '"':
+        return bytes(t[1:-1], "utf-8").decode("unicode_escape")
+    if t == "{}":
+        return {}
+    if t == "[]":
+        return []
+    return t
+
+
+def _split_key(text):
+    """'key: value' -> (key, value or None); key may be quoted."""
+    m = re.match(r"""^('(?:[^']|'')*'|"[^"]*"|[^:'"][^:]*?):(?:\s+(.*))?$""", text)
+    if not m:
+        return None
+    return _scalar(m.group(1)), m.group(2)
+
+
+def _open_quote(t):
+    """True when the line's value is a quoted scalar that goes on in the next
+    line (long scalars are folded over several lines)."""
+    body = t[2:] if t.startswith("- ") else t
+    kv = _split_key(body) if not body.startswith(("'", '"')) else None
+    val = (kv[1] or "") if kv else body
+    val = val.strip()
+    if not val or val[0] not in "'\"":
+        return False
+    q, i = val[0], 1
+    while i < len(val):
+        c = val[i]
+        if q == "'" and c == "'":
+            if i + 1 < len(val) and val[i + 1] == "'":
+                i += 2
+                continue
+            return False
+        if q == '"' and c == "\\":
+            i += 2
+            continue
+        if q == '"' and c == '"':
+            return False
+        i += 1
+    return True
+
+
+def parse_yaml(text):
+    lines = []
+    for raw in text.splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        if lines and _open_quote(lines[-1][1]):
+            # A folded line break inside a quoted scalar reads as one space.
+            lines[-1] = (lines[-1][0], lines[-1][1] + " " + raw.strip())
+            continue
+        lines.append((len(raw) - len(raw.lstrip(" ")), raw.strip()))
+    pos = [0]
+
+    def block(indent):
+        if pos[0] >= len(lines):
+            return None
+        ind, t = lines[pos[0]]
+        if t.startswith("- ") or t == "-":
+            return seq(ind)
+        return mapping(ind)
+
+    def seq(indent):
+        out = []
+        while pos[0] < len(lines):
+            ind, t = lines[pos[0]]
+            if ind != indent or not (t.startswith("- ") or t == "-"):
+                break
+            item = t[2:] if t.startswith("- ") else ""
+            if item and _split_key(item) and not item.startswith(("'", '"')):
+                # "- key: value" starts a mapping two columns in.
+                lines[pos[0]] = (indent + 2, item)
+                out.append(mapping(indent + 2))
+            elif item == "":
+                pos[0] += 1
+                out.append(block(indent + 1))
+            else:
+                pos[0] += 1
+                out.append(_scalar(item))
+        return out
+
+    def mapping(indent):
+        out = {}
+        while pos[0] < len(lines):
+            ind, t = lines[pos[0]]
+            if ind != indent or t.startswith("- "):
+                break
+            kv = _split_key(t)
+            if kv is None:
+                raise ValueError(f"cannot parse line {t!r}")
+            key, val = kv
+            pos[0] += 1
+            if val is None or val == "":
+                if pos[0] < len(lines):
+                    nind, nt = lines[pos[0]]
+                    if nind > indent or (nind == indent and nt.startswith("- ")):
+                        out[key] = block(nind)
+                        continue
+                out[key] = None
+            else:
+                out[key] = _scalar(val)
+        return out
+
+    return block(0)
+
+
+# ---------------------------------------------------------------- fixtures
+
+_cache = {}
+
+
+def compose():
+    if "compose" not in _cache:
+        p = run(["docker-compose", "-f", COMPOSE, "config"])
+        if p.returncode != 0:
+            fail(f"docker-compose config failed ({p.returncode}): {p.stderr.strip()}")
+        _cache["compose"] = parse_yaml(p.stdout)
+    return _cache["compose"]
+
+
+def describe():
+    if "describe" not in _cache:
+        p = run([STACK, "describe"])
+        if p.returncode != 0:
+            fail(f"stack.sh describe failed: {p.stderr.strip()}")
+        d = {}
+        for line in p.stdout.splitlines():
+            k, _, v = line.partition("=")
+            d[k] = v
+        _cache["describe"] = d
+    return _cache["describe"]
+
+
+def services():
+    return compose().get("services") or {}
+
+
+def app_services():
+    apps = {n: s for n, s in services().items() if s.get("build")}
+    if len(apps) < 2:
+        fail(f"expected two or more app services (with build:), got {sorted(apps)}")
+    return dict(sorted(apps.items()))
+
+
+def health_test(svc):
+    hc = svc.get("healthcheck") or {}
+    t = hc.get("test")
+    if isinstance(t, list):
+        return " ".join(str(x) for x in t)
+    return str(t or "")
+
+
+def dsn_fields(dsn):
+    return dict(kv.split("=", 1) for kv in dsn.split() if "=" in kv)
+
+
+def server_env_names():
+    """Environment names the server knows, from 'seckill --help'."""
+    if not os.access(ss.SECKILL_BIN, os.X_OK):
+        return None
+    p = run([ss.SECKILL_BIN, "--help"], timeout=10)
+    return set(re.findall(r"^\s{2}([A-Z][A-Z0-9_]+)\s", p.stdout + p.stderr, re.M))
+
+
+# ---------------------------------------------------------------- tests
+
+@test
+def compose_config_is_valid():
+    p = run(["docker-compose", "-f", COMPOSE, "config", "-q"])
+    if p.returncode != 0:
+        fail(f"docker-compose config -q: exit {p.returncode}: {p.stderr.strip()}")
+    # Also with every variable set, as a user would.
+    env = clean_env()
+    env.update(ADMIN_TOKEN="secret", DEMO_RANDOM_USER="1", THREADS="4", LOG_LEVEL="info")
+    p = run(["docker-compose", "-f", COMPOSE, "config", "-q"], env=env)
+    if p.returncode != 0:
+        fail(f"docker-compose config -q with variables set: {p.stderr.strip()}")
+
+
+@test
+def compose_has_postgres_redis_nginx_and_two_instances():
+    svcs = services()
+    for name, image in (("postgres", "postgres:15"), ("redis", "redis:7"), ("nginx", "nginx:")):
+        if name not in svcs:
+            fail(f"service {name} missing: {sorted(svcs)}")
+        if not str(svcs[name].get("image", "")).startswith(image):
+            fail(f"service {name}: image {svcs[name].get('image')!r}, want {image}*")
+    apps = app_services()
+    for name, s in apps.items():
+        ctx = (s.get("build") or {}).get("context")
+        if os.path.realpath(str(ctx)) != os.path.realpath(ROOT):
+            fail(f"{name}: build context {ctx!r} is not the repository")
+    nginx_deps = set((svcs["nginx"].get("depends_on") or {}).keys())
+    if not set(apps) <= nginx_deps:
+        fail(f"nginx depends_on {sorted(nginx_deps)} misses instances {sorted(set(apps) - nginx_deps)}")
+    for name in apps:
+        deps = svcs[name].get("depends_on") or {}
+        for d in ("postgres", "redis"):
+            if (deps.get(d) or {}).get("condition") != "service_healthy":
+                fail(f"{name} must wait for {d} to be healthy: {deps}")
+
+
+@test
+def instances_have_the_local_stacks_environment_names():
+    want = describe()["INSTANCE_ENV_NAMES"].split()
+    if not {"PORT", "BIND", "INSTANCE_ID", "PG_DSN", "REDIS_URL", "ADMIN_TOKEN"} <= set(want):
+        fail(f"stack.sh instance env lacks the spec's names: {want}")
+    known = server_env_names()
+    ids = []
+    for name, s in app_services().items():
+        env = s.get("environment") or {}
+        if set(env) != set(want):
+            fail(f"{name}: environment names {sorted(env)} differ from the local stack's"
+                 f" {sorted(want)} (missing {sorted(set(want) - set(env))},"
+                 f" extra {sorted(set(env) - set(want))})")
+        if known is not None and not set(env) <= known | {"LUA_DIR"}:
+            fail(f"{name}: names unknown to seckill --help: {sorted(set(env) - known)}")
+        if env.get("BIND") != "0.0.0.0":
+            fail(f"{name}: BIND must be 0.0.0.0 inside a container, got {env.get('BIND')!r}")
+        ids.append(env.get("INSTANCE_ID"))
+        if env.get("DEMO_RANDOM_USER") not in ("0", None, ""):
+            fail(f"{name}: DEMO_RANDOM_USER must default to off, got {env.get('DEMO_RANDOM_USER')!r}")
+        if env.get("ADMIN_TOKEN") not in ("", None):
+            fail(f"{name}: ADMIN_TOKEN must default to empty (admin disabled)")
+    if len(set(ids)) != len(ids) or not all(re.fullmatch(r"seckill-\d+", i or "") for i in ids):
+        fail(f"INSTANCE_IDs must be distinct and named like the local stack's (seckill-<i>): {ids}")
+
+
+@test
+def instances_reach_postgres_and_redis_services():
+    svcs = services()
+    db = describe()["DB_NAME"]
+    pg_env = svcs["postgres"].get("environment") or {}
+    if pg_env.get("POSTGRES_DB") != db:
+        fail(f"POSTGRES_DB {pg_env.get('POSTGRES_DB')!r} differs from the local stack's database {db!r}")
+    for name, s in app_services().items():
+        env = s["environment"]
+        f = dsn_fields(env["PG_DSN"])
+        if f.get("host") != "postgres" or f.get("port") != "5432" or f.get("dbname") != db:
+            fail(f"{name}: PG_DSN {env['PG_DSN']!r} should name host=postgres port=5432 dbname={db}")
+        if f.get("password") != pg_env.get("POSTGRES_PASSWORD"):
+            fail(f"{name}: PG_DSN password differs from POSTGRES_PASSWORD")
+        if not re.fullmatch(r"redis://redis:6379(/\d+)?", env["REDIS_URL"]):
+            fail(f"{name}: REDIS_URL {env['REDIS_URL']!r} should be redis://redis:6379/0")
+
+
+@test
+def schema_files_are_the_local_stacks():
+    want = describe()["SCHEMA_FILES"].split()
+    vols = services()["postgres"].get("volumes") or []
+    mounted = []
+    for v in vols:
+        src, dst = (v.split(":")[:2] if isinstance(v, str) else (v.get("source"), v.get("target")))
+        if dst and dst.startswith("/docker-entrypoint-initdb.d"):
+            mounted.append((os.path.relpath(os.path.realpath(src), os.path.realpath(ROOT)), dst))
+    if [m[0] for m in mounted] != want:
+        fail(f"postgres mounts {mounted} into /docker-entrypoint-initdb.d; the local stack loads {want}")
+    dsts = [m[1] for m in mounted]
+    if dsts != sorted(dsts):
+        fail(f"initdb runs files in name order; mounts are out of order: {dsts}")
+    for f in want:
+        if not os.path.isfile(os.path.join(ROOT, f)):
+            fail(f"{f} does not exist")
+
+
+@test
+def ports_match_the_local_stack_and_nginx_conf():
+    d = describe()
+    svcs = services()
+    ports = svcs["nginx"].get("ports") or []
+    pubs = []
+    for p in ports:
+        if isinstance(p, dict):
+            pubs.append((p.get("host_ip"), str(p.get("published")), str(p.get("target"))))
+        else:
+            parts = str(p).split("/")[0].split(":")
+            if len(parts) == 3:
+                pubs.append((parts[0], parts[1], parts[2]))
+            else:
+                fail(f"nginx port {p!r}: publish on 127.0.0.1 only (HOST_IP:PORT:PORT)")
+    if len(pubs) != 1 or pubs[0][0] != "127.0.0.1" or pubs[0][1] != d["NGINX_PORT"]:
+        fail(f"nginx must publish 127.0.0.1:{d['NGINX_PORT']} (the local stack's NGINX_PORT): {pubs}")
+    conf = open(os.path.join(ROOT, "nginx", "docker.conf")).read()
+    listen = re.findall(r"^\s*listen\s+(\S+)", conf, re.M)
+    if [x.split(":")[-1] for x in listen] != [pubs[0][2]]:
+        fail(f"docker.conf listens on {listen}, nginx publishes container port {pubs[0][2]}")
+    upstreams = re.findall(r"^\s*server\s+([\w.-]+:\d+)", conf, re.M)
+    want = [f"{n}:{s['environment']['PORT']}" for n, s in app_services().items()]
+    if sorted(upstreams) != sorted(want):
+        fail(f"docker.conf upstreams {upstreams} differ from the app services {want}")
+    for name, s in app_services().items():
+        port = s["environment"]["PORT"]
+        if f"127.0.0.1:{port}/health" not in health_test(s):
+            fail(f"{name}: health check {health_test(s)!r} does not probe its PORT {port}")
+        if s.get("ports"):
+            fail(f"{name}: instances are reached through nginx only; no ports: {s['ports']}")
+    for name in ("postgres", "redis"):
+        for p in svcs[name].get("ports") or []:
+            if not str(p).startswith("127.0.0.1:"):
+                fail(f"{name} publishes {p!r} beyond loopback")
+
+
+@test
+def health_check_commands_parse():
+    # The nginx check is a long shell line that 'docker-compose config' folds.
+    t = (services()["nginx"].get("healthcheck") or {}).get("test")
+    if not isinstance(t, list) or t[:3] != ["CMD", "bash", "-c"]:
+        fail(f"nginx health check: {t!r}")
+    p = subprocess.run(["bash", "-n", "-c", t[3]], capture_output=True, text=True, timeout=10)
+    if p.returncode != 0 or "GET /health HTTP/1.0\\r\\n" not in t[3]:
+        fail(f"nginx health check is not valid bash: {t[3]!r}: {p.stderr}")
+
+
+@test
+def every_service_has_a_health_check():
+    svcs = services()
+    checks = {"postgres": "pg_isready", "redis": "redis-cli ping", "nginx": "/health"}
+    for name, s in svcs.items():
+        t = health_test(s)
+        want = checks.get(name, "/health")
+        if want not in t:
+            fail(f"{name}: health check {t!r} should use {want}")
+
+
+@test
+def docker_conf_is_generated_from_the_template():
+    apps = app_services()
+    args = [os.path.join(ROOT, "nginx", "gen-conf.sh"), "--docker"]
+    for n, s in apps.items():
+        args += ["--upstream", f"{n}:{s['environment']['PORT']}"]
+    p = run(args)
+    if p.returncode != 0:
+        fail(f"gen-conf.sh --docker failed: {p.stderr.strip()}")
+    have = open(os.path.join(ROOT, "nginx", "docker.conf")).read()
+    if p.stdout != have:
+        fail("nginx/docker.conf is not what nginx/gen-conf.sh --docker makes of the template:"
+             " run 'make nginx-docker-conf'")
+    vols = services()["nginx"].get("volumes") or []
+    if not any(str(v).endswith("nginx/docker.conf:/etc/nginx/nginx.conf:ro") for v in vols):
+        fail(f"nginx must mount nginx/docker.conf at /etc/nginx/nginx.conf: {vols}")
+
+
+@test
+def docker_conf_passes_nginx_t():
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if nginx is None:
+        fail("nginx not found (run 'make deps')")
+    conf = open(os.path.join(ROOT, "nginx", "docker.conf")).read()
+    with tempfile.TemporaryDirectory(dir=ss.TEST_TMP) as d:
+        # Names that only resolve inside compose's network, and container paths.
+        for n in app_services():
+            conf = re.sub(rf"\bserver\s+{re.escape(n)}:", "server 127.0.0.1:", conf)
+        conf = conf.replace("pid /tmp/nginx.pid;", f"pid {d}/nginx.pid;")
+        conf = re.sub(r"(_temp_path\s+)/tmp/", rf"\g<1>{d}/", conf)
+        path = os.path.join(d, "nginx.conf")
+        with open(path, "w") as f:
+            f.write(conf)
+        p = run([nginx, "-t", "-q", "-p", d, "-c", path, "-e", os.path.join(d, "error.log")])
+        if p.returncode != 0:
+            fail(f"nginx -t rejects docker.conf: {p.stderr.strip()}")
+
+
+@test
+def dockerfile_builds_like_the_makefile():
+    df = open(os.path.join(ROOT, "Dockerfile")).read()
+    mk = open(os.path.join(ROOT, "Makefile")).read()
+    if not re.search(r"^FROM debian:bookworm\b", df, re.M):
+        fail("Dockerfile must build FROM debian:bookworm")
+    deb = re.search(r"^DEB_PKGS\s*:=\s*((?:.*\\\n)*.*)", mk, re.M)
+    deb_pkgs = set(deb.group(1).replace("\\\n", " ").split()) if deb else set()
+    for pkg in ("libmicrohttpd-dev", "libhiredis-dev", "libpq-dev", "libcjson-dev", "build-essential"):
+        if pkg not in df:
+            fail(f"Dockerfile does not install {pkg}")
+        if pkg not in deb_pkgs:
+            fail(f"Makefile DEB_PKGS lacks {pkg}")
+    if not re.search(r"^\s*(ENV\s+)?LUA_DIR=/app/lua\b", df, re.M) or "COPY lua/ /app/lua/" not in df:
+        fail("Dockerfile must copy lua/ to /app/lua and set LUA_DIR=/app/lua")
+    if "make" not in df or "build/seckill" not in df:
+        fail("Dockerfile must build build/seckill with make")
+    lua_dirs = {s["environment"].get("LUA_DIR") for s in app_services().values()}
+    if lua_dirs != {"/app/lua"}:
+        fail(f"app services set LUA_DIR {lua_dirs}, the image has /app/lua")
+
+
+@test
+def yaml_reader_self_check():
+    doc = parse_yaml("a:\n  b: '1'\n  c:\n  - x\n  - 'y z'\n  d:\n    - k: v\n      m: n\ne: \"no\"\n"
+                     "f:\n- 'it''s long\n  and folded'\n- g\nh: 'x: y'\n")
+    want = {"a": {"b": "1", "c": ["x", "y z"], "d": [{"k": "v", "m": "n"}]}, "e": "no",
+            "f": ["it's long and folded", "g"], "h": "x: y"}
+    if doc != want:
+        fail(f"parse_yaml: {doc!r} != {want!r}")
+
+
+if __name__ == "__main__":
+    ss.main()

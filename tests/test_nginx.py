@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""nginx/ in front of fake upstreams: the configuration's promises, observed.
+
+Each test generates a configuration with nginx/gen-conf.sh into its own
+directory under TEST_TMP, starts nginx there (never the system's), and puts
+small Python HTTP servers behind it that answer, hang up, or hang:
+  - a POST that reached an instance is never sent to another one, even when
+    the first one fails (no 'non_idempotent'); a GET is retried;
+  - nginx's own errors (400, 413, 414, 502, 504) carry the JSON error body, with
+    Retry-After on 502/504; the instances' own error answers pass untouched;
+  - X-Request-Id is passed (made up when absent), keep-alive to the upstreams,
+    the access log names the upstream, nothing is written outside the prefix.
+Prints "N passed, M failed". Python 3 standard library only.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seckill_server as ss  # noqa: E402
+from seckill_server import fail, test  # noqa: E402
+
+ROOT = ss.ROOT
+GEN = os.path.join(ROOT, "nginx", "gen-conf.sh")
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+# ---------------------------------------------------------------- fake upstreams
+
+class Upstream:
+    """A tiny HTTP/1.1 server with keep-alive. mode: 'ok' (200 JSON), 'close'
+    (reads the request, closes without answering), 'hang' (reads, never
+    answers), or 'status:NNN' (answers NNN with an app-style error body)."""
+
+    def __init__(self, mode="ok"):
+        self.mode = mode
+        self.requests = []          # (method, path, headers dict lower-case, conn id)
+        self.connections = 0
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        up = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                with up.lock:
+                    up.connections += 1
+                    conn_id = up.connections
+                sock = self.request
+                sock.settimeout(10)
+                buf = b""
+                while not up.stop_event.is_set():
+                    while b"\r\n\r\n" not in buf:
+                        try:
+                            chunk = sock.recv(65536)
+                        except OSError:
+                            return
+                        if not chunk:
+                            return
+                        buf += chunk
+                    head, _, buf = buf.partition(b"\r\n\r\n")
+                    lines = head.decode("latin-1").split("\r\n")
+                    method, path = lines[0].split(" ")[:2]
+                    headers = {}
+                    for l in lines[1:]:
+                        k, _, v = l.partition(":")
+                        headers[k.strip().lower()] = v.strip()
+                    n = int(headers.get("content-length", "0") or 0)
+                    while len(buf) < n:
+                        chunk = sock.recv(65536)
+                        if not chunk:
+                            return
+                        buf += chunk
+                    buf = buf[n:]
+                    with up.lock:
+                        up.requests.append((method, path, headers, conn_id))
+                    if up.mode == "close":
+                        return
+                    if up.mode == "hang":
+                        up.stop_event.wait(30)
+                        return
+                    if up.mode.startswith("status:"):
+                        status = int(up.mode.split(":")[1])
+                        body = b'{"error":"unavailable","message":"from the instance"}'
+                        extra = "Retry-After: 7\r\n"
+                    else:
+                        status = 200
+                        body = json.dumps({"ok": True, "rid": headers.get("x-request-id")}).encode()
+                        extra = ""
+                    resp = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                            f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+                    try:
+                        sock.sendall(resp)
+                    except OSError:
+                        return
+
+        class Server(socketserver.ThreadingTCPServer):
+            allow_reuse_address = True
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.addr = f"127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def rids(self):
+        with self.lock:
+            return [h.get("x-request-id") for _m, _p, h, _c in self.requests]
+
+    def close(self):
+        self.stop_event.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Nginx:
+    """nginx from nginx/gen-conf.sh, in a directory of its own."""
+
+    count = 0
+
+    def __init__(self, upstreams, extra_args=()):
+        Nginx.count += 1
+        self.dir = os.path.join(ss.TEST_TMP, f"nginx-{os.getpid()}-{Nginx.count}")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.port = ss.free_port()
+        self.conf = os.path.join(self.dir, "nginx.conf")
+        args = [GEN, "--prefix", self.dir, "--listen", f"127.0.0.1:{self.port}", "-o", self.conf]
+        for u in upstreams:
+            args += ["--upstream", u]
+        args += list(extra_args)
+        p = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            fail(f"gen-conf.sh failed: {p.stderr}")
+        p = subprocess.run([NGINX, "-p", self.dir, "-c", self.conf, "-e",
+                            os.path.join(self.dir, "error.log"), "-g", "daemon on;"],
+                           capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            fail(f"nginx did not start: {p.stderr}\n{ss.tail(os.path.join(self.dir, 'error.log'))}")
+        self.pid = None
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                self.pid = int(open(os.path.join(self.dir, "nginx.pid")).read().strip())
+                break
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        if self.pid is None:
+            fail("nginx wrote no pid file")
+        open(os.path.join(ss.PIDS_DIR, str(self.pid)), "w").close()   # run.sh kills it if we die
+        _nginxes.append(self)
+
+    def request(self, method, path, headers=None, body=None, timeout=15):
+        return ss.request(self.port, method, path, headers, body, timeout)
+
+    def access_log(self, want=None, timeout=3):
+        """The access log; with want (a regex), waits until it matches: nginx
+        writes the line after it has sent the answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                text = open(os.path.join(self.dir, "access.log")).read()
+            except OSError:
+                text = ""
+            if want is None or re.search(want, text) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
+
+    def stop(self):
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if not pid_alive(self.pid):
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+            try:
+                os.unlink(os.path.join(ss.PIDS_DIR, str(self.pid)))
+            except OSError:
+                pass
+            self.pid = None
+
+
+def pid_alive(pid):
+    """True while pid runs; a zombie (exited, not reaped yet) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split()[1] not in ("Z", "X")
+    except OSError:
+        return False
+    return False
+
+
+_nginxes = []
+_upstreams = []
+
+
+def upstream(mode="ok"):
+    u = Upstream(mode)
+    _upstreams.append(u)
+    return u
+
+
+def teardown():
+    while _nginxes:
+        _nginxes.pop().stop()
+    while _upstreams:
+        _upstreams.pop().close()
+
+
+def nginx_test(fn):
+    """A test whose nginx and fake upstreams are stopped when it ends."""
+    def run():
+        try:
+            fn()
+        finally:
+            teardown()
+    run.__name__ = fn.__name__
+    return test(run)
+
+
+def expect_json_error(r, status, code, retry_after=False):
+    if r.status != status:
+        fail(f"want {status}, got {r.status}: {r.raw[:200]!r}")
+    if "application/json" not in r.headers.get("content-type", ""):
+        fail(f"{status}: content-type {r.headers.get('content-type')!r}, want application/json")
+    if not isinstance(r.body, dict) or r.body.get("error") != code or not r.body.get("message"):
+        fail(f"{status}: body {r.raw[:200]!r}, want {{\"error\":\"{code}\",\"message\":...}}")
+    if set(r.body) != {"error", "message"}:
+        fail(f"{status}: extra fields in {r.body}")
+    if retry_after and not r.headers.get("retry-after", "").isdigit():
+        fail(f"{status}: no Retry-After header: {r.headers}")
+
+
+# ---------------------------------------------------------------- tests
+
+@test
+def generated_config_has_the_required_directives():
+    d = os.path.join(ss.TEST_TMP, "nginx-conf-check")
+    p = subprocess.run([GEN, "--prefix", d, "--listen", "127.0.0.1:18080", "--upstream",
+                        "127.0.0.1:1", "--upstream", "127.0.0.1:2"],
+                       capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        fail(p.stderr)
+    conf = re.sub(r"#.*", "", p.stdout)
+    for needle in ("proxy_http_version 1.1;", 'proxy_set_header Connection "";', "keepalive 64;",
+                   "proxy_next_upstream error timeout;", "client_max_body_size",
+                   "client_header_timeout", "client_body_timeout", "proxy_connect_timeout",
+                   "proxy_read_timeout", "proxy_send_timeout", "$upstream_addr",
+                   "$upstream_status", "$request_time", "$upstream_response_time",
+                   "proxy_set_header X-Request-Id", "server 127.0.0.1:1 ", "server 127.0.0.1:2 "):
+        if needle not in conf:
+            fail(f"generated configuration lacks {needle!r}")
+    if "non_idempotent" in conf:
+        fail("proxy_next_upstream must not include non_idempotent")
+    if "proxy_intercept_errors on" in conf:
+        fail("proxy_intercept_errors must stay off: the instances' errors pass through")
+    listens = re.findall(r"^\s*listen\s+(\S+)", conf, re.M)
+    if listens != ["127.0.0.1:18080"]:
+        fail(f"listen {listens}: want 127.0.0.1 only")
+    for directive in ("pid", "error_log", "access_log", "client_body_temp_path", "proxy_temp_path",
+                      "fastcgi_temp_path", "uwsgi_temp_path", "scgi_temp_path"):
+        for m in re.findall(rf"^\s*{directive}\s+(\S+)", conf, re.M):
+            if not m.rstrip(";").startswith(d + "/"):
+                fail(f"{directive} {m} is outside the prefix {d}")
+    with open(os.path.join(d, "nginx.conf"), "w") as f:
+        f.write(p.stdout)
+    p = subprocess.run([NGINX, "-t", "-q", "-p", d, "-c", os.path.join(d, "nginx.conf"),
+                        "-e", d + "/error.log"], capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        fail(f"nginx -t: {p.stderr}")
+
+
+@nginx_test
+def post_is_never_sent_to_a_second_instance():
+    bad, good = upstream("close"), upstream("ok")
+    n = Nginx([bad.addr, good.addr])
+    statuses = []
+    for i in range(8):
+        rid = f"post-{i}-{time.monotonic_ns()}"
+        r = n.request("POST", "/voucher/1/seckill", {"X-User-Id": "7", "X-Request-Id": rid})
+        statuses.append(r.status)
+        seen = bad.rids().count(rid) + good.rids().count(rid)
+        if seen != 1:
+            fail(f"POST {rid} reached the instances {seen} times (answer {r.status})")
+        if r.status == 502:
+            expect_json_error(r, 502, "unavailable", retry_after=True)
+        elif r.status != 200:
+            fail(f"unexpected {r.status}: {r.raw!r}")
+    if 502 not in statuses or not bad.requests:
+        fail(f"the failing instance got no POST: statuses {statuses}")
+    if "up=" + bad.addr not in n.access_log(re.escape("up=" + bad.addr)):
+        fail("access log does not name the failing upstream")
+
+
+@nginx_test
+def get_is_retried_on_the_other_instance():
+    bad, good = upstream("close"), upstream("ok")
+    n = Nginx([bad.addr, good.addr])
+    for i in range(4):
+        rid = f"get-{i}-{time.monotonic_ns()}"
+        r = n.request("GET", "/voucher/1", {"X-Request-Id": rid})
+        if r.status != 200:
+            fail(f"GET {rid}: {r.status} {r.raw!r}")
+        if rid in bad.rids() and rid not in good.rids():
+            fail(f"GET {rid} failed on one instance and was not retried")
+    if not bad.requests:
+        fail("no GET reached the failing instance")
+    want = rf"up={re.escape(bad.addr)}, {re.escape(good.addr)} us=502, 200"
+    log = n.access_log(want)
+    if not re.search(want, log):
+        fail(f"access log does not show the retry:\n{log}")
+
+
+@nginx_test
+def slow_instance_gives_504_json_and_no_retry():
+    slow, good = upstream("hang"), upstream("ok")
+    n = Nginx([slow.addr, good.addr], ["--read-timeout", "1s"])
+    got504 = False
+    for i in range(4):
+        rid = f"slow-{i}-{time.monotonic_ns()}"
+        r = n.request("POST", "/voucher/1/seckill", {"X-User-Id": "7", "X-Request-Id": rid})
+        if r.status == 504:
+            expect_json_error(r, 504, "unavailable", retry_after=True)
+            got504 = True
+            if rid in good.rids():
+                fail("a POST that timed out was sent to the other instance")
+            break
+    if not got504:
+        fail("no request reached the hanging instance")
+
+
+@nginx_test
+def all_instances_down_gives_502_json():
+    n = Nginx([f"127.0.0.1:{ss.dead_port()}", f"127.0.0.1:{ss.dead_port()}"])
+    for method in ("POST", "GET"):
+        r = n.request(method, "/voucher/1/seckill", {"X-User-Id": "1"})
+        expect_json_error(r, 502, "unavailable", retry_after=True)
+        if not r.headers.get("x-request-id"):
+            fail("502 without X-Request-Id")
+
+
+@nginx_test
+def nginx_own_client_errors_are_json():
+    good = upstream("ok")
+    n = Nginx([good.addr])
+    big = b"x" * (64 * 1024 + 1)
+    r = n.request("POST", "/admin/vouchers", {"Content-Type": "application/json"}, big)
+    expect_json_error(r, 413, "body_too_large")
+    r = ss.raw_request(n.port, b"GET / HTTP/1.1\r\nHost: x\r\nBroken header line\r\n\r\n")
+    expect_json_error(r, 400, "bad_request")
+    r = ss.raw_request(n.port, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    if r.status not in (400, 414):
+        fail(f"long URI: {r.status}")
+    expect_json_error(r, r.status, "bad_request")
+    r = n.request("GET", "/.nginx-error/502")
+    expect_json_error(r, 404, "not_found")
+    if good.requests:
+        fail(f"requests nginx refused reached the instance: {good.requests}")
+
+
+@nginx_test
+def instance_error_answers_pass_through():
+    app = upstream("status:503")
+    n = Nginx([app.addr])
+    r = n.request("POST", "/voucher/1/seckill", {"X-User-Id": "1"})
+    if r.status != 503 or r.body != {"error": "unavailable", "message": "from the instance"}:
+        fail(f"the instance's 503 was altered: {r.status} {r.raw!r}")
+    if r.headers.get("retry-after") != "7":
+        fail(f"the instance's Retry-After was altered: {r.headers}")
+    if len(app.requests) != 1:
+        fail(f"a POST answered 503 was sent {len(app.requests)} times")
+
+
+@nginx_test
+def request_id_passed_or_made_up():
+    app = upstream("ok")
+    n = Nginx([app.addr])
+    r = n.request("GET", "/x", {"X-Request-Id": "abc-123"})
+    if r.body.get("rid") != "abc-123" or r.headers.get("x-request-id") != "abc-123":
+        fail(f"client's X-Request-Id not passed: {r.body} {r.headers}")
+    r = n.request("GET", "/x")
+    rid = r.headers.get("x-request-id", "")
+    if not re.fullmatch(r"[0-9a-f]{32}", rid) or r.body.get("rid") != rid:
+        fail(f"made-up X-Request-Id: header {rid!r}, upstream saw {r.body.get('rid')!r}")
+    if f"rid={rid}" not in n.access_log(f"rid={rid}"):
+        fail("access log lacks the request id")
+
+
+@nginx_test
+def keepalive_to_upstream():
+    app = upstream("ok")
+    n = Nginx([app.addr])
+    c = ss.Client(n.port)
+    try:
+        for _ in range(20):
+            r = c.request("POST", "/voucher/1/seckill", {"X-User-Id": "1"})
+            if r.status != 200:
+                fail(f"{r.status}")
+    finally:
+        c.close()
+    if app.connections > 2:
+        fail(f"20 requests on one client connection used {app.connections} upstream connections")
+    for _m, _p, h, _c in app.requests:
+        if h.get("connection", "").lower() == "close":
+            fail("nginx asked the upstream to close the connection")
+    log = n.access_log(r"(POST /voucher/1/seckill.*\n){20}")
+    line = [l for l in log.splitlines() if "POST /voucher/1/seckill" in l][-1]
+    if not re.search(rf"up={re.escape(app.addr)} us=200 rt=[\d.]+ urt=[\d.]+", line):
+        fail(f"access log line lacks upstream address/status/times: {line}")
+
+
+if __name__ == "__main__":
+    ss.main(teardown)
