@@ -61,13 +61,14 @@ static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h)
         stats_note(STATS_DEMO_LOCK_ACQUIRED);
         break;
     case LOCKS_SETNX:
-    case LOCKS_OWNER:
+    case LOCKS_OWNER: {
+        /* These locks have no watchdog: in watchdog mode they get its lease. */
+        long lease = g_cfg.lock_lease_ms > 0 ? g_cfg.lock_lease_ms : g_cfg.watchdog_timeout_ms;
         /* setnx: SET NX EX, whole seconds; owner: SET NX PX with our owner id. */
         if (h->kind == LOCKS_SETNX)
-            r = redisCommand(c, "SET %s %s NX EX %ld", h->key, cs->owner,
-                             (g_cfg.lock_lease_ms + 999) / 1000);
+            r = redisCommand(c, "SET %s %s NX EX %ld", h->key, cs->owner, (lease + 999) / 1000);
         else
-            r = redisCommand(c, "SET %s %s NX PX %ld", h->key, cs->owner, g_cfg.lock_lease_ms);
+            r = redisCommand(c, "SET %s %s NX PX %ld", h->key, cs->owner, lease);
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
             err = API_UNAVAILABLE;
         } else if (r->type == REDIS_REPLY_NIL) {
@@ -77,6 +78,7 @@ static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h)
             stats_note(STATS_DEMO_LOCK_ACQUIRED);
         }
         break;
+    }
     case LOCKS_REENTRANT:
     default:
         switch (lock_try_acquire(c, h->key, cs->owner, g_cfg.lock_lease_ms, &h->grant)) {
@@ -132,13 +134,28 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
             stats_note(r->integer == 1 ? STATS_DEMO_LOCK_RELEASED : STATS_DEMO_LOCK_NOT_OWNER);
         break;
     case LOCKS_REENTRANT:
-    default:
+    default: {
+        lock_release_req rq;
+        lock_status ls;
+
         if (c == NULL)
             return;
-        if (lock_release(c, h->key, cs->owner, g_cfg.lock_lease_ms, NULL) == LOCK_NOT_OWNER)
+        /* A lost reply is retried once on a fresh connection with the same
+         * request id: the release is idempotent, so the retry cannot free
+         * the lock twice nor report "not owner" for our own first release. */
+        lock_release_req_init(&rq);
+        ls = lock_release_ex(c, h->key, cs->owner, g_cfg.lock_lease_ms, &rq, NULL);
+        if (ls == LOCK_ERR && c->err) {
+            conn_redis_broken(cs);
+            if ((c = conn_redis(cs)) == NULL)
+                return;                          /* the lease frees it */
+            ls = lock_release_ex(c, h->key, cs->owner, g_cfg.lock_lease_ms, &rq, NULL);
+        }
+        if (ls == LOCK_NOT_OWNER)
             log_warn("lock %s expired during the order (lease %ld ms too short?)", h->key,
                      g_cfg.lock_lease_ms);
         break;
+    }
     }
     if (c->err)
         conn_redis_broken(cs);

@@ -8,7 +8,7 @@
 -- ARGV[2]  owner id "<instance uuid>:<thread id>"
 --
 -- Reply: {-1, token}  granted (new or reentry); token is the INCRed counter,
---                     >= 1, never reset (no TTL), so it survives release
+--                     never reset (no TTL), so it survives release
 --        {pttl, -1}   held by another owner; pttl = holder's remaining ms
 --                     (-1 when the key has no expiry)
 -- The second element tells the cases apart: pttl can itself be -1.
@@ -18,6 +18,15 @@ if (redis.call('exists', KEYS[1]) == 0)
     redis.call('hincrby', KEYS[1], ARGV[2], 1)
     -- reentry resets the lease to the full value, it does not add to it
     redis.call('pexpire', KEYS[1], ARGV[1])
+    -- A counter that is missing (first use, or Redis lost its data in a
+    -- restart or failover) starts from the server clock in microseconds, so
+    -- tokens keep rising past any that Postgres already accepted: otherwise
+    -- every later write of this key would look stale to the fence. Built as
+    -- a string: Lua numbers would print in exponent form.
+    if redis.call('exists', KEYS[2]) == 0 then
+        local t = redis.call('time')
+        redis.call('set', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+    end
     local token = redis.call('incr', KEYS[2])
     return {-1, token}
 end

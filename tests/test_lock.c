@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "lock.h"
@@ -322,7 +323,7 @@ static void test_fencing_tokens_increase(void)
 {
     char key[256], tk[512];
     lock_grant g = {0, 0};
-    int64_t last = 0;
+    int64_t last = 0, first = 0;
     key_for("fencing", key, sizeof key);
     token_key_for(key, tk, sizeof tk);
 
@@ -341,15 +342,30 @@ static void test_fencing_tokens_increase(void)
         if (!T_EQ_I64(lock_try_acquire(rc, key, seq[i], LEASE, &g), LOCK_OK))
             break;
         T_ASSERT(g.token > last);
+        if (first == 0)
+            first = g.token;
         last = g.token;
         holder = seq[i];
         held++;
     }
-    T_EQ_I64(last, 6);   /* fresh key per run: one INCR per grant */
+    /* A fresh counter starts from the server clock in microseconds, so that
+     * tokens rise past any accepted before Redis lost its data. */
+    T_ASSERT(first > (int64_t)time(NULL) * 1000000 - 60 * 1000000LL);
+    T_EQ_I64(last, first + 5);   /* then one INCR per grant */
     /* a refused attempt does not consume a token */
     T_EQ_I64(lock_try_acquire(rc, key, OWNER_C, LEASE, &g), LOCK_BUSY);
     T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, &g), LOCK_OK);
-    T_EQ_I64(g.token, 7);
+    T_EQ_I64(g.token, first + 6);
+    /* A counter lost with Redis's data (FLUSHALL, failover) restarts above
+     * every token handed out before. */
+    {
+        int64_t before = g.token;
+        redisReply *r = redisCommand(rc, "DEL %s", tk);
+        freeReplyObject(r);
+        T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, &g), LOCK_OK);
+        T_ASSERT(g.token > before);
+        held++;
+    }
     for (held++; held > 0; held--)
         T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
     T_EQ_I64(exists(key), 0);
