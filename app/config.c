@@ -65,6 +65,8 @@ static const option_def options[] = {
       "bearer token of the admin API (empty: admin API answers 403)" },
     { "LOG_LEVEL", "log-level", OPT_LEVEL, F(log_level), 0, 0, "info",
       "error, warn, info (one access line per request) or debug" },
+    { "LOG_FORMAT", "log-format", OPT_STR, F(log_format), 0, 0, "text",
+      "text, or json: one JSON object per line (access lines carry X-Request-Id)" },
     { "LUA_DIR", "lua-dir", OPT_STR, F(lua_dir), 0, 0, "",
       "directory of the Redis scripts (default: ./lua or next to the binary)" },
     { "ID_PREFIX", "id-prefix", OPT_STR, F(id_prefix), 0, 0, "order",
@@ -350,6 +352,11 @@ int config_load(int argc, char **argv)
     }
     if (g_cfg.id_prefix[0] == '\0') {
         fprintf(stderr, "seckill: ID_PREFIX must not be empty\n");
+        return -1;
+    }
+    if (strcmp(g_cfg.log_format, "text") != 0 && strcmp(g_cfg.log_format, "json") != 0) {
+        fprintf(stderr, "seckill: invalid LOG_FORMAT '%s': expected text or json\n",
+                g_cfg.log_format);
         return -1;
     }
     if (g_cfg.lua_dir[0] == '\0')

@@ -38,6 +38,7 @@ typedef struct config {
     int pg_statement_timeout_ms;
     char admin_token[256];      /* empty: admin API disabled (403) */
     int log_level;              /* enum log_level */
+    char log_format[8];         /* "text" or "json" */
     char lua_dir[1024];
     char id_prefix[64];         /* icr:{prefix}:{yyyy:MM:dd} */
     int demo_random_user;

@@ -6,12 +6,14 @@
 #include "bcast.h"
 #include "order.h"
 #include "log.h"
+#include "metrics.h"
 #include "stats.h"
 #include "store.h"
 #include "util.h"
 #include "vcache.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +186,8 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
         user_id = random_user_id();
     else if (uid_text == NULL || util_parse_id(uid_text, header_len(uid_text), &user_id) != 0)
         return http_send_error(r, API_INVALID_USER_ID, NULL);
+    r->voucher_id = voucher_id;
+    r->user_id = user_id;
 
     /* 2. The voucher, its window, and the sold-out fast path. The stock read
      *    here only rejects early; the transaction decides. */
@@ -211,6 +215,7 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
     if (err != API_OK)
         return http_send_error(r, err, message);
 
+    r->order_id = order_id;
     /* 6. Built by hand: ids pass 2^53, and cJSON numbers are doubles. */
     n = snprintf(body, sizeof body,
                  "{\"orderId\":\"%" PRId64 "\",\"voucherId\":%" PRId64 ",\"userId\":%" PRId64 "}",
@@ -264,41 +269,52 @@ static enum MHD_Result h_stats(http_req *r, const char *arg, size_t arg_len)
 
 /* ---- GET /metrics (Prometheus text format) ---- */
 
+/* The per-voucher gauges cost one aggregate query: shared by every worker
+ * and refreshed at most once a second, so scraping stays cheap. */
+static pthread_mutex_t gauge_mu = PTHREAD_MUTEX_INITIALIZER;
+static cJSON *gauge_cache;
+static int64_t gauge_at_us;
+
+static cJSON *voucher_gauges(conn_set *cs)
+{
+    cJSON *copy = NULL;
+    PGconn *pg;
+
+    pthread_mutex_lock(&gauge_mu);
+    if (gauge_cache == NULL || util_mono_us() - gauge_at_us > 1000000) {
+        cJSON *fresh = cJSON_CreateArray();
+        if ((pg = conn_pg(cs)) != NULL && store_stats(pg, fresh) == STORE_OK) {
+            cJSON_Delete(gauge_cache);
+            gauge_cache = fresh;
+            gauge_at_us = util_mono_us();
+        } else {
+            cJSON_Delete(fresh);
+        }
+    }
+    if (gauge_cache != NULL)
+        copy = cJSON_Duplicate(gauge_cache, 1);
+    pthread_mutex_unlock(&gauge_mu);
+    return copy;
+}
+
 static enum MHD_Result h_metrics(http_req *r, const char *arg, size_t arg_len)
 {
-    cJSON *self = cJSON_CreateObject(), *it;
-    const cJSON *req, *lock;
+    cJSON *vouchers;
     char *buf = NULL;
     size_t len = 0;
     FILE *f;
 
     (void)arg;
     (void)arg_len;
-    stats_self_json(self);
-    req = cJSON_GetObjectItemCaseSensitive(self, "requests");
-    lock = cJSON_GetObjectItemCaseSensitive(self, "lock");
+    vouchers = voucher_gauges(conn_get());
     f = open_memstream(&buf, &len);
     if (f == NULL) {
-        cJSON_Delete(self);
-        return MHD_NO;
+        cJSON_Delete(vouchers);
+        return http_send_error(r, API_UNAVAILABLE, "out of memory");
     }
-    fprintf(f, "# HELP seckill_requests_total Requests answered, by HTTP status.\n"
-               "# TYPE seckill_requests_total counter\n");
-    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(req, "byStatus"))
-        fprintf(f, "seckill_requests_total{instance=\"%s\",status=\"%s\"} %.0f\n",
-                g_cfg.instance_id, it->string, it->valuedouble);
-    fprintf(f, "# HELP seckill_errors_total Error answers, by error code.\n"
-               "# TYPE seckill_errors_total counter\n");
-    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(req, "byError"))
-        fprintf(f, "seckill_errors_total{instance=\"%s\",code=\"%s\"} %.0f\n",
-                g_cfg.instance_id, it->string, it->valuedouble);
-    fprintf(f, "# HELP seckill_lock_events_total Order lock events.\n"
-               "# TYPE seckill_lock_events_total counter\n");
-    cJSON_ArrayForEach(it, lock)
-        fprintf(f, "seckill_lock_events_total{instance=\"%s\",event=\"%s\"} %.0f\n",
-                g_cfg.instance_id, it->string, it->valuedouble);
+    metrics_write(f, vouchers);
     fclose(f);
-    cJSON_Delete(self);
+    cJSON_Delete(vouchers);
     return http_send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);
 }
 

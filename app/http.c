@@ -2,6 +2,7 @@
 #include "http.h"
 #include "config.h"
 #include "log.h"
+#include "metrics.h"
 #include "stats.h"
 #include "util.h"
 
@@ -26,6 +27,31 @@ static size_t drain_cap(void)
     return cap < (8u << 20) ? (8u << 20) : cap;
 }
 
+/* Takes nginx's X-Request-Id when it is a sane token, else makes one, so a
+ * single order can be followed from nginx's log to ours to its row. */
+static void set_request_id(http_req *r)
+{
+    static _Thread_local uint64_t seq;
+    static _Thread_local unsigned tid;
+    static _Atomic unsigned next_tid = 1;
+    const char *in = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = in ? strlen(in) : 0;
+    int ok = n > 0 && n < sizeof r->request_id;
+
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (in[i] >= 'a' && in[i] <= 'z') || (in[i] >= 'A' && in[i] <= 'Z') ||
+             (in[i] >= '0' && in[i] <= '9') || in[i] == '-' || in[i] == '_' || in[i] == '.' ||
+             in[i] == ':';
+    if (ok) {
+        memcpy(r->request_id, in, n + 1);
+        return;
+    }
+    if (tid == 0)
+        tid = atomic_fetch_add(&next_tid, 1);
+    snprintf(r->request_id, sizeof r->request_id, "%.48s-%u-%llu", g_cfg.instance_id, tid,
+             (unsigned long long)++seq);
+}
+
 const char *http_header(http_req *r, const char *name)
 {
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
@@ -41,6 +67,7 @@ static enum MHD_Result queue(http_req *r, int status, struct MHD_Response *resp,
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     MHD_add_response_header(resp, "X-Instance-Id", g_cfg.instance_id);
+    MHD_add_response_header(resp, "X-Request-Id", r->request_id);
     if (status == 503) {
         char ra[16];
         snprintf(ra, sizeof ra, "%d", g_cfg.retry_after_s);
@@ -146,8 +173,11 @@ static enum MHD_Result dispatch(http_req *r)
         const http_route *rt = &route_table[i];
         if (!route_match(rt->pattern, r->url, &arg, &arg_len))
             continue;
-        if (method_is(r->method, rt->method))
+        if (method_is(r->method, rt->method)) {
+            r->route = (int)i;
             return rt->fn(r, arg, arg_len);
+        }
+        r->route = (int)i;
         path_known = 1;
         size_t used = strlen(allow);
         snprintf(allow + used, sizeof allow - used, "%s%s%s", used ? ", " : "", rt->method,
@@ -173,6 +203,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->method = method;
         r->url = url;
         r->start_us = util_mono_us();
+        r->route = METRICS_NO_ROUTE;
+        set_request_id(r);
         *req_cls = r;
         atomic_fetch_add(&in_flight, 1);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
@@ -219,10 +251,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     if (r == NULL)
         return;
     if (r->status != 0) {
+        int64_t us = util_mono_us() - r->start_us;
+        log_access_line a = {
+            .method = r->method, .path = r->url, .instance = g_cfg.instance_id,
+            .request_id = r->request_id, .status = r->status, .latency_ms = (double)us / 1000.0,
+            .error = r->err != API_OK ? api_err_code(r->err) : NULL,
+            .voucher_id = r->voucher_id, .user_id = r->user_id, .order_id = r->order_id,
+        };
         stats_record(r->status, r->err);
-        log_info("access %s %s %d %.3fms %s%s%s", r->method, r->url, r->status,
-                 (double)(util_mono_us() - r->start_us) / 1000.0, g_cfg.instance_id,
-                 r->err != API_OK ? " " : "", r->err != API_OK ? api_err_code(r->err) : "");
+        metrics_request(r->route, r->status, r->err, us);
+        log_access(&a);
     } else {
         log_debug("request %s %s ended without answer (termination %d)", r->method, r->url,
                   (int)toe);
@@ -243,12 +281,39 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     log_warn("mhd: %s", line);
 }
 
+/* "/voucher/ * /seckill" (no spaces) -> "/voucher/{id}/seckill" for metrics labels. */
+static char route_label_buf[METRICS_MAX_ROUTES][64];
+static const char *route_labels[METRICS_MAX_ROUTES];
+
+static void set_route_labels(void)
+{
+    size_t n = route_count < METRICS_MAX_ROUTES ? route_count : METRICS_MAX_ROUTES;
+
+    for (size_t i = 0; i < n; i++) {
+        char *o = route_label_buf[i];
+        size_t used = 0;
+        for (const char *p = route_table[i].pattern; *p && used + 5 < sizeof route_label_buf[i];
+             p++) {
+            if (*p == '*') {
+                memcpy(o + used, "{id}", 4);
+                used += 4;
+            } else {
+                o[used++] = *p;
+            }
+        }
+        o[used] = '\0';
+        route_labels[i] = o;
+    }
+    metrics_set_routes(route_labels, (int)n);
+}
+
 int http_start(const http_route *routes, size_t nroutes)
 {
     struct sockaddr_in addr;
 
     route_table = routes;
     route_count = nroutes;
+    set_route_labels();
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)g_cfg.port);

@@ -23,6 +23,11 @@ typedef struct http_req {
     int64_t start_us;
     int status;               /* answer sent, for the access log and stats */
     api_err err;
+    int route;                /* index in the route table, or -1 */
+    char request_id[96];      /* X-Request-Id (from nginx) or made here */
+    int64_t voucher_id;       /* for the access log, when the handler knows them */
+    int64_t user_id;
+    int64_t order_id;
 } http_req;
 
 /* A handler answers with one of the http_send_* calls and returns its result.

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "util.h"
 
 #define IDW_SECONDS_MAX 0x7fffffffLL   /* 31 bits */
@@ -47,6 +48,7 @@ idw_status idw_next_at(redisContext *c, const char *prefix, int64_t now, int64_t
     idw_status st = IDW_REDIS;
     redisReply *r = NULL;
     char *key = NULL;
+    int64_t t0;
     /* "icr:" + prefix + ":yyyy:MM:dd"; room for a year past 9999 too. */
     size_t keylen = strlen(prefix) + 32;
 
@@ -58,7 +60,9 @@ idw_status idw_next_at(redisContext *c, const char *prefix, int64_t now, int64_t
     key = xmalloc(keylen);
     idw_key(prefix, now, key, keylen);
 
+    t0 = util_mono_us();
     r = redisCommand(c, "INCR %s", key);
+    metrics_backend(METRICS_REDIS, util_mono_us() - t0, r != NULL);
     if (r == NULL) {
         log_warn("idw: INCR %s: %s", key, c->errstr);
         goto cleanup;

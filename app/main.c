@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <microhttpd.h>
 
 #define SHUTDOWN_GRACE_MS 5000
@@ -27,6 +28,7 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc > 0 ? EXIT_SUCCESS : 2;
     log_set_level((enum log_level)g_cfg.log_level);
+    log_set_json(strcmp(g_cfg.log_format, "json") == 0);
     if (script_load_all(g_cfg.lua_dir, err, sizeof err) != 0) {
         log_error("lua scripts: %s (set LUA_DIR)", err);
         return 2;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "util.h"
 
 /* File base names under the script dir, indexed by enum script_id. */
@@ -216,6 +217,7 @@ redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
     size_t *l = stack_l;
     char nkeys_buf[16];
     redisReply *r = NULL;
+    int64_t t0 = 0;
 
     /* Misuse is a bug in our code, not a runtime condition: stop loudly
      * rather than hand a fake connection failure to the caller. */
@@ -244,6 +246,7 @@ redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
         l[3 + i] = argvlen != NULL ? argvlen[i] : strlen(argv[i]);
     }
 
+    t0 = util_mono_us();
     r = redisCommandArgv(c, total, v, l);
     if (r == NULL)
         goto cleanup;
@@ -260,6 +263,8 @@ redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
         r = redisCommandArgv(c, total, v, l);
     }
 cleanup:
+    if (t0 != 0)
+        metrics_backend(METRICS_REDIS, util_mono_us() - t0, r != NULL);
     if (v != stack_v) {
         free(v);
         free(l);

@@ -42,6 +42,12 @@ void stats_note(enum stats_event ev)
         atomic_fetch_add_explicit(&events[ev], 1, memory_order_relaxed);
 }
 
+uint64_t stats_event_count(enum stats_event e)
+{
+    return (unsigned)e < STATS_EVENT_COUNT ? atomic_load_explicit(&events[e], memory_order_relaxed)
+                                           : 0;
+}
+
 static double ev(enum stats_event e)
 {
     return (double)atomic_load_explicit(&events[e], memory_order_relaxed);

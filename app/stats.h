@@ -21,6 +21,7 @@ enum stats_event {
 };
 
 void stats_note(enum stats_event ev);
+uint64_t stats_event_count(enum stats_event ev);
 
 /* Counts one answered request. Thread-safe, lock-free. */
 void stats_record(int status, api_err err);

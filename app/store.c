@@ -1,6 +1,7 @@
 /* store: Postgres access through prepared statements. */
 #include "store.h"
 #include "log.h"
+#include "metrics.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -166,9 +167,23 @@ static store_status result_error(PGconn *pg, PGresult *res, const char *what)
     return STORE_UNAVAILABLE;
 }
 
+/* Every call goes through here or timed_exec, for the backend metrics. */
+static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)
+{
+    metrics_backend(METRICS_PG, util_mono_us() - t0, res != NULL && PQstatus(pg) == CONNECTION_OK);
+    return res;
+}
+
 static PGresult *exec(PGconn *pg, const char *name, int n, const char *const *vals)
 {
-    return PQexecPrepared(pg, name, n, vals, NULL, NULL, 0);
+    int64_t t0 = util_mono_us();
+    return observed(pg, PQexecPrepared(pg, name, n, vals, NULL, NULL, 0), t0);
+}
+
+static PGresult *timed_exec(PGconn *pg, const char *sql)
+{
+    int64_t t0 = util_mono_us();
+    return observed(pg, PQexec(pg, sql), t0);
 }
 
 static int64_t get_i64(const PGresult *res, int row, int col)
@@ -237,7 +252,7 @@ cleanup:
 /* Runs a command outside the prepared set (BEGIN, COMMIT, ROLLBACK). */
 static store_status simple(PGconn *pg, const char *sql)
 {
-    PGresult *res = PQexec(pg, sql);
+    PGresult *res = timed_exec(pg, sql);
     store_status st = PQresultStatus(res) == PGRES_COMMAND_OK ? STORE_OK
                                                               : result_error(pg, res, sql);
     PQclear(res);
@@ -347,7 +362,7 @@ cleanup:
     /* Every early exit rolls back, so nothing half-done stays behind; a lost
      * connection rolls back on the server by itself. */
     if (open && PQstatus(pg) == CONNECTION_OK) {
-        PGresult *res = PQexec(pg, "ROLLBACK");
+        PGresult *res = timed_exec(pg, "ROLLBACK");
         PQclear(res);
     }
     return st;

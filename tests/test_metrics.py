@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""GET /metrics in the Prometheus text format, read by a strict parser, and
+the JSON access log that lets one order be followed by its request id."""
+
+import json
+import math
+import os
+import re
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seckill_server as ss  # noqa: E402
+from seckill_server import fail, psql_value, test  # noqa: E402
+
+TOKEN = "metrics-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"\s*(,|\Z)')
+SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^\n]*\})?\s+(\S+)(\s+-?\d+)?\Z")
+
+
+def parse_labels(text):
+    labels, pos = {}, 0
+    body = text[1:-1]
+    while pos < len(body):
+        m = LABEL.match(body, pos)
+        if not m:
+            fail(f"bad label syntax at {body[pos:]!r}")
+        if m.group(1) in labels:
+            fail(f"label {m.group(1)} repeated in {text}")
+        labels[m.group(1)] = m.group(2)
+        pos = m.end()
+    return labels
+
+
+def parse(text):
+    """Text format 0.0.4, strictly: HELP and TYPE once per family, before its
+    samples; samples of a family together; valid names, labels and values."""
+    if not text.endswith("\n"):
+        fail("exposition does not end with a newline")
+    families, samples, current = {}, [], None
+    for line in text.split("\n")[:-1]:
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            parts = line.split(" ", 3)
+            if len(parts) < 4 or not NAME.match(parts[2]):
+                fail(f"bad comment line {line!r}")
+            fam = families.setdefault(parts[2], {"samples": 0})
+            key = parts[1].lower()
+            if key in fam:
+                fail(f"{parts[1]} repeated for {parts[2]}")
+            if fam["samples"]:
+                fail(f"{parts[1]} of {parts[2]} after its samples")
+            if key == "type" and parts[3] not in ("counter", "gauge", "histogram", "summary",
+                                                   "untyped"):
+                fail(f"bad type {parts[3]!r}")
+            fam[key] = parts[3]
+            current = parts[2]
+            continue
+        if line.startswith("#") or line == "":
+            fail(f"unexpected line {line!r}")
+        m = SAMPLE.match(line)
+        if not m:
+            fail(f"bad sample line {line!r}")
+        name, labels, value = m.group(1), parse_labels(m.group(2) or "{}"), m.group(3)
+        base = re.sub(r"_(bucket|sum|count)\Z", "", name)
+        fam_name = name if name in families else base
+        if fam_name not in families or fam_name != current:
+            fail(f"sample {name} outside its family block (current {current})")
+        fam = families[fam_name]
+        if "type" not in fam or "help" not in fam:
+            fail(f"{fam_name} has samples before HELP/TYPE")
+        try:
+            v = float(value)
+        except ValueError:
+            fail(f"bad value {value!r} in {line!r}")
+        if fam["type"] == "counter" and (v < 0 or math.isnan(v)):
+            fail(f"negative counter {line!r}")
+        fam["samples"] += 1
+        samples.append((name, labels, v))
+    for name, fam in families.items():
+        if fam["type"] == "histogram":
+            check_histograms(name, [s for s in samples if s[0].startswith(name + "_")])
+    return families, samples
+
+
+def check_histograms(name, samples):
+    series = {}
+    for sname, labels, v in samples:
+        key = tuple(sorted((k, x) for k, x in labels.items() if k != "le"))
+        series.setdefault(key, {"buckets": [], "count": None, "sum": None})
+        if sname.endswith("_bucket"):
+            le = labels.get("le")
+            if le is None:
+                fail(f"{name} bucket without le")
+            series[key]["buckets"].append((math.inf if le == "+Inf" else float(le), v))
+        elif sname.endswith("_count"):
+            series[key]["count"] = v
+        elif sname.endswith("_sum"):
+            series[key]["sum"] = v
+    for key, s in series.items():
+        b = s["buckets"]
+        if not b or b[-1][0] != math.inf:
+            fail(f"{name}{dict(key)}: no +Inf bucket")
+        if [x[0] for x in b] != sorted(x[0] for x in b):
+            fail(f"{name}{dict(key)}: le not increasing")
+        if any(b[i][1] > b[i + 1][1] for i in range(len(b) - 1)):
+            fail(f"{name}{dict(key)}: buckets not cumulative")
+        if s["count"] != b[-1][1] or s["sum"] is None or s["sum"] < 0:
+            fail(f"{name}{dict(key)}: _count {s['count']} != +Inf bucket {b[-1][1]} or no _sum")
+
+
+def value(samples, name, **labels):
+    total = 0.0
+    for n, l, v in samples:
+        if n == name and all(l.get(k) == x for k, x in labels.items()):
+            total += v
+    return total
+
+
+def scrape(srv):
+    r = srv.get("/metrics")
+    if r.status != 200 or not r.headers.get("content-type", "").startswith("text/plain"):
+        fail(f"/metrics -> {r.status} {r.headers.get('content-type')}")
+    return parse(r.raw.decode())
+
+
+@test
+def metrics_parse_strictly_and_move_with_requests():
+    srv = ss.Server("metrics", {"ADMIN_TOKEN": TOKEN})
+    try:
+        now = int(time.time())
+        r = srv.post("/admin/vouchers", AUTH, {
+            "title": 'quote " and \\ backslash', "stock": 1,
+            "beginTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60)),
+            "endTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600))})
+        vid = r.body["voucherId"]
+        fams, before = scrape(srv)
+        for fam in ("seckill_http_requests_total", "seckill_http_request_duration_seconds",
+                    "seckill_backend_call_duration_seconds", "seckill_backend_errors_total",
+                    "seckill_lock_acquired_total", "seckill_voucher_stock",
+                    "seckill_voucher_oversold", "seckill_stale_token_rejections_total"):
+            if fam not in fams:
+                fail(f"family {fam} missing")
+        route = "/voucher/{id}/seckill"
+        srv.seckill(vid, 501)                       # 200
+        srv.seckill(vid, 502)                       # sold_out
+        srv.get("/no/such/route")                   # 404, no route
+        time.sleep(1.1)                             # the voucher gauges are cached 1 s
+        _, after = scrape(srv)
+
+        def delta(name, **labels):
+            return value(after, name, **labels) - value(before, name, **labels)
+
+        checks = {
+            "200 on the seckill route": delta("seckill_http_requests_total", route=route,
+                                              status="200"),
+            "sold_out on the seckill route": delta("seckill_http_requests_total", route=route,
+                                                   status="409", code="sold_out"),
+            "404 without a route": delta("seckill_http_requests_total", route="unmatched",
+                                         status="404", code="not_found"),
+            "seckill latency observations": delta("seckill_http_request_duration_seconds_count",
+                                                  route=route),
+            "lock grants": delta("seckill_lock_acquired_total"),
+        }
+        want = {"200 on the seckill route": 1, "sold_out on the seckill route": 1,
+                "404 without a route": 1, "seckill latency observations": 2,
+                # both buyers reached the lock: the first one's sale is what
+                # tells the second instance-wide that the stock is gone
+                "lock grants": 2}
+        if checks != want:
+            fail(f"counter deltas {checks}, expected {want}")
+        if delta("seckill_backend_call_duration_seconds_count", backend="postgres") < 1 or \
+                delta("seckill_backend_call_duration_seconds_count", backend="redis") < 3:
+            fail("backend call counts did not move (one order = Postgres + Redis calls)")
+        gauges = {n: v for n, l, v in after if l.get("voucher") == str(vid)}
+        if gauges.get("seckill_voucher_stock") != 0 or gauges.get("seckill_voucher_orders") != 1 \
+                or gauges.get("seckill_voucher_oversold") != 0:
+            fail(f"voucher gauges {gauges}")
+        titles = {l.get("title") for n, l, v in after if l.get("voucher") == str(vid)}
+        if titles != {'quote \\" and \\\\ backslash'}:
+            fail(f"title label not escaped: {titles}")
+    finally:
+        srv.stop_ok()
+
+
+@test
+def json_logs_follow_one_order_by_request_id():
+    srv = ss.Server("jsonlog", {"ADMIN_TOKEN": TOKEN, "LOG_FORMAT": "json"})
+    try:
+        now = int(time.time())
+        r = srv.post("/admin/vouchers", AUTH, {
+            "title": "log", "stock": 3,
+            "beginTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60)),
+            "endTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600))})
+        vid = r.body["voucherId"]
+        r = srv.post(f"/voucher/{vid}/seckill", {"X-User-Id": "8801", "X-Request-Id": "trace-42"})
+        if r.status != 200 or r.headers.get("x-request-id") != "trace-42":
+            fail(f"seckill -> {r.status}, X-Request-Id back {r.headers.get('x-request-id')!r}")
+        order_id = r.body["orderId"]
+        r2 = srv.get("/health")
+        made_up = r2.headers.get("x-request-id", "")
+        if not made_up:
+            fail("no X-Request-Id made for a request without one")
+    finally:
+        srv.stop_ok()
+    lines = [ln for ln in open(srv.log_path, encoding="utf-8") if ln.strip()]
+    records = []
+    for ln in lines:
+        try:
+            records.append(json.loads(ln))
+        except ValueError:
+            fail(f"log line is not JSON: {ln!r}")
+    access = [x for x in records if x.get("msg") == "access" and x.get("requestId") == "trace-42"]
+    if len(access) != 1:
+        fail(f"expected one access line for trace-42, got {access}")
+    a = access[0]
+    if (a.get("status"), a.get("orderId"), a.get("userId"), a.get("voucherId")) != \
+            (200, order_id, 8801, vid):
+        fail(f"access line {a}")
+    if psql_value(f"SELECT count(*) FROM tb_voucher_order WHERE id = {order_id}") != "1":
+        fail("the order of the access line is not in the database")
+    if not any(x.get("requestId") == made_up for x in records):
+        fail("the made-up request id is not in the log")
+
+
+if __name__ == "__main__":
+    ss.main()
