@@ -161,13 +161,14 @@ def metrics_parse_strictly_and_move_with_requests():
                                          status="404", code="not_found"),
             "seckill latency observations": delta("seckill_http_request_duration_seconds_count",
                                                   route=route),
-            "lock grants": delta("seckill_lock_acquired_total"),
         }
+        # The second buyer reaches the lock only if its worker thread cached the
+        # voucher before the first sale (vcache is per thread): 1 or 2 grants.
+        grants = delta("seckill_lock_acquired_total")
+        if grants not in (1, 2):
+            fail(f"lock grants moved by {grants}")
         want = {"200 on the seckill route": 1, "sold_out on the seckill route": 1,
-                "404 without a route": 1, "seckill latency observations": 2,
-                # both buyers reached the lock: the first one's sale is what
-                # tells the second instance-wide that the stock is gone
-                "lock grants": 2}
+                "404 without a route": 1, "seckill latency observations": 2}
         if checks != want:
             fail(f"counter deltas {checks}, expected {want}")
         if delta("seckill_backend_call_duration_seconds_count", backend="postgres") < 1 or \
