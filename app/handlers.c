@@ -5,6 +5,7 @@
 #include "conn.h"
 #include "bcast.h"
 #include "order.h"
+#include "payload.h"
 #include "log.h"
 #include "metrics.h"
 #include "stats.h"
@@ -338,116 +339,33 @@ static int admin_denied(http_req *r)
     return 0;
 }
 
-/* Parses the body as a JSON object; NULL after answering 400 invalid_json. */
-static cJSON *json_body_or_respond(http_req *r)
-{
-    cJSON *doc = NULL;
-    const char *end = NULL;
-
-    /* cJSON's own "require NUL" check fails on length-bounded input, so the
-     * trailing bytes are checked here: only whitespace may follow the value. */
-    if (r->body != NULL && memchr(r->body, '\0', r->body_len) == NULL &&
-        util_utf8_valid(r->body, r->body_len))
-        doc = cJSON_ParseWithLengthOpts(r->body, r->body_len, &end, 0);
-    if (doc != NULL) {
-        while (end < r->body + r->body_len && strchr(" \t\r\n", *end) != NULL && *end != '\0')
-            end++;
-        if (end != r->body + r->body_len) {
-            cJSON_Delete(doc);
-            doc = NULL;
-        }
-    }
-    if (doc == NULL) {
-        http_send_error(r, API_INVALID_JSON, NULL);
-        return NULL;
-    }
-    if (!cJSON_IsObject(doc)) {
-        cJSON_Delete(doc);
-        http_send_error(r, API_INVALID_FIELD, "the body must be a JSON object");
-        return NULL;
-    }
-    return doc;
-}
-
-/* A whole number 0..2^53-1 in a JSON number. */
-static int json_count(const cJSON *o, const char *name, int64_t *out)
-{
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
-    double d;
-
-    if (!cJSON_IsNumber(it))
-        return -1;
-    d = it->valuedouble;
-    /* Past 2^53 - 1 a double no longer holds every integer: 2^53 + 1 would
-     * arrive as 2^53 and be stored as something the client did not send. */
-    if (!(d >= 0 && d <= 9007199254740991.0) || d != (double)(int64_t)d)
-        return -1;
-    *out = (int64_t)d;
-    return 0;
-}
-
-/* Optional ISO-8601 time: 1 present, 0 absent, -1 invalid. */
-static int json_time(const cJSON *o, const char *name, int64_t *out)
-{
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
-
-    if (it == NULL || cJSON_IsNull(it))
-        return 0;
-    if (!cJSON_IsString(it) || util_parse_iso8601(it->valuestring, out) != 0 || *out < 0 ||
-        *out > 253402300799LL)        /* 9999-12-31T23:59:59Z */
-        return -1;
-    return 1;
-}
-
 static enum MHD_Result h_admin_create(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs;
     PGconn *pg;
-    cJSON *doc, *o;
-    const cJSON *title;
-    int64_t stock, begin, end, id;
-    const char *bad = NULL;
+    cJSON *o;
+    payload_voucher in;
+    const char *why;
+    api_err err;
     store_status st;
-    enum MHD_Result ret;
+    int64_t id;
 
     (void)arg;
     (void)arg_len;
     if (admin_denied(r))
         return MHD_YES;
-    if ((doc = json_body_or_respond(r)) == NULL)
-        return MHD_YES;
-    title = cJSON_GetObjectItemCaseSensitive(doc, "title");
-    if (!cJSON_IsString(title) || title->valuestring[0] == '\0' || strlen(title->valuestring) > 200)
-        bad = "title must be a non-empty string of at most 200 bytes";
-    else if (json_count(doc, "stock", &stock) != 0)
-        bad = "stock must be a whole number >= 0";
-    else if (json_time(doc, "beginTime", &begin) != 1)
-        bad = "beginTime must be an ISO-8601 date-time";
-    else if (json_time(doc, "endTime", &end) != 1)
-        bad = "endTime must be an ISO-8601 date-time";
-    else if (end < begin)
-        bad = "endTime is before beginTime";
-    if (bad != NULL) {
-        ret = http_send_error(r, API_INVALID_FIELD, bad);
-        goto cleanup;
-    }
+    if ((err = payload_voucher_create(r->body, r->body_len, &in, &why)) != API_OK)
+        return http_send_error(r, err, why);
     cs = conn_get();
-    if ((pg = pg_or_respond(r, cs)) == NULL) {
-        ret = MHD_YES;
-        goto cleanup;
-    }
-    st = store_voucher_create(pg, title->valuestring, stock, begin, end, &id);
-    if (st != STORE_OK) {
-        ret = send_store_error(r, st);
-        goto cleanup;
-    }
-    log_info("admin: voucher %" PRId64 " created, stock %" PRId64, id, stock);
+    if ((pg = pg_or_respond(r, cs)) == NULL)
+        return MHD_YES;
+    st = store_voucher_create(pg, in.title, in.stock, in.begin_time, in.end_time, &id);
+    if (st != STORE_OK)
+        return send_store_error(r, st);
+    log_info("admin: voucher %" PRId64 " created, stock %" PRId64, id, in.stock);
     o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "voucherId", (double)id);
-    ret = http_send_json(r, 201, o);
-cleanup:
-    cJSON_Delete(doc);
-    return ret;
+    return http_send_json(r, 201, o);
 }
 
 static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_len)
@@ -455,46 +373,28 @@ static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_le
     conn_set *cs;
     PGconn *pg;
     redisContext *c;
-    cJSON *doc = NULL, *o;
-    int64_t id, stock, begin = -1, end = -1;
-    int hb, he;
-    const char *bad = NULL;
+    cJSON *o;
+    payload_voucher in;
+    const char *why;
+    api_err err;
     store_status st;
     store_voucher v;
-    enum MHD_Result ret;
+    int64_t id;
 
     if (util_parse_id(arg, arg_len, &id) != 0)
         return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
     if (admin_denied(r))
         return MHD_YES;
-    if ((doc = json_body_or_respond(r)) == NULL)
-        return MHD_YES;
-    hb = json_time(doc, "beginTime", &begin);
-    he = json_time(doc, "endTime", &end);
-    if (json_count(doc, "stock", &stock) != 0)
-        bad = "stock must be a whole number >= 0";
-    else if (hb < 0)
-        bad = "beginTime must be an ISO-8601 date-time";
-    else if (he < 0)
-        bad = "endTime must be an ISO-8601 date-time";
-    else if (hb == 1 && he == 1 && end < begin)
-        bad = "endTime is before beginTime";
-    if (bad != NULL) {
-        ret = http_send_error(r, API_INVALID_FIELD, bad);
-        goto cleanup;
-    }
+    if ((err = payload_voucher_reset(r->body, r->body_len, &in, &why)) != API_OK)
+        return http_send_error(r, err, why);
     cs = conn_get();
-    if ((pg = pg_or_respond(r, cs)) == NULL) {
-        ret = MHD_YES;
-        goto cleanup;
-    }
-    st = store_voucher_reset(pg, id, stock, hb == 1 ? begin : -1, he == 1 ? end : -1);
+    if ((pg = pg_or_respond(r, cs)) == NULL)
+        return MHD_YES;
+    st = store_voucher_reset(pg, id, in.stock, in.begin_time, in.end_time);
     if (st == STORE_OK)
         st = store_voucher_get(pg, id, &v);
-    if (st != STORE_OK) {
-        ret = send_store_error(r, st);
-        goto cleanup;
-    }
+    if (st != STORE_OK)
+        return send_store_error(r, st);
     /* Every instance drops what it cached about vouchers (sold-out flags):
      * a stale flag would undersell. Without Redis the others catch up when
      * their entries expire (VCACHE_TTL_MS). */
@@ -505,13 +405,10 @@ static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_le
         log_warn("admin: reset of voucher %" PRId64 " not broadcast (redis down); other "
                  "instances notice within %d ms", id, VCACHE_TTL_MS);
     }
-    log_info("admin: voucher %" PRId64 " reset to stock %" PRId64, id, stock);
+    log_info("admin: voucher %" PRId64 " reset to stock %" PRId64, id, in.stock);
     o = cJSON_CreateObject();
     add_voucher_fields(o, &v);
-    ret = http_send_json(r, 200, o);
-cleanup:
-    cJSON_Delete(doc);
-    return ret;
+    return http_send_json(r, 200, o);
 }
 
 const http_route handlers_routes[] = {

@@ -134,6 +134,8 @@ enum MHD_Result http_send_error(http_req *r, api_err e, const char *message)
 
 /* Matches 'path' against 'pattern' segment by segment; '*' takes one segment
  * (possibly empty) and is returned through arg/arg_len. */
+/* Matches 'path' against 'pattern' segment by segment; '*' takes one segment
+ * (possibly empty) and is returned through arg/arg_len. */
 static int route_match(const char *pattern, const char *path, const char **arg, size_t *arg_len)
 {
     const char *p = pattern, *s = path;
@@ -162,30 +164,50 @@ static int method_is(const char *have, const char *want)
            (strcmp(want, MHD_HTTP_METHOD_GET) == 0 && strcmp(have, MHD_HTTP_METHOD_HEAD) == 0);
 }
 
+int http_route_find(const http_route *routes, size_t n, const char *method, const char *path,
+                    const char **arg, size_t *arg_len, char *allow, size_t allow_len)
+{
+    int found = HTTP_ROUTE_NONE;
+
+    *arg = path;
+    *arg_len = 0;
+    if (allow_len > 0)
+        allow[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        const char *a = path;
+        size_t al = 0;
+        if (!route_match(routes[i].pattern, path, &a, &al))
+            continue;
+        if (method_is(method, routes[i].method)) {
+            *arg = a;
+            *arg_len = al;
+            return (int)i;
+        }
+        found = HTTP_ROUTE_METHOD - (int)i;
+        size_t used = strnlen(allow, allow_len);
+        if (used < allow_len)
+            snprintf(allow + used, allow_len - used, "%s%s%s", used ? ", " : "", routes[i].method,
+                     strcmp(routes[i].method, MHD_HTTP_METHOD_GET) == 0 ? ", HEAD" : "");
+    }
+    return found;
+}
+
 static enum MHD_Result dispatch(http_req *r)
 {
-    char allow[64] = "";
-    const char *arg = NULL;
-    size_t arg_len = 0;
-    int path_known = 0;
+    char allow[64];
+    const char *arg;
+    size_t arg_len;
+    int i = http_route_find(route_table, route_count, r->method, r->url, &arg, &arg_len, allow,
+                            sizeof allow);
 
-    for (size_t i = 0; i < route_count; i++) {
-        const http_route *rt = &route_table[i];
-        if (!route_match(rt->pattern, r->url, &arg, &arg_len))
-            continue;
-        if (method_is(r->method, rt->method)) {
-            r->route = (int)i;
-            return rt->fn(r, arg, arg_len);
-        }
-        r->route = (int)i;
-        path_known = 1;
-        size_t used = strlen(allow);
-        snprintf(allow + used, sizeof allow - used, "%s%s%s", used ? ", " : "", rt->method,
-                 strcmp(rt->method, MHD_HTTP_METHOD_GET) == 0 ? ", HEAD" : "");
+    if (i >= 0) {
+        r->route = i;
+        return route_table[i].fn(r, arg, arg_len);
     }
-    if (path_known)
-        return send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, allow);
-    return http_send_error(r, API_NOT_FOUND, NULL);
+    if (i == HTTP_ROUTE_NONE)
+        return http_send_error(r, API_NOT_FOUND, NULL);
+    r->route = HTTP_ROUTE_METHOD - i;
+    return send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, allow);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -270,6 +292,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     *req_cls = NULL;
     atomic_fetch_sub(&in_flight, 1);
 }
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {

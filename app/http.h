@@ -40,6 +40,16 @@ typedef struct http_route {
     http_handler fn;
 } http_route;
 
+/* The router, free of MHD state (and so fuzzable). Returns the index of the
+ * route that matches 'path' and 'method' (with its '*' segment in arg), or
+ * HTTP_ROUTE_NONE when no pattern matches the path, or HTTP_ROUTE_METHOD - i
+ * when route i's path matches but no route takes the method; then 'allow'
+ * lists the methods that would ("GET, HEAD, POST"). */
+#define HTTP_ROUTE_NONE (-1)
+#define HTTP_ROUTE_METHOD (-2)
+int http_route_find(const http_route *routes, size_t n, const char *method, const char *path,
+                    const char **arg, size_t *arg_len, char *allow, size_t allow_len);
+
 /* Starts the daemon on g_cfg.bind:g_cfg.port with 'routes' (borrowed for the
  * daemon's lifetime). Returns 0 or -1. */
 int http_start(const http_route *routes, size_t nroutes);

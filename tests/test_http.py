@@ -511,12 +511,12 @@ def health_ready_metrics():
     if not counters:
         fail(f"/metrics has no '# TYPE <name> counter' line:\n{text[:500]}")
     samples = [n for n in counters
-               if re.search(rf"^{re.escape(n)}(\{{[^}}]*\}})? [0-9.eE+-]+$", text, re.M)]
+               if re.search(rf"^{re.escape(n)}(\{{.*\}})? [0-9.eE+-]+$", text, re.M)]
     if not samples:
         fail(f"/metrics declares counters {counters[:5]} but has no sample of them")
     for line in text.splitlines():
         if line and not line.startswith("#") and \
-                not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? \S+( \d+)?", line):
+                not re.fullmatch(r'[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\])*",?)*\})? \S+( \d+)?', line):
             fail(f"/metrics line is not Prometheus text format: {line!r}")
 
 

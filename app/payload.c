@@ -1,0 +1,124 @@
+/* payload: admin request bodies. */
+#include "payload.h"
+#include "util.h"
+
+#include <cJSON.h>
+#include <string.h>
+
+/* The body as one JSON value and nothing else. NULL: not JSON. */
+static cJSON *parse(const char *body, size_t len)
+{
+    const char *end = NULL;
+    cJSON *doc;
+
+    if (body == NULL || len == 0 || memchr(body, '\0', len) != NULL || !util_utf8_valid(body, len))
+        return NULL;
+    /* cJSON's "require NUL" check fails on length-bounded input, so the
+     * trailing bytes are checked here: only whitespace may follow the value. */
+    doc = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (doc == NULL)
+        return NULL;
+    while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
+        end++;
+    if (end != body + len) {
+        cJSON_Delete(doc);
+        return NULL;
+    }
+    return doc;
+}
+
+/* A whole number 0..2^53-1 in a JSON number. */
+static int get_count(const cJSON *o, const char *name, int64_t *out)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
+    double d;
+
+    if (!cJSON_IsNumber(it))
+        return -1;
+    d = it->valuedouble;
+    /* Past 2^53 - 1 a double no longer holds every integer: 2^53 + 1 would
+     * arrive as 2^53 and be stored as something the client did not send. */
+    if (!(d >= 0 && d <= 9007199254740991.0) || d != (double)(int64_t)d)
+        return -1;
+    *out = (int64_t)d;
+    return 0;
+}
+
+/* Optional ISO-8601 time: 1 present, 0 absent, -1 invalid. */
+static int get_time(const cJSON *o, const char *name, int64_t *out)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
+
+    *out = -1;
+    if (it == NULL || cJSON_IsNull(it))
+        return 0;
+    if (!cJSON_IsString(it) || util_parse_iso8601(it->valuestring, out) != 0 || *out < 0 ||
+        *out > 253402300799LL) {      /* 9999-12-31T23:59:59Z */
+        *out = -1;
+        return -1;
+    }
+    return 1;
+}
+
+static api_err voucher(const char *body, size_t len, payload_voucher *out, const char **why,
+                       int create)
+{
+    cJSON *doc;
+    const cJSON *title;
+    int hb, he;
+    api_err err = API_INVALID_FIELD;
+
+    memset(out, 0, sizeof *out);
+    *why = NULL;
+    if ((doc = parse(body, len)) == NULL) {
+        *why = "request body is not valid JSON";
+        return API_INVALID_JSON;
+    }
+    if (!cJSON_IsObject(doc)) {
+        *why = "the body must be a JSON object";
+        goto cleanup;
+    }
+    if (create) {
+        title = cJSON_GetObjectItemCaseSensitive(doc, "title");
+        if (!cJSON_IsString(title) || title->valuestring[0] == '\0' ||
+            strlen(title->valuestring) > PAYLOAD_TITLE_MAX) {
+            *why = "title must be a non-empty string of at most 200 bytes";
+            goto cleanup;
+        }
+        memcpy(out->title, title->valuestring, strlen(title->valuestring) + 1);
+    }
+    if (get_count(doc, "stock", &out->stock) != 0) {
+        *why = "stock must be a whole number >= 0";
+        goto cleanup;
+    }
+    hb = get_time(doc, "beginTime", &out->begin_time);
+    he = get_time(doc, "endTime", &out->end_time);
+    if (hb < 0 || (create && hb == 0)) {
+        *why = "beginTime must be an ISO-8601 date-time";
+        goto cleanup;
+    }
+    if (he < 0 || (create && he == 0)) {
+        *why = "endTime must be an ISO-8601 date-time";
+        goto cleanup;
+    }
+    if (hb == 1 && he == 1 && out->end_time < out->begin_time) {
+        *why = "endTime is before beginTime";
+        goto cleanup;
+    }
+    err = API_OK;
+cleanup:
+    cJSON_Delete(doc);
+    return err;
+}
+
+api_err payload_voucher_create(const char *body, size_t len, payload_voucher *out,
+                               const char **why)
+{
+    return voucher(body, len, out, why, 1);
+}
+
+api_err payload_voucher_reset(const char *body, size_t len, payload_voucher *out,
+                              const char **why)
+{
+    return voucher(body, len, out, why, 0);
+}
