@@ -26,7 +26,8 @@ TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
 DEB_PKGS  := build-essential pkg-config libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev \
-             postgresql redis-server nginx apache2-utils wrk python3 curl procps docker-compose
+             postgresql redis-server nginx apache2-utils wrk python3 curl procps docker-compose \
+             chromium nodejs gnuplot-nox
 
 .PHONY: all test asan deps clean tests-bin
 

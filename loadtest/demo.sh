@@ -7,7 +7,9 @@
 #                request, stock WRK_STOCK           (6s, 100, 5000)
 #   3. ab storm  one user, STORM_REQUESTS attempts, STORM_CONCURRENCY at a
 #                time, stock 100: exactly one order (2000, 100)
-# then one summary row per run and the cluster's lock counters from /stats.
+# then one summary row per run and the cluster's lock counters from /stats,
+# and an HTML report of the runs (LT_OUT/report.html: latency percentiles and
+# answers per second from the nginx access log, the invariants).
 # The target is the local stack by default (make stack); see loadtest/lib.sh.
 # Exit status 1 if any invariant is violated.
 set -euo pipefail
@@ -27,6 +29,7 @@ s = json.load(sys.stdin)
 print(", ".join(sorted(i.get("instance", "?") for i in s.get("instances", []))))' 2>/dev/null || echo "?")
 printf '\nseckill demo against %s (instances: %s)\n' "$BASE_URL" "$instances"
 printf 'Every run: a fresh voucher, a load, then the invariants checked in Postgres.\n'
+printf 'Watch it live: %s/dashboard/\n' "$BASE_URL"
 
 results=()
 failed=0
@@ -51,6 +54,11 @@ run ab-storm env REQUESTS="${STORM_REQUESTS:-2000}" CONCURRENCY="${STORM_CONCURR
 printf '\n== summary (latency in ms; orders/s from the first to the last order in Postgres; per instance: requests served)\n'
 if ((${#results[@]})); then
     python3 "$LT_DIR/report.py" summary "${results[@]}" || failed=1
+fi
+
+report="$LT_OUT/report.html"
+if ((${#results[@]})) && python3 "$LT_DIR/report.py" html -o "$report" --title "seckill demo" "${results[@]}"; then
+    printf '\n== report: %s (latency percentiles per second, answers by status, invariants)\n' "$report"
 fi
 
 printf '\n== the cluster, from %s/stats\n' "$BASE_URL"

@@ -3,7 +3,10 @@
 
 Used by loadtest/ab_sale.sh, wrk_sale.sh and ab_storm.sh (see them for the
 arguments); also 'report.py summary RESULT.json ...' prints one row per run,
-and 'curl .../stats | report.py cluster' the counters of every instance.
+'curl .../stats | report.py cluster' the counters of every instance, and
+'report.py html -o FILE RESULT.json ...' writes an HTML report (inline SVG
+charts, no external resources): latency percentiles and answers per second
+over each run, from the nginx access log, beside the summary and invariants.
 
 Sources, best first:
   status counts  the nginx access log (when local), wrk's Lua counters, or
@@ -84,6 +87,51 @@ def parse_access_log(path, offset, uri):
         up = m.group(4).split(",")[-1].strip()     # retried: the last one answered
         upstreams[up] = upstreams.get(up, 0) + 1
     return statuses, upstreams
+
+
+TIMELINE_RE = re.compile(r'\[([^\]]+)\] "(\S+) (\S+)[^"]*" (\d{3}) .*? rt=([\d.]+)')
+
+
+def percentile(sorted_vals, q):
+    """Nearest-rank percentile of a sorted list (q in 0..100)."""
+    if not sorted_vals:
+        return None
+    k = max(0, min(len(sorted_vals) - 1, int(-(-q * len(sorted_vals) // 100)) - 1))
+    return sorted_vals[k]
+
+
+def parse_timeline(path, offset, uri):
+    """Per second of the run (nginx's $time_iso8601, when each answer was
+    sent): answers by status and latency percentiles ($request_time, ms)."""
+    from datetime import datetime
+    per = {}
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read().decode("utf-8", "replace")
+    for line in data.splitlines():
+        m = TIMELINE_RE.search(line)
+        if not m or m.group(3) != uri:
+            continue
+        try:
+            t = int(datetime.fromisoformat(m.group(1)).timestamp())
+        except ValueError:
+            continue
+        b = per.setdefault(t, {"lat": [], "statuses": {}})
+        b["lat"].append(float(m.group(5)) * 1000.0)
+        b["statuses"][m.group(4)] = b["statuses"].get(m.group(4), 0) + 1
+    if not per:
+        return []
+    t0, t1 = min(per), max(per)
+    out = []
+    for t in range(t0, t1 + 1):
+        b = per.get(t, {"lat": [], "statuses": {}})
+        lat = sorted(b["lat"])
+        out.append({
+            "second": t - t0, "epoch": t, "requests": len(lat), "statuses": b["statuses"],
+            "p50": percentile(lat, 50), "p90": percentile(lat, 90), "p99": percentile(lat, 99),
+            "max": lat[-1] if lat else None,
+        })
+    return out
 
 
 def load_json(path):
@@ -222,10 +270,11 @@ def cmd_run(a):
     before, after = load_json(a.stats_before), load_json(a.stats_after)
     uri = f"/voucher/{a.voucher}/seckill"
 
-    statuses, upstreams, status_source = {}, {}, ""
+    statuses, upstreams, status_source, timeline = {}, {}, "", []
     if a.access_log and os.path.exists(a.access_log):
         statuses, upstreams = parse_access_log(a.access_log, a.log_offset, uri)
         status_source = "nginx access log"
+        timeline = parse_timeline(a.access_log, a.log_offset, uri)
     if not statuses and a.tool == "wrk" and m.get("statuses"):
         statuses, status_source = m["statuses"], "wrk Lua counters"
     by_status, by_error = cluster_deltas(before, after)
@@ -302,6 +351,7 @@ def cmd_run(a):
         "voucher": facts, "invariantSource": inv_source,
         "ordersPerSecond": (orders / span) if (orders and span and span > 0 and orders > 1) else None,
         "checks": checks, "ok": all(ok for ok, _m in checks),
+        "timeline": timeline,
     }
     print_block(res)
     if a.json_out:
@@ -340,10 +390,215 @@ def cmd_cluster():
     return 0
 
 
+# ---------------------------------------------------------------- HTML report
+
+def _esc(v):
+    return (str(v).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace('"', "&quot;"))
+
+
+def _nice_step(span, ticks=4):
+    import math
+    if span <= 0:
+        return 1
+    raw = span / ticks
+    p = 10 ** math.floor(math.log10(raw))
+    f = raw / p
+    return (1 if f <= 1 else 2 if f <= 2 else 5 if f <= 5 else 10) * p
+
+
+def svg_chart(title, xs, series, kind="line", unit="", width=560, height=230):
+    """A small SVG chart: series = [(name, color, [value or None per x])];
+    kind 'line' draws lines, 'bars' stacks the series as bars per x."""
+    pad_l, pad_r, pad_t, pad_b = 52, 12, 30, 40
+    pw, ph = width - pad_l - pad_r, height - pad_t - pad_b
+    n = max(1, len(xs))
+    if kind == "bars":
+        top = max([sum((s[2][i] or 0) for s in series) for i in range(len(xs))] or [0])
+    else:
+        top = max([v for s in series for v in s[2] if v is not None] or [0])
+    step = _nice_step(top or 1)
+    ymax = step * max(1, -(-top // step)) if top else step * 4
+    y = lambda v: pad_t + ph - (v / ymax) * ph  # noqa: E731
+    out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+           f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{_esc(title)}">',
+           f'<text x="{pad_l}" y="16" class="t">{_esc(title)}</text>']
+    v = 0
+    while v <= ymax + 1e-9:
+        yy = y(v)
+        out.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{yy:.1f}" y2="{yy:.1f}" class="{"axis" if v == 0 else "grid"}"/>')
+        label = f"{v:g}"
+        out.append(f'<text x="{pad_l - 6}" y="{yy + 4:.1f}" class="yl">{label}</text>')
+        v += step
+    out.append(f'<text x="12" y="{pad_t + ph / 2:.0f}" class="yl" transform="rotate(-90 12 {pad_t + ph / 2:.0f})" text-anchor="middle">{_esc(unit)}</text>')
+    xstep = max(1, int(round(_nice_step(n, max(2, pw // 60)))))
+    for i, xv in enumerate(xs):
+        if i % xstep == 0:
+            xx = pad_l + (i + 0.5) * pw / n
+            out.append(f'<text x="{xx:.1f}" y="{height - 22}" class="xl">{xv}</text>')
+    if kind == "bars":
+        bw = max(1.0, pw / n * 0.8)
+        for i in range(len(xs)):
+            base = 0
+            xx = pad_l + (i + 0.1) * pw / n
+            for name, color, vals in series:
+                val = vals[i] or 0
+                if val <= 0:
+                    continue
+                out.append(f'<rect x="{xx:.1f}" y="{y(base + val):.1f}" width="{bw:.1f}" '
+                           f'height="{y(base) - y(base + val):.1f}" fill="{color}"><title>{xs[i]}s {name}: {val}</title></rect>')
+                base += val
+    else:
+        for name, color, vals in series:
+            pts, seg = [], []
+            for i, val in enumerate(vals):
+                if val is None:
+                    if seg:
+                        pts.append(seg)
+                    seg = []
+                    continue
+                seg.append(f"{pad_l + (i + 0.5) * pw / n:.1f},{y(val):.1f}")
+            if seg:
+                pts.append(seg)
+            for sg in pts:
+                if len(sg) > 1:
+                    out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
+                               f'stroke-linejoin="round" points="{" ".join(sg)}"/>')
+                if len(sg) == 1 or n <= 40:
+                    for pt in sg:
+                        cx, cy = pt.split(",")
+                        out.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{color}"/>')
+    lx = width - pad_r
+    for name, color, _vals in reversed(series):
+        w = 24 + 7 * len(name)
+        lx -= w
+        out.append(f'<rect x="{lx}" y="7" width="10" height="10" rx="2" fill="{color}"/>'
+                   f'<text x="{lx + 14}" y="16" class="lg">{_esc(name)}</text>')
+    out.append(f'<text x="{pad_l + pw / 2:.0f}" y="{height - 1}" class="xl">second of the run</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+HTML_STYLE = """
+body{font-family:system-ui,-apple-system,'Segoe UI','DejaVu Sans',sans-serif;margin:0;background:#f1f5f9;color:#0f172a;font-size:14px}
+header{background:#0f172a;color:#e2e8f0;padding:16px 28px}header h1{margin:0;font-size:20px;color:#fff}
+header p{margin:4px 0 0;color:#94a3b8;font-size:13px}main{max-width:1240px;margin:0 auto;padding:20px 28px}
+.card{background:#fff;border:1px solid #e2e8f0;border-radius:12px;padding:16px 18px;margin-bottom:18px;box-shadow:0 1px 2px rgba(15,23,42,.06)}
+h2{font-size:16px;margin:0 0 4px}.muted{color:#64748b;font-size:12.5px}
+table{border-collapse:collapse;width:100%;margin-top:8px}th,td{padding:5px 8px;border-bottom:1px solid #e2e8f0;text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
+th{font-size:11px;text-transform:uppercase;letter-spacing:.05em;color:#64748b}th:first-child,td:first-child{text-align:left}
+td.ok{color:#166534;background:#dcfce7;font-weight:700}td.bad{color:#fff;background:#dc2626;font-weight:700}
+.verdict{display:inline-block;padding:3px 12px;border-radius:999px;font-weight:700;margin-left:8px;font-size:13px}
+.verdict.ok{background:#dcfce7;color:#166534}.verdict.bad{background:#dc2626;color:#fff}
+.charts{display:flex;flex-wrap:wrap;gap:12px;margin-top:10px}
+svg.chart{background:#fff;max-width:100%;height:auto}svg .t{font-size:13px;font-weight:600;fill:#0f172a}
+svg .grid{stroke:#e2e8f0}svg .axis{stroke:#94a3b8}svg .yl{font-size:11px;fill:#64748b;text-anchor:end}
+svg .xl{font-size:11px;fill:#64748b;text-anchor:middle}svg .lg{font-size:11px;fill:#334155}
+ul.fails{color:#991b1b;font-weight:600}pre{background:#f8fafc;border:1px solid #e2e8f0;border-radius:8px;padding:10px;overflow:auto;font-size:12.5px}
+"""
+
+
+def html_report(results, out_path, title="seckill load test"):
+    import datetime
+    import io
+    buf = io.StringIO()
+    with_stdout = sys.stdout
+    try:
+        sys.stdout = buf
+        summary_table(results)
+    finally:
+        sys.stdout = with_stdout
+    all_ok = all(r["ok"] for r in results)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    h = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_esc(title)}</title>",
+         f"<style>{HTML_STYLE}</style></head><body>",
+         f"<header><h1>{_esc(title)} <span class=\"verdict {'ok' if all_ok else 'bad'}\">"
+         f"{'every invariant holds' if all_ok else 'INVARIANT VIOLATED'}</span></h1>",
+         f"<p>{_esc(when)} · {len(results)} run(s) · target {_esc(results[0]['url'].split('/voucher/')[0]) if results else ''}</p></header><main>",
+         "<div class=card><h2>Summary</h2><div class=muted>The terminal table: client-side latency (ab/wrk), "
+         "answers from nginx's access log, invariants read in Postgres after each run.</div>",
+         f"<pre>{_esc(buf.getvalue())}</pre>"]
+    cols = ["orders", "stock", "initialStock", "oversold", "duplicateUsers", "stockDrift"]
+    heads = ["orders", "stock", "initial stock", "oversold", "duplicate users", "stock drift"]
+    h.append("<table><tr><th>run</th><th>voucher</th>" + "".join(f"<th>{c}</th>" for c in heads) +
+             "<th>200s</th><th>check</th></tr>")
+    for r in results:
+        v = r.get("voucher") or {}
+        cells = []
+        for c in cols:
+            val = v.get(c, "?")
+            cls = ""
+            if c in ("oversold", "duplicateUsers", "stockDrift"):
+                cls = "ok" if val == 0 else "bad"
+            cells.append(f"<td class='{cls}'>{_esc(val)}</td>")
+        h.append(f"<tr><td>{_esc(r['scenario'])}</td><td>{_esc(r['voucherId'])}</td>{''.join(cells)}"
+                 f"<td>{_esc(r['statuses'].get('200', 0))}</td>"
+                 f"<td class='{'ok' if r['ok'] else 'bad'}'>{'OK' if r['ok'] else 'FAIL'}</td></tr>")
+    h.append("</table></div>")
+    for r in results:
+        tl = r.get("timeline") or []
+        h.append(f"<div class=card><h2>{_esc(r['scenario'])} <span class=\"verdict {'ok' if r['ok'] else 'bad'}\">"
+                 f"{'OK' if r['ok'] else 'VIOLATED'}</span></h2><div class=muted>{_esc(r['what'])} · "
+                 f"{r['requests']} requests in {r['seconds']:.2f} s = {r['rps']:.0f} req/s · client p50 "
+                 f"{fmt_ms(r['p50'])} ms, p99 {fmt_ms(r['p99'])} ms · voucher {_esc(r['voucherId'])}</div>")
+        fails = [m for ok, m in r.get("checks", []) if not ok]
+        if fails:
+            h.append("<ul class=fails>" + "".join(f"<li>{_esc(m)}</li>" for m in fails) + "</ul>")
+        if tl:
+            xs = [p["second"] for p in tl]
+            lat = [("p50", "#16a34a", [p["p50"] for p in tl]), ("p90", "#f59e0b", [p["p90"] for p in tl]),
+                   ("p99", "#dc2626", [p["p99"] for p in tl]), ("max", "#94a3b8", [p["max"] for p in tl])]
+            codes = sorted({k for p in tl for k in p["statuses"]})
+            colors = {"200": "#16a34a", "409": "#f59e0b"}
+            bars = [(c, colors.get(c, "#dc2626" if c.startswith("5") else "#8b5cf6"),
+                     [p["statuses"].get(c, 0) for p in tl]) for c in codes]
+            h.append("<div class=charts>")
+            h.append(svg_chart("latency per second (nginx $request_time)", xs, lat, "line", "ms"))
+            h.append(svg_chart("answers per second by status", xs, bars, "bars", "answers/s"))
+            h.append("</div>")
+            h.append("<table><tr><th>second</th><th>answers</th><th>200</th><th>409</th><th>other</th>"
+                     "<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th></tr>")
+            for p in tl:
+                st = p["statuses"]
+                other = sum(n for k, n in st.items() if k not in ("200", "409"))
+                h.append(f"<tr><td>{p['second']}</td><td>{p['requests']}</td><td>{st.get('200', 0)}</td>"
+                         f"<td>{st.get('409', 0)}</td><td>{other}</td><td>{fmt_ms(p['p50'])}</td>"
+                         f"<td>{fmt_ms(p['p90'])}</td><td>{fmt_ms(p['p99'])}</td><td>{fmt_ms(p['max'])}</td></tr>")
+            h.append("</table>")
+        else:
+            h.append("<p class=muted>No per-second figures: the nginx access log was not readable "
+                     "(NGINX_ACCESS_LOG), so only the totals above are known.</p>")
+        h.append("</div>")
+    h.append("</main></body></html>")
+    tmp = f"{out_path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(h) + "\n")
+    os.replace(tmp, out_path)
+
+
+def cmd_html(argv):
+    ap = argparse.ArgumentParser(prog="report.py html", description="Write the HTML report of some runs.")
+    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--title", default="seckill load test")
+    ap.add_argument("results", nargs="+")
+    a = ap.parse_args(argv)
+    results = []
+    for p in a.results:
+        r = load_json(p)
+        if r is None:
+            print(f"report: no result in {p}", file=sys.stderr)
+            return 2
+        results.append(r)
+    html_report(results, a.out, a.title)
+    return 0
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "summary":
         return cmd_summary(argv[1:])
+    if argv and argv[0] == "html":
+        return cmd_html(argv[1:])
     if argv and argv[0] == "cluster":
         return cmd_cluster()
     ap = argparse.ArgumentParser(description="Report one load-test run (see the module doc).")

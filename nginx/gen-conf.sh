@@ -17,11 +17,20 @@
 # --connect-timeout T, --send-timeout T, --read-timeout T
 #                 proxy timeouts (defaults 2s, 10s, 10s)
 # --retry-after N Retry-After of nginx's 502/503/504 answers (default 1)
+# --dashboard DIR the dashboard page served at /dashboard/. Local mode: the
+#                 files of DIR (default: the repository's dashboard/) are
+#                 copied to PREFIX/dashboard, so that nginx's workers (nobody,
+#                 when started as root) can read them wherever the repository
+#                 lives; restart the stack (or run this again) to serve edits.
+#                 --docker: the directory inside the container (default
+#                 /usr/share/nginx/dashboard, mounted by docker-compose.yml)
 # -o FILE         write there (atomically) instead of stdout
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TEMPLATE="$HERE/nginx.conf.tmpl"
+DASHBOARD_SRC_DEFAULT="$(dirname "$HERE")/dashboard"
+DASHBOARD_DOCKER_DEFAULT=/usr/share/nginx/dashboard
 
 die() { printf 'gen-conf.sh: %s\n' "$*" >&2; exit 2; }
 
@@ -33,9 +42,29 @@ usage() {
 # Escapes a replacement string for sed's s|...|...|.
 sed_escape() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
 
+# Copies the dashboard's files from SRC into DEST (replacing an older copy),
+# readable by everyone. A missing default source only warns: the page is then
+# a 404, everything else works.
+copy_dashboard() {
+    local src=$1 dest=$2 explicit=$3
+    if [[ ! -f "$src/index.html" ]]; then
+        [[ -z "$explicit" ]] || die "--dashboard $src has no index.html"
+        printf 'gen-conf.sh: warning: no dashboard in %s: /dashboard/ will answer 404\n' "$src" >&2
+        rm -rf "$dest"
+        mkdir -p "$dest"
+        return 0
+    fi
+    rm -rf "$dest.tmp.$$"
+    cp -R "$src" "$dest.tmp.$$"
+    chmod -R a+rX "$dest.tmp.$$"
+    rm -rf "$dest"
+    mv "$dest.tmp.$$" "$dest"
+}
+
 main() {
     local prefix="" docker=0 listen="" max_body=64k out=""
     local connect_timeout=2s send_timeout=10s read_timeout=10s retry_after=1
+    local dashboard="" dashboard_dir
     local -a upstreams=()
 
     while (($#)); do
@@ -49,6 +78,7 @@ main() {
             --send-timeout) send_timeout=${2:?}; shift 2 ;;
             --read-timeout) read_timeout=${2:?}; shift 2 ;;
             --retry-after) retry_after=${2:?}; shift 2 ;;
+            --dashboard) dashboard=${2:?}; shift 2 ;;
             -o) out=${2:?}; shift 2 ;;
             -h | --help) usage 0 ;;
             *) die "unknown argument '$1' (see --help)" ;;
@@ -64,6 +94,8 @@ main() {
         error_log=stderr
         access_log=/dev/stdout
         temp_dir=/tmp
+        dashboard_dir=${dashboard:-$DASHBOARD_DOCKER_DEFAULT}
+        [[ "$dashboard_dir" == /* ]] || die "--dashboard with --docker is a directory in the container (absolute)"
     else
         [[ -n "$prefix" ]] || die "--prefix DIR (or --docker) is required"
         [[ "$prefix" == /* ]] || prefix="$PWD/$prefix"
@@ -73,6 +105,8 @@ main() {
         access_log="$prefix/access.log"
         temp_dir="$prefix/temp"
         mkdir -p "$temp_dir"      # nginx creates the leaf directories only
+        dashboard_dir="$prefix/dashboard"
+        copy_dashboard "${dashboard:-$DASHBOARD_SRC_DEFAULT}" "$dashboard_dir" "${dashboard:+explicit}"
     fi
     ((${#upstreams[@]})) || die "at least one --upstream HOST:PORT is required"
     [[ -f "$TEMPLATE" ]] || die "template $TEMPLATE is missing"
@@ -97,6 +131,7 @@ main() {
         -e "s|@@SEND_TIMEOUT@@|$(sed_escape "$send_timeout")|g" \
         -e "s|@@READ_TIMEOUT@@|$(sed_escape "$read_timeout")|g" \
         -e "s|@@RETRY_AFTER@@|$(sed_escape "$retry_after")|g" \
+        -e "s|@@DASHBOARD_DIR@@|$(sed_escape "${dashboard_dir%/}")|g" \
         "$TEMPLATE")
     # The server lines span several lines: replaced outside sed.
     text=${text//@@UPSTREAM_SERVERS@@/$servers}

@@ -9,6 +9,9 @@
 #                 partly running or another INSTANCES count: restarts it)
 #   stop          stop exactly what 'start' started, by PID
 #   restart       stop, then start
+#   restart-instances  stop the seckill instances only and start them again with
+#                 the current environment (THREADS, SECKILL_*, ...) on the same
+#                 ports, Postgres, Redis and nginx (make bench: another strategy)
 #   status        what runs (exit 0: all of it, 1: part of it, 3: nothing)
 #   env           print the env file (BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...)
 #   instance-env  print the environment an instance gets (NAME=value, instance 1)
@@ -28,6 +31,9 @@
 #   SECKILL_BIN        server binary (default <repo>/build/seckill)
 #   PG_BIN             Postgres server binaries (default newest /usr/lib/postgresql/*/bin)
 #   PG_DURABLE=1       keep fsync on (default off: a throwaway database)
+#   PG_MAX_CONNECTIONS Postgres max_connections (default INSTANCES*(THREADS+4)+40,
+#                      at least 100; raise it when instances will restart with
+#                      more THREADS or other clients such as pgbench connect)
 #   STACK_TIMEOUT      seconds to wait for each component to be ready (default 30)
 #
 # Source RUN_DIR/stack.env to get BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...
@@ -354,6 +360,11 @@ start_postgres() {
     [[ "$threads" =~ ^[0-9]+$ ]] || threads=8
     maxconn=$((INSTANCES * (threads + 4) + 40))
     ((maxconn >= 100)) || maxconn=100
+    if [[ -n "${PG_MAX_CONNECTIONS:-}" ]]; then
+        [[ "$PG_MAX_CONNECTIONS" =~ ^[0-9]+$ ]] && ((PG_MAX_CONNECTIONS >= 10)) ||
+            die "PG_MAX_CONNECTIONS must be a number >= 10"
+        maxconn=$PG_MAX_CONNECTIONS
+    fi
     local durable=off
     [[ "${PG_DURABLE:-0}" == 1 ]] && durable=on
     cat >>"$data/postgresql.conf" <<EOF
@@ -489,6 +500,12 @@ start_nginx() {
     pid=$(cat "$dir/nginx.pid" 2>/dev/null || true)
     [[ -n "$pid" ]] || die "nginx wrote no pid file ($dir/nginx.pid)"
     write_pidfile nginx "$pid" "nginx: master process * -c $dir/nginx.conf*"
+    # The master renames itself ("nginx: master process ...") a moment after
+    # writing its pid file: give it that moment on a busy machine.
+    for ((i = 0; i < 50; i++)); do
+        live_pid nginx >/dev/null && break
+        sleep 0.1
+    done
     live_pid nginx >/dev/null || die "nginx pid $pid does not look like nginx: $(cmdline_of "$pid")"
     wait_for "nginx" "$pid" http_ok "http://127.0.0.1:$port/health" || {
         tail_log "$dir/error.log"; die "nginx does not pass GET /health to the instances"; }
@@ -528,7 +545,7 @@ write_env_file() {
 # is: the launcher's own, every server setting the binary knows (its --help)
 # and SECKILL_*, and the binary itself (rebuilt: restart).
 CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
-    SECKILL_BIN LUA_DIR_STACK PG_DURABLE)
+    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS)
 config_signature() {
     local v
     {
@@ -643,6 +660,33 @@ cmd_start() {
     log "ready: BASE_URL=http://127.0.0.1:$P_NGINX ($INSTANCES instances); env file $ENV_FILE"
 }
 
+# Stops the instances of a running stack and starts them again with this
+# environment; Postgres, Redis and nginx keep running (nginx reconnects).
+cmd_restart_instances() {
+    [[ -x "$SECKILL_BIN" ]] || die "$SECKILL_BIN is missing: run 'make'"
+    [[ -f "$ENV_FILE" ]] || die "no stack runs in $RUN_DIR (no env file): start it first"
+    live_pid nginx >/dev/null || die "nginx of the stack in $RUN_DIR is not running: start the stack first"
+    local n i pid
+    n=$(state_get INSTANCES)
+    [[ "$n" == "$INSTANCES" ]] ||
+        die "the stack runs $n instances, INSTANCES is $INSTANCES: use restart for another count"
+    read -r -a P_APP <<<"$(state_get INSTANCE_PORTS)"
+    ((${#P_APP[@]} == n)) || die "$STATE_FILE lists ${#P_APP[@]} instance ports for $n instances"
+    STACK_PG_DSN=$(. "$ENV_FILE" && printf '%s' "$PG_DSN")
+    STACK_REDIS_URL=$(. "$ENV_FILE" && printf '%s' "$REDIS_URL")
+    ADMIN_TOKEN=$(cat "$RUN_DIR/admin_token")
+    for ((i = 1; i <= n; i++)); do
+        if pid=$(live_pid "app-$i"); then stop_pid "app-$i" "$pid" TERM 10; fi
+        rm -f "$PIDS/app-$i.pid"
+    done
+    for ((i = 1; i <= n; i++)); do require_free_port "${P_APP[$((i - 1))]}" "instance $i" APP_PORT_BASE; done
+    for ((i = 1; i <= n; i++)); do start_instance "$i" "${P_APP[$((i - 1))]}"; done
+    for ((i = 1; i <= n; i++)); do wait_instance "$i" "${P_APP[$((i - 1))]}"; done
+    # The settings changed: a later 'start' with other ones restarts it all.
+    sed -i "s/^CONFIG=.*/CONFIG=$(config_signature)/" "$STATE_FILE"
+    log "instances restarted (${P_APP[*]})"
+}
+
 # ------------------------------------------------------------------ stop
 
 stop_all() {
@@ -742,12 +786,13 @@ main() {
         start) cmd_start ;;
         stop) cmd_stop ;;
         restart) cmd_stop; cmd_start ;;
+        restart-instances) cmd_restart_instances ;;
         status) cmd_status ;;
         env) cmd_env ;;
         instance-env) cmd_instance_env ;;
         describe) cmd_describe ;;
         -h | --help | help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
-        *) die "usage: $0 start|stop|restart|status|env|instance-env|describe (see --help)" ;;
+        *) die "usage: $0 start|stop|restart|restart-instances|status|env|instance-env|describe (see --help)" ;;
     esac
 }
 
