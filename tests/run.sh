@@ -12,6 +12,7 @@
 #   BUILD         build directory (default: build)
 #   KEEP_TMP=1    keep the temp directory (logs, data) after the run
 #   TEST_TIMEOUT  seconds one test program may run (default: 900)
+#   TEST_SKIP     space-separated names: programs whose name contains one are skipped
 #   PG_BIN        Postgres server binaries (default: newest /usr/lib/postgresql/*/bin)
 # Environment exported to the tests:
 #   PG_DSN REDIS_URL PG_PORT REDIS_PORT LUA_DIR SQL_DIR SECKILL_BIN TEST_TMP
@@ -35,6 +36,18 @@ TEST_PID=""
 TAIL_PID=""
 
 log() { printf 'run.sh: %s\n' "$*" >&2; }
+
+# TEST_SKIP="a b": leave out the programs whose name contains a or b.
+skipped() {
+    local word
+    for word in ${TEST_SKIP:-}; do
+        if [[ "$1" == *"$word"* ]]; then
+            log "skipping $1 (TEST_SKIP)"
+            return 0
+        fi
+    done
+    return 1
+}
 die() { log "error: $*"; exit 2; }
 
 # Prints the last lines of a log file, indented, to stderr.
@@ -301,6 +314,7 @@ main() {
         case "$t" in *.d | *.o) continue ;; esac
         name=$(basename "$t")
         [[ -z "$FILTER" || "$name" == *"$FILTER"* ]] || continue
+        skipped "$name" && continue
         run_one "$name" "$t"
         ran=$((ran + 1))
     done
@@ -308,6 +322,7 @@ main() {
         [[ -f "$t" ]] || continue
         name=$(basename "$t")
         [[ -z "$FILTER" || "$name" == *"$FILTER"* ]] || continue
+        skipped "$name" && continue
         run_one "$name" python3 -u "$t"
         ran=$((ran + 1))
     done
