@@ -24,6 +24,7 @@ static const struct {
     [API_ALREADY_ORDERED] = { "already_ordered", 409, "this user already ordered this voucher" },
     [API_BODY_TOO_LARGE] = { "body_too_large", 413, "request body too large" },
     [API_UNAVAILABLE] = { "unavailable", 503, "a backing service is unavailable, retry later" },
+    [API_BAD_REQUEST] = { "bad_request", 400, "malformed HTTP request" },
 };
 
 const char *api_err_code(api_err e)

@@ -20,6 +20,7 @@ typedef enum api_err {
     API_ALREADY_ORDERED,
     API_BODY_TOO_LARGE,
     API_UNAVAILABLE,
+    API_BAD_REQUEST,          /* malformed HTTP (framing, duplicate headers, NUL bytes) */
     API_ERR_COUNT
 } api_err;
 

@@ -15,6 +15,9 @@
 #include <sys/socket.h>
 
 static _Atomic uint64_t next_thread_id = 1;
+/* The Redis circuit breaker: shared by the workers on purpose, so that one
+ * worker's timeout spares the others theirs. Monotonic microseconds. */
+static _Atomic int64_t redis_open_until_us;
 static pthread_key_t set_key;
 static pthread_once_t set_key_once = PTHREAD_ONCE_INIT;
 static _Thread_local conn_set *tls_set;
@@ -125,10 +128,29 @@ fail:
     return NULL;
 }
 
+static int is_timeout(const char *err)
+{
+    return strstr(err, "temporarily unavailable") != NULL || strstr(err, "timed out") != NULL;
+}
+
+static void trip_breaker(const char *why)
+{
+    int64_t ms = g_cfg.redis_timeout_ms / 2;
+
+    if (ms < 100)
+        ms = 100;
+    if (ms > 1000)
+        ms = 1000;
+    atomic_store(&redis_open_until_us, util_mono_us() + ms * 1000);
+    log_warn("redis timed out (%s): failing fast for %lld ms", why, (long long)ms);
+}
+
 redisContext *conn_redis(conn_set *cs)
 {
     char err[256];
 
+    if (util_mono_us() < atomic_load(&redis_open_until_us))
+        return NULL;
     if (cs->redis != NULL) {
         if (!socket_stale(cs->redis->fd))
             return cs->redis;
@@ -137,13 +159,19 @@ redisContext *conn_redis(conn_set *cs)
         cs->redis = NULL;
     }
     cs->redis = conn_redis_open(err, sizeof err);
-    if (cs->redis == NULL)
-        log_warn("redis unavailable: %s", err);
+    if (cs->redis == NULL) {
+        if (is_timeout(err))
+            trip_breaker(err);
+        else
+            log_warn("redis unavailable: %s", err);
+    }
     return cs->redis;
 }
 
 void conn_redis_broken(conn_set *cs)
 {
+    if (cs->redis != NULL && cs->redis->err == REDIS_ERR_IO && is_timeout(cs->redis->errstr))
+        trip_breaker(cs->redis->errstr);
     if (cs->redis != NULL) {
         log_warn("redis connection dropped: %s", cs->redis->err ? cs->redis->errstr : "reply error");
         redisFree(cs->redis);

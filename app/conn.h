@@ -13,6 +13,8 @@ typedef struct conn_set {
     PGconn *pg;            /* NULL until connected, or after conn_pg_broken */
     uint64_t thread_id;    /* process-unique, never reused (lock owner id) */
     char owner[128];       /* "<instance uuid>:<thread_id>", the lock hash field */
+    char orphan_lock[64];  /* a lock whose acquire reply was lost: released at the
+                              next chance, in case Redis granted it after all */
 } conn_set;
 
 /* This thread's set, created on first call; freed when the thread exits
@@ -21,7 +23,10 @@ conn_set *conn_get(void);
 
 /* A connected Redis context, or NULL when Redis is unreachable (the reason
  * is logged). Connects with the configured connect and command timeouts,
- * authenticates and selects the database. Borrowed: do not free. */
+ * authenticates and selects the database. Borrowed: do not free.
+ * After a timeout on any worker, every worker gets NULL at once for a short
+ * while (a circuit breaker): a crowd fails fast instead of queueing behind
+ * one timeout per thread. */
 redisContext *conn_redis(conn_set *cs);
 
 /* Call after a NULL reply or any context error: the context is freed and

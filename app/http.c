@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 static struct MHD_Daemon *daemon_handle;
@@ -210,6 +211,66 @@ static enum MHD_Result dispatch(http_req *r)
     return send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, allow);
 }
 
+/* What the headers say about the request's framing and identity, counted
+ * with their real lengths (a value may hide a NUL byte). */
+typedef struct header_scan {
+    int user_ids, lengths, chunked, nul;
+    char length[32];
+    int lengths_differ;
+} header_scan;
+
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   size_t key_size, const char *value, size_t value_size)
+{
+    header_scan *h = cls;
+
+    (void)kind;
+    if (strlen(key) != key_size || (value != NULL && strlen(value) != value_size))
+        h->nul = 1;
+    if (strcasecmp(key, "X-User-Id") == 0) {
+        h->user_ids++;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (h->lengths++ == 0)
+            snprintf(h->length, sizeof h->length, "%s", value ? value : "");
+        else if (value == NULL || strcmp(h->length, value) != 0)
+            h->lengths_differ = 1;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        h->chunked = 1;
+    }
+    return MHD_YES;
+}
+
+/* Refuses requests whose meaning depends on which header a reader believes:
+ * the doors of request smuggling and of buying as someone else. 0 = fine. */
+static int refuse_ambiguous(http_req *r)
+{
+    header_scan h = { 0 };
+
+    MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, scan_header, &h);
+    if (h.nul) {
+        http_send_error(r, API_BAD_REQUEST, "a header contains a NUL byte");
+        return 1;
+    }
+    if (h.lengths_differ || (h.lengths > 0 && h.chunked)) {
+        http_send_error(r, API_BAD_REQUEST, "conflicting Content-Length / Transfer-Encoding");
+        return 1;
+    }
+    if (h.user_ids > 1) {
+        http_send_error(r, API_INVALID_USER_ID, "X-User-Id must appear once");
+        return 1;
+    }
+    return 0;
+}
+
+/* Routing sees the path exactly as sent: "%2F" is not a separator and "%00"
+ * is not the end of the path. Nothing in our API needs escapes. */
+static size_t keep_escapes(void *cls, struct MHD_Connection *conn, char *s)
+{
+    (void)cls;
+    (void)conn;
+    return strlen(s);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -229,6 +290,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         set_request_id(r);
         *req_cls = r;
         atomic_fetch_add(&in_flight, 1);
+        if (refuse_ambiguous(r))
+            return MHD_YES;                  /* answered; MHD closes after it */
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         int64_t n;
@@ -357,6 +420,7 @@ int http_start(const http_route *routes, size_t nroutes)
         MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
         MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+        MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL,
         MHD_OPTION_END);
     if (daemon_handle == NULL) {
         log_error("cannot listen on %s:%d (port in use?)", g_cfg.bind, g_cfg.port);

@@ -88,6 +88,10 @@ static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h)
             err = API_ALREADY_ORDERED;
             break;
         default:
+            /* A lost reply may hide a grant that Redis runs later: release it at
+             * the next chance, or the user is locked out for a whole lease. */
+            if (c->err)
+                snprintf(cs->orphan_lock, sizeof cs->orphan_lock, "%s", h->key);
             err = API_UNAVAILABLE;
             break;
         }
@@ -181,6 +185,18 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
     if ((c = conn_redis(cs)) == NULL) {
         *message = "redis unavailable, retry later";
         return API_UNAVAILABLE;
+    }
+
+    if (cs->orphan_lock[0] != '\0') {
+        /* Not ours (LOCK_NOT_OWNER) is the usual answer: nothing was granted. */
+        if (lock_release(c, cs->orphan_lock, cs->owner, g_cfg.lock_lease_ms, NULL) == LOCK_OK)
+            log_warn("released %s, granted after its reply was lost", cs->orphan_lock);
+        if (c->err) {
+            conn_redis_broken(cs);
+            *message = "redis unavailable, retry later";
+            return API_UNAVAILABLE;
+        }
+        cs->orphan_lock[0] = '\0';
     }
 
     /* 3. The per-user lock, one attempt: busy means a concurrent request of

@@ -60,6 +60,15 @@ static int get_time(const cJSON *o, const char *name, int64_t *out)
     return 1;
 }
 
+static int has_escaped_nul(const char *s, size_t len)
+{
+    for (size_t i = 0; i + 6 <= len; i++)
+        if (s[i] == '\\' && (s[i + 1] == 'u' || s[i + 1] == 'U') && s[i + 2] == '0' &&
+            s[i + 3] == '0' && s[i + 4] == '0' && s[i + 5] == '0')
+            return 1;
+    return 0;
+}
+
 static api_err voucher(const char *body, size_t len, payload_voucher *out, const char **why,
                        int create)
 {
@@ -70,6 +79,11 @@ static api_err voucher(const char *body, size_t len, payload_voucher *out, const
 
     memset(out, 0, sizeof *out);
     *why = NULL;
+    /* "\u0000" decodes to a NUL that would silently cut a string short. */
+    if (body != NULL && has_escaped_nul(body, len)) {
+        *why = "strings must not contain NUL characters";
+        return API_INVALID_FIELD;
+    }
     if ((doc = parse(body, len)) == NULL) {
         *why = "request body is not valid JSON";
         return API_INVALID_JSON;

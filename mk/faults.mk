@@ -1,0 +1,20 @@
+# mk/faults.mk: fault injection under load and resource limits
+# (tests/test_faults.py against the local stack, see README "Failure behaviour").
+#
+#   make faults                    kill -9 of an instance, Redis frozen and
+#                                  restarted, Postgres restarted, a lock holder
+#                                  paused past its lease, 1,000 slow clients,
+#                                  connection limits, RSS over a 60 s sale
+#   FAULTS_SALE_S=60 FAULTS_OUTAGE_S=5 FAULTS_RATE=25   the knobs (make test: 12 s, 3 s)
+#
+# The figures are printed at the end and written to $(BUILD)/faults-figures.json.
+
+FAULTS_SALE_S   ?= 60
+FAULTS_OUTAGE_S ?= 5
+FAULTS_RATE     ?= 25
+
+.PHONY: faults
+
+faults: $(BUILD)/seckill
+	FAULTS_SALE_S=$(FAULTS_SALE_S) FAULTS_OUTAGE_S=$(FAULTS_OUTAGE_S) FAULTS_RATE=$(FAULTS_RATE) \
+	FAULTS_FIGURES=$(abspath $(BUILD))/faults-figures.json BUILD=$(BUILD) tests/run.sh faults
