@@ -211,8 +211,6 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
 
     /* 3-5. Lock, id, transaction, unlock. */
     err = order_place(cs, voucher_id, user_id, &order_id, &message);
-    if (err == API_SOLD_OUT)
-        vcache_mark_sold_out(voucher_id);   /* the next ones are refused from memory */
     if (err != API_OK)
         return http_send_error(r, err, message);
 

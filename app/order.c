@@ -10,6 +10,7 @@
 #include "script.h"
 #include "stats.h"
 #include "store.h"
+#include "vcache.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -252,6 +253,13 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
     case STORE_OK:
         return API_OK;
     case STORE_SOLD_OUT:
+        /* The database said no stock is left: later buyers of this voucher
+         * are refused from memory until a reset. */
+        vcache_mark_sold_out(voucher_id);
+        return API_SOLD_OUT;
+    case STORE_CONFLICT:
+        /* Lost a compare-and-swap race: stock may remain, so no sold-out flag. */
+        *message = "the stock changed while this order was placed (cas): try again";
         return API_SOLD_OUT;
     case STORE_DUPLICATE:
         return API_ALREADY_ORDERED;

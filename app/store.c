@@ -351,7 +351,8 @@ store_status store_order_steps(PGconn *pg, const store_order *o, enum stock_stra
     if (st != STORE_OK)
         goto cleanup;
     if (rows == 0) {
-        st = STORE_SOLD_OUT;
+        /* cas: someone else moved the stock first; the rest: none left. */
+        st = strategy == STOCKS_CAS ? STORE_CONFLICT : STORE_SOLD_OUT;
         goto cleanup;
     }
     if ((st = step(pg, "order_insert", 3, ins, &rows, NULL)) != STORE_OK)

@@ -16,6 +16,7 @@ typedef enum store_status {
     STORE_DUPLICATE,      /* this user already has an order for this voucher */
     STORE_INVALID,        /* a constraint refused the values (e.g. end before begin) */
     STORE_STALE_TOKEN,    /* a newer lock holder already wrote: this holder's lease is gone */
+    STORE_CONFLICT,       /* cas: the stock changed since it was read (not sold out) */
     STORE_UNAVAILABLE     /* connection lost, timed out or refused: answer 503 */
 } store_status;
 

@@ -1,0 +1,877 @@
+#!/usr/bin/env python3
+"""loadtest/ladder.py -- the demo ladder: the seed notes' walk from a broken
+flash sale to a correct one, each step measured under real load (make ladder).
+
+For every step the ladder restarts the seckill instances behind nginx with
+that step's strategies (SECKILL_LOCK, SECKILL_STOCK) and race-widening knobs
+(DEMO_DELAY_MS, DEMO_PAUSE_MS, LOCK_LEASE_MS), resets the voucher through the
+admin API, drives it, then reads the outcome in Postgres (orders, oversold,
+duplicate users, stock drift), in nginx's access log (answers per status and
+per instance), in the clients' per-request times (req/s, p99) and in each
+instance's /stats (lock releases by a non-owner, watchdog renewals). Each
+step's expected outcome -- a failure for the broken steps, none for the fixed
+ones -- is asserted: the exit status is 1 when one does not reproduce.
+
+  stock steps  a sale to 1000 distinct buyers with ab (DEMO_RANDOM_USER=1), 50
+               concurrent, stock 100, DEMO_DELAY_MS=20 between the reads and
+               the writes of the transaction: the same load for every strategy
+  lock steps   a single-user storm: 8 keep-alive connections through nginx send
+               the same X-User-Id at once, then again 50 ms after each answer,
+               for 3 s; stock 100. A holder keeps the user's lock 2 s
+               (DEMO_DELAY_MS=2000; step 9: a 1.1 s stall, DEMO_PAUSE_MS)
+
+It runs a stack of its own (scripts/stack.sh, RUN_DIR default .run/ladder, free
+ports), without the unique constraint uq_voucher_order_user_voucher (it would
+hide the locks' failures), and restores the constraint at the end (duplicate
+rows deleted first). The stack is stopped at the end unless --keep-stack: then
+it stays up with the safe default strategies.
+
+Outputs (OUT, default build/ladder): ladder.txt (the terminal table),
+ladder.md (Markdown report), ladder.png (gnuplot chart: oversold, duplicate
+orders and success rate per step), ladder.json (every figure), steps/ (raw
+load output, the access-log slice and /stats of every step; run-N/ with --runs).
+
+  loadtest/ladder.py [--quick] [--runs N] [--steps 1,2,8] [--no-batched]
+                     [--keep-stack] [--run-dir DIR] [--out DIR]
+
+--quick: 500 buyers instead of 1000 in the stock steps (CI); every assertion
+stays. --runs N: the whole ladder N times on the same stack, then how often
+each step's expected outcome reproduced. Python 3 standard library only; needs
+ab, psql, curl (stack.sh) and, for the chart, gnuplot.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import check_invariants  # noqa: E402
+import report  # noqa: E402
+
+STACK_SH = os.path.join(ROOT, "scripts", "stack.sh")
+UNIQUE = "uq_voucher_order_user_voucher"
+
+# Instance settings the ladder sets itself for every step: never inherited.
+STEP_VARS = ("SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS",
+             "LOCK_LEASE_MS", "WATCHDOG_TIMEOUT_MS", "DEMO_RANDOM_USER", "INSTANCES",
+             "LOG_LEVEL")
+# The caller's variables that must not leak into the stack or the loads.
+SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
+                     "LOADTEST_OUT", "ADMIN_TOKEN")
+
+# ------------------------------------------------------------------ the steps
+
+SALE = {"kind": "sale", "requests": 1000, "concurrency": 50, "stock": 100}
+STORM = {"kind": "storm", "connections": 8, "seconds": 3.0, "gap": 0.05, "stock": 100}
+STOCK_ENV = {"DEMO_DELAY_MS": 20}
+LOCK_ENV = {"DEMO_DELAY_MS": 2000}           # the user's lock is held 2 s
+
+STEPS = [
+    # num, key, title, lock, stock, instances, extra env, load, expectation
+    dict(num=1, key="naive", title="naive stock", lock="reentrant", stock="naive",
+         instances=2, env=STOCK_ENV, load=SALE,
+         expect="oversells, loses updates",
+         story="read stock, check in C, write back read-1"),
+    dict(num=2, key="cas", title="compare-and-swap", lock="reentrant", stock="cas",
+         instances=2, env=STOCK_ENV, load=SALE,
+         expect="no oversell, sells < optimistic",
+         story="UPDATE ... WHERE stock = <value read>"),
+    dict(num=3, key="optimistic", title="stock > 0", lock="reentrant", stock="optimistic",
+         instances=2, env=STOCK_ENV, load=SALE,
+         expect="sells exactly the stock",
+         story="UPDATE ... SET stock = stock - 1 WHERE stock > 0"),
+    dict(num=4, key="pessimistic", title="FOR UPDATE", lock="reentrant", stock="pessimistic",
+         instances=2, env=STOCK_ENV, load=SALE,
+         expect="sells exactly the stock",
+         story="SELECT ... FOR UPDATE, then write"),
+    dict(num=5, key="none", title="no lock", lock="none", stock="optimistic",
+         instances=2, env=LOCK_ENV, load=STORM,
+         expect="duplicates",
+         story="check 'has this user an order?' then insert, unlocked"),
+    dict(num=6, key="local-1", title="local mutex", lock="local",
+         stock="optimistic", instances=1, env=LOCK_ENV, load=STORM,
+         expect="exactly 1 order",
+         story="a per-user mutex inside the process"),
+    dict(num=7, key="local-2", title="local mutex", lock="local",
+         stock="optimistic", instances=2, env=LOCK_ENV, load=STORM,
+         expect="duplicates (1 per instance)",
+         story="the same mutex, nginx round-robins the user over two processes"),
+    dict(num=8, key="setnx", title="SETNX, lease < hold", lock="setnx", stock="optimistic",
+         instances=2, env={"DEMO_DELAY_MS": 2000, "LOCK_LEASE_MS": 1000}, load=STORM,
+         expect="deletes other's lock, duplicates",
+         story="SET NX EX 1, DEL without owner check; the transaction takes 2 s"),
+    dict(num=9, key="owner", title="owner + Lua release", lock="owner", stock="optimistic",
+         instances=2, env={"DEMO_PAUSE_MS": 1100, "DEMO_DELAY_MS": 0, "LOCK_LEASE_MS": 1000},
+         load=STORM,
+         expect="release refused, 1 order",
+         story="SET NX PX 1000 with an owner id, compare-and-delete in Lua; "
+               "the holder stalls 1.1 s after taking the lock, then orders"),
+    dict(num=10, key="reentrant", title="reentrant + watchdog", lock="reentrant",
+         stock="optimistic", instances=2,
+         env={"DEMO_DELAY_MS": 2000, "LOCK_LEASE_MS": -1, "WATCHDOG_TIMEOUT_MS": 1000},
+         load=STORM,
+         expect="1 order, lease renewed",
+         story="Redisson-style hash lock, 1 s lease renewed by the watchdog; "
+               "the transaction takes 2 s"),
+    dict(num=11, key="batched", title="batched (group commit)", lock="reentrant",
+         stock="batched", instances=2, env=STOCK_ENV, load=SALE, optional=True,
+         expect="sells exactly the stock",
+         story="one statement settles a batch of buyers"),
+]
+
+
+def check_step(step, r, results):
+    """[(ok, text)] for the step's expected outcome; r: the step's figures."""
+    k = step["key"]
+    out = []
+    stock = r["initialStock"]
+    if k == "naive":
+        out.append((r["oversold"] > 0, f"oversold {r['oversold']} > 0"))
+    elif k in ("cas", "optimistic", "pessimistic", "batched"):
+        out.append((r["oversold"] == 0, f"oversold {r['oversold']} = 0"))
+        out.append((r["stockDrift"] == 0, f"stock drift {r['stockDrift']} = 0"))
+        if k == "cas":
+            opt = results.get("optimistic")
+            if opt is not None:
+                out.append((r["orders"] < opt["orders"],
+                            f"cas sold {r['orders']} < optimistic {opt['orders']}"))
+        else:
+            out.append((r["orders"] == stock, f"orders {r['orders']} = stock {stock}"))
+    elif k == "none":
+        out.append((r["duplicateUsers"] >= 1 and r["orders"] > 1,
+                    f"duplicate users {r['duplicateUsers']} >= 1 ({r['orders']} orders)"))
+    elif k == "local-1":
+        out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
+                    f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
+    elif k == "local-2":
+        out.append((r["duplicateUsers"] >= 1,
+                    f"duplicate users {r['duplicateUsers']} >= 1 ({r['orders']} orders)"))
+        ok_from = sorted(i for i, n in r["okByInstance"].items() if n > 0)
+        out.append((len(ok_from) >= 2,
+                    f"200s came from {len(ok_from)} instances ({', '.join(ok_from) or '-'})"))
+    elif k == "setnx":
+        out.append((r["notOwnerReleases"] >= 1,
+                    f"deletes of a lock no longer ours {r['notOwnerReleases']} >= 1"))
+        out.append((r["duplicateUsers"] >= 1,
+                    f"duplicate users {r['duplicateUsers']} >= 1 ({r['orders']} orders)"))
+    elif k == "owner":
+        out.append((r["notOwnerReleases"] >= 1,
+                    f"releases refused {r['notOwnerReleases']} >= 1"))
+        out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
+                    f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
+    elif k == "reentrant":
+        out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
+                    f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
+        out.append((r["renewals"] >= 1, f"watchdog renewals {r['renewals']} >= 1"))
+    # Every step: the instances ran what the step says, and no answer was lost.
+    out.append((r["strategiesSeen"] == [f"{step['lock']}/{step['stock']}"] * step["instances"],
+                f"instances ran {', '.join(r['strategiesSeen']) or '?'}"))
+    out.append((r["transportErrors"] == 0 and r["status5xx"] == 0,
+                f"transport errors {r['transportErrors']}, 5xx answers {r['status5xx']}"))
+    return out
+
+
+# ------------------------------------------------------------------ helpers
+
+class LadderError(Exception):
+    """Something other than an expectation failed (exit status 2)."""
+
+
+def log(msg):
+    print(f"ladder: {msg}", file=sys.stderr, flush=True)
+
+
+def http_call(method, url, body=None, token=None, timeout=15):
+    data = None
+    headers = {}
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        status = e.code
+    except (OSError, urllib.error.URLError) as e:
+        raise LadderError(f"{method} {url}: {e}")
+    try:
+        return status, json.loads(raw.decode() or "null")
+    except ValueError:
+        return status, raw.decode("utf-8", "replace")
+
+
+def psql(dsn, sql):
+    try:
+        return check_invariants.psql(dsn, sql)
+    except check_invariants.CheckError as e:
+        raise LadderError(str(e))
+
+
+def percentile(values, p):
+    if not values:
+        return None
+    v = sorted(values)
+    k = max(0, min(len(v) - 1, int(round(p / 100.0 * len(v) + 0.5)) - 1))
+    return v[k]
+
+
+def ab_times(path):
+    """Per-request total times (ms) from an ab -g file."""
+    out = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            next(f, None)                       # header
+            for line in f:
+                cols = line.rstrip("\n").split("\t")
+                if len(cols) >= 5:
+                    try:
+                        out.append(float(cols[4]))
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return out
+
+
+# ------------------------------------------------------------------ the stack
+
+class Stack:
+    def __init__(self, run_dir, base_env):
+        self.run_dir = run_dir
+        self.base_env = base_env
+        self.env_file = os.path.join(run_dir, "stack.env")
+        self.info = {}
+        self.instances = None
+        self.started = False
+        with open(STACK_SH, encoding="utf-8") as f:
+            self.has_restart_instances = "restart-instances)" in f.read()
+
+    def _env(self, instances, step_env):
+        env = dict(self.base_env)
+        env.update({"RUN_DIR": self.run_dir, "INSTANCES": str(instances),
+                    "DEMO_RANDOM_USER": "1", "LOG_LEVEL": "warn"})
+        env.update({k: str(v) for k, v in step_env.items()})
+        return env
+
+    def _run(self, cmd, env, timeout=180):
+        p = subprocess.run([STACK_SH, cmd], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise LadderError(f"scripts/stack.sh {cmd} failed (exit {p.returncode}):\n"
+                              + p.stderr.strip()[-3000:])
+        return p
+
+    def read_env(self):
+        info = {}
+        with open(self.env_file, encoding="utf-8") as f:
+            for line in f:
+                m = re.match(r"^export ([A-Z_]+)='(.*)'$", line.strip())
+                if m:
+                    info[m.group(1)] = m.group(2)
+        self.info = info
+        return info
+
+    def configure(self, instances, step_env):
+        """The instances run with step_env. True when the database is new
+        (a full start), so the caller sets it up again."""
+        env = self._env(instances, step_env)
+        if self.started and self.instances == instances and self.has_restart_instances:
+            self._run("restart-instances", env)
+            fresh = False
+        else:
+            # First start, or another instance count: the whole stack (a new
+            # database: the caller drops the constraint and makes the voucher).
+            self._run("start", env)
+            fresh = True
+        self.started = True
+        self.instances = instances
+        self.read_env()
+        return fresh
+
+    def stop(self):
+        env = dict(self.base_env)
+        env["RUN_DIR"] = self.run_dir
+        p = subprocess.run([STACK_SH, "stop"], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+        if p.returncode != 0:
+            log(f"stack.sh stop: {p.stderr.strip()}")
+        self.started = False
+
+
+# ------------------------------------------------------------------ one step
+
+class Ladder:
+    def __init__(self, args):
+        self.args = args
+        self.out = args.out
+        base = {k: v for k, v in os.environ.items() if k not in SCRUB}
+        for k in ("NGINX_PORT", "APP_PORT_BASE", "PG_PORT", "REDIS_PORT"):
+            base.setdefault(k, "auto")
+        self.stack = Stack(args.run_dir, base)
+        self.voucher = None
+        self.constraint_dropped = False
+        self.user_base = 8_000_000_000 + random.randrange(1_000_000) * 1000
+
+    @property
+    def dsn(self):
+        return self.stack.info["PG_DSN"]
+
+    @property
+    def base_url(self):
+        return self.stack.info["BASE_URL"]
+
+    @property
+    def token(self):
+        return self.stack.info["ADMIN_TOKEN"]
+
+    def setup_db(self):
+        """A new database: no unique constraint, one voucher for the ladder."""
+        psql(self.dsn, f"ALTER TABLE tb_voucher_order DROP CONSTRAINT IF EXISTS {UNIQUE}")
+        self.constraint_dropped = True
+        now = time.time()
+        body = {"title": "demo ladder", "stock": 100,
+                "beginTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60)),
+                "endTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 86400))}
+        st, ans = http_call("POST", f"{self.base_url}/admin/vouchers", body, self.token)
+        if st != 201:
+            raise LadderError(f"creating the voucher: HTTP {st} {ans}")
+        self.voucher = ans["voucherId"]
+
+    def restore_constraint(self):
+        if not self.constraint_dropped or not self.stack.info:
+            return
+        psql(self.dsn,
+             "DELETE FROM tb_voucher_order o USING tb_voucher_order p "
+             "WHERE o.user_id = p.user_id AND o.voucher_id = p.voucher_id AND o.id > p.id;\n"
+             f"ALTER TABLE tb_voucher_order ADD CONSTRAINT {UNIQUE} UNIQUE (user_id, voucher_id);")
+        self.constraint_dropped = False
+        log(f"unique constraint {UNIQUE} restored (duplicate orders deleted first)")
+
+    def reset_voucher(self, stock):
+        st, ans = http_call("POST", f"{self.base_url}/admin/vouchers/{self.voucher}/reset",
+                            {"stock": stock}, self.token)
+        if st != 200:
+            raise LadderError(f"reset of voucher {self.voucher}: HTTP {st} {ans}")
+
+    def instance_stats(self):
+        out = []
+        for url in self.stack.info.get("INSTANCE_URLS", "").split():
+            st, s = http_call("GET", f"{url}/stats")
+            if st != 200 or not isinstance(s, dict):
+                raise LadderError(f"GET {url}/stats: HTTP {st}")
+            out.append(s)
+        return out
+
+    def run_ab(self, name, n, c, url, step_dir):
+        args = ["ab", "-l", "-r", "-s", "30", "-n", str(n), "-c", str(c),
+                "-g", os.path.join(step_dir, f"{name}.tsv"), "-m", "POST", url]
+        out = open(os.path.join(step_dir, f"{name}.txt"), "w")
+        try:
+            return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+        finally:
+            out.close()
+
+    def drive(self, step, step_dir, user):
+        """Runs the step's load; returns (requests, seconds, transport errors, times)."""
+        load = step["load"]
+        url = f"{self.base_url}/voucher/{self.voucher}/seckill"
+        if load["kind"] == "sale":
+            return self.sale(load, url, step_dir)
+        return self.storm(load, url, user, step_dir)
+
+    def sale(self, load, url, step_dir):
+        """ab, one request per buyer (the instances run with DEMO_RANDOM_USER=1)."""
+        n = load["requests"] if not self.args.quick else load["requests"] // 2
+        t0 = time.monotonic()
+        p = self.run_ab("ab", n, load["concurrency"], url, step_dir)
+        try:
+            rc = p.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise LadderError("ab did not finish within 300 s")
+        seconds = time.monotonic() - t0
+        with open(os.path.join(step_dir, "ab.txt"), errors="replace") as f:
+            text = f.read()
+        if rc != 0:
+            raise LadderError(f"ab failed (exit {rc}):\n{text[-1500:]}")
+        m = report.parse_ab(text)
+        return m["requests"], seconds, m["errors"], ab_times(os.path.join(step_dir, "ab.tsv"))
+
+    def storm(self, load, url, user, step_dir):
+        """One user hammers the button: CONNECTIONS keep-alive connections
+        through nginx open, wait until all are open, send at once, then each
+        sends again GAP seconds after every answer, for SECONDS. Not ab: ab
+        sends its first request alone and the others only once that one is
+        answered, so a slow first order would never meet a second request."""
+        u = urllib.parse.urlsplit(url)
+        lines = []
+        lines_lock = threading.Lock()
+        failures = []
+        n_conn, gap = load["connections"], load["gap"]
+        barrier = threading.Barrier(n_conn)
+        t0 = [0.0]
+
+        def connection():
+            c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+            c.connect()
+            return c
+
+        def send_all():
+            conn = None
+            try:
+                conn = connection()
+            except OSError:
+                pass
+            try:
+                barrier.wait(timeout=30)
+            except threading.BrokenBarrierError:
+                pass
+            deadline = t0[0] + load["seconds"]
+            while True:
+                t = time.monotonic()
+                try:
+                    if conn is None:
+                        conn = connection()
+                    conn.request("POST", u.path, headers={"X-User-Id": str(user)})
+                    resp = conn.getresponse()
+                    resp.read()
+                    status = resp.status
+                    if resp.will_close:
+                        conn.close()
+                        conn = None
+                except (OSError, http.client.HTTPException):
+                    status = 0
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                with lines_lock:
+                    lines.append((t - t0[0], status, (time.monotonic() - t) * 1000.0))
+                if time.monotonic() + gap >= deadline:
+                    break
+                time.sleep(gap)
+            if conn is not None:
+                conn.close()
+
+        def worker():
+            try:
+                send_all()
+            except Exception as e:          # noqa: BLE001 -- reported below
+                failures.append(f"{type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(n_conn)]
+        t0[0] = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=max(1.0, t0[0] + 300 - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            raise LadderError("the storm did not finish within 300 s")
+        if failures:
+            raise LadderError(f"a storm thread failed: {failures[0]}")
+        seconds = time.monotonic() - t0[0]
+        lines.sort()
+        with open(os.path.join(step_dir, "storm.tsv"), "w", encoding="utf-8") as f:
+            f.write("start_s\tstatus\tms\n")
+            for start, status, ms in lines:
+                f.write(f"{start:.3f}\t{status}\t{ms:.1f}\n")
+        errors = sum(1 for x in lines if x[1] == 0)
+        return len(lines), seconds, errors, [x[2] for x in lines]
+
+    def access_log_slice(self, offset, step_dir):
+        """(statuses, {instance: 200s}, {instance: requests}) of the step's seckill requests."""
+        path = self.stack.info.get("NGINX_ACCESS_LOG", "")
+        uri = f"/voucher/{self.voucher}/seckill"
+        statuses, ok_by, req_by = {}, {}, {}
+        names = {}
+        for name, url in zip(self.stack.info.get("INSTANCE_IDS", "").split(),
+                             self.stack.info.get("INSTANCE_URLS", "").split()):
+            names[url.replace("http://", "")] = name
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read().decode("utf-8", "replace")
+        except OSError as e:
+            raise LadderError(f"nginx access log {path}: {e}")
+        with open(os.path.join(step_dir, "access.log"), "w", encoding="utf-8") as f:
+            f.write(data)
+        for line in data.splitlines():
+            m = report.LOG_RE.search(line)
+            if not m or m.group(2) != uri:
+                continue
+            st = m.group(3)
+            up = m.group(4).split(",")[-1].strip()
+            inst = names.get(up, up)
+            statuses[st] = statuses.get(st, 0) + 1
+            req_by[inst] = req_by.get(inst, 0) + 1
+            if st == "200":
+                ok_by[inst] = ok_by.get(inst, 0) + 1
+        return statuses, ok_by, req_by
+
+    def run_step(self, step, run_no, results):
+        num, key = step["num"], step["key"]
+        step_dir = os.path.join(self.out, "steps" if self.args.runs == 1 else f"run-{run_no}",
+                                f"{num:02d}-{key}")
+        shutil.rmtree(step_dir, ignore_errors=True)
+        os.makedirs(step_dir)
+        env = {"SECKILL_LOCK": step["lock"], "SECKILL_STOCK": step["stock"]}
+        env.update(step["env"])
+        log(f"step {num} ({step['title']}): {step['instances']} instance(s), "
+            + " ".join(f"{k}={v}" for k, v in env.items()))
+        if self.stack.configure(step["instances"], env):
+            self.setup_db()
+        stock = step["load"]["stock"]
+        self.reset_voucher(stock)
+        user = self.user_base + run_no * 100 + num
+        log_path = self.stack.info.get("NGINX_ACCESS_LOG", "")
+        offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+
+        requests, seconds, errors, times = self.drive(step, step_dir, user)
+        time.sleep(0.3)                          # nginx writes its log line after answering
+
+        statuses, ok_by, req_by = self.access_log_slice(offset, step_dir)
+        facts = check_invariants.voucher_facts(self.dsn, self.voucher)
+        distinct = int(psql(self.dsn, "SELECT count(DISTINCT user_id) FROM tb_voucher_order "
+                                      f"WHERE voucher_id = {int(self.voucher)}")[0][0])
+        stats = self.instance_stats()
+        with open(os.path.join(step_dir, "stats.json"), "w", encoding="utf-8") as f:
+            json.dump(stats, f, indent=1)
+        lock = {}
+        for s in stats:
+            for k2, v in (s.get("lock") or {}).items():
+                if isinstance(v, (int, float)):
+                    lock[k2] = lock.get(k2, 0) + v
+        ok = statuses.get("200", 0)
+        r = {
+            "step": num, "key": key, "title": step["title"], "lock": step["lock"],
+            "stock": step["stock"], "instances": step["instances"], "env": env,
+            "load": self.load_text(step), "expect": step["expect"], "story": step["story"],
+            "initialStock": facts["initialStock"], "stockLeft": facts["stock"],
+            "orders": facts["orders"], "oversold": facts["oversold"],
+            "duplicateUsers": facts["duplicateUsers"],
+            "duplicateOrders": facts["orders"] - distinct,
+            "stockDrift": facts["stockDrift"],
+            "requests": requests, "ok": ok, "statuses": statuses,
+            "successRate": 100.0 * ok / requests if requests else 0.0,
+            "rps": requests / seconds if seconds > 0 else 0.0, "seconds": seconds,
+            "p50ms": percentile(times, 50), "p99ms": percentile(times, 99),
+            "transportErrors": errors,
+            "status5xx": sum(v for k2, v in statuses.items() if k2.startswith("5")),
+            "okByInstance": ok_by, "requestsByInstance": req_by,
+            "notOwnerReleases": int(lock.get("notOwnerReleases", 0)),
+            "renewals": int(lock.get("renewals", 0)),
+            "lockAcquired": int(lock.get("acquired", 0)),
+            "staleTokenRejections": int(lock.get("staleTokenRejections", 0)),
+            "strategiesSeen": [f"{s.get('lockStrategy')}/{s.get('stockStrategy')}" for s in stats],
+        }
+        r["checks"] = [{"ok": c_ok, "text": c_text} for c_ok, c_text in check_step(step, r, results)]
+        r["pass"] = all(c["ok"] for c in r["checks"])
+        if ok != r["orders"]:
+            log(f"note: step {num}: {ok} answers 200 but {r['orders']} orders in Postgres")
+        return r
+
+    def load_text(self, step):
+        load = step["load"]
+        if load["kind"] == "sale":
+            n = load["requests"] if not self.args.quick else load["requests"] // 2
+            return f"sale {n}x{load['concurrency']}"
+        return f"storm {load['connections']}x{load['seconds']:g}s"
+
+    def safe_defaults(self):
+        """Leaves the stack on the default (safe) strategies (--keep-stack)."""
+        log("restarting the instances with the default strategies")
+        if self.stack.configure(2, {}):
+            pass    # a new database has its constraint
+
+
+# ------------------------------------------------------------------ output
+
+COLS = [("#", "r"), ("step", "l"), ("lock", "l"), ("stock", "l"), ("inst", "r"),
+        ("load", "l"), ("req", "r"), ("req/s", "r"), ("p99ms", "r"), ("200", "r"),
+        ("orders", "r"), ("oversold", "r"), ("dupUsers", "r"), ("drift", "r"),
+        ("notOwner", "r"), ("expected", "l"), ("result", "l")]
+
+
+def fmt_num(v):
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.1f}"
+
+
+def table_rows(results):
+    rows = []
+    for r in results:
+        rows.append([r["step"], r["title"], r["lock"], r["stock"], r["instances"], r["load"],
+                     r["requests"], fmt_num(r["rps"]), fmt_num(r["p99ms"]), r["ok"], r["orders"],
+                     r["oversold"], r["duplicateUsers"], r["stockDrift"], r["notOwnerReleases"],
+                     r["expect"], "ok" if r["pass"] else "MISS"])
+    return rows
+
+
+def text_table(results):
+    rows = table_rows(results)
+    widths = [max(len(c), *(len(str(row[i])) for row in rows)) for i, (c, _a) in enumerate(COLS)]
+
+    def line(vals):
+        out = []
+        for i, v in enumerate(vals):
+            s = str(v)
+            out.append(s.ljust(widths[i]) if COLS[i][1] == "l" else s.rjust(widths[i]))
+        return "  ".join(out).rstrip()
+    return "\n".join([line([c for c, _a in COLS])] + [line(r) for r in rows]) + "\n"
+
+
+def md_table(results):
+    head = "| " + " | ".join(c for c, _a in COLS) + " |\n"
+    sep = "| " + " | ".join("---:" if a == "r" else "---" for _c, a in COLS) + " |\n"
+    body = ""
+    for row in table_rows(results):
+        body += "| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |\n"
+    return head + sep + body
+
+
+def settings_text(r):
+    env = dict(r["env"])
+    env.pop("SECKILL_LOCK", None)
+    env.pop("SECKILL_STOCK", None)
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
+def write_markdown(path, results, meta, chart):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("# The demo ladder\n\n")
+        f.write(f"Run {meta['date']} on {meta['host']} ({meta['cpus']} CPUs), "
+                f"{'quick mode, ' if meta['quick'] else ''}stack in `{meta['runDir']}`. "
+                "Orders, oversold, duplicate users and drift are read in Postgres; `200` and the "
+                "instances in nginx's access log; req/s and p99 (ms) from the clients' per-request "
+                "times (ab in the sales, the ladder's own client in the storms); "
+                "`notOwner` is the instances' `lock.notOwnerReleases` (setnx: deletes of a lock "
+                "that was no longer ours; owner and reentrant: releases refused).\n\n")
+        f.write(md_table(results))
+        f.write("\n")
+        if chart:
+            f.write(f"![oversold, duplicate orders and success rate per step]({chart})\n\n")
+        f.write("## Steps\n\n")
+        for r in results:
+            f.write(f"### {r['step']}. {r['title']} — lock `{r['lock']}`, stock `{r['stock']}`, "
+                    f"{r['instances']} instance(s)\n\n")
+            f.write(f"- what: {r['story']}\n")
+            f.write(f"- settings: `{settings_text(r)}`; load: {r['load']}, "
+                    f"stock {r['initialStock']}\n")
+            f.write(f"- answers: {json.dumps(r['statuses'], sort_keys=True)}; 200s per instance: "
+                    f"{json.dumps(r['okByInstance'], sort_keys=True)}; requests per instance: "
+                    f"{json.dumps(r['requestsByInstance'], sort_keys=True)}\n")
+            f.write(f"- Postgres: {r['orders']} orders, stock left {r['stockLeft']}, oversold "
+                    f"{r['oversold']}, {r['duplicateUsers']} duplicate user(s) "
+                    f"({r['duplicateOrders']} extra orders), drift {r['stockDrift']}\n")
+            f.write(f"- lock: {r['lockAcquired']} acquired, {r['notOwnerReleases']} releases by "
+                    f"a non-owner, {r['renewals']} watchdog renewals\n")
+            f.write(f"- expected: {r['expect']} — **{'reproduced' if r['pass'] else 'MISSED'}**\n")
+            for c in r["checks"]:
+                f.write(f"  - {'ok' if c['ok'] else 'FAIL'}: {c['text']}\n")
+            f.write("\n")
+
+
+def write_chart(out_dir, results):
+    """ladder.png with gnuplot; returns its file name, or None without gnuplot."""
+    gp = shutil.which("gnuplot")
+    dat = os.path.join(out_dir, "ladder.dat")
+    with open(dat, "w", encoding="utf-8") as f:
+        f.write("# step label oversold duplicate_orders success_rate_percent\n")
+        for r in results:
+            label = f"{r['step']} {r['key']}"
+            f.write(f"{r['step']} \"{label}\" {r['oversold']} {r['duplicateOrders']} "
+                    f"{r['successRate']:.2f}\n")
+    if gp is None:
+        log("gnuplot not found (apt-get install gnuplot-nox): no chart")
+        return None
+    png = os.path.join(out_dir, "ladder.png")
+    script = os.path.join(out_dir, "ladder.gp")
+    with open(script, "w", encoding="utf-8") as f:
+        f.write(f"""# gnuplot script of loadtest/ladder.py
+set terminal pngcairo size 1100,900 font "DejaVu Sans,10"
+set output '{png}'
+set datafile separator whitespace
+set style fill solid 0.85 border -1
+set boxwidth 0.6
+set grid ytics
+set xtics rotate by -25 nomirror
+set xrange [0.4:{len(results) + 0.6}]
+set offsets 0, 0, graph 0.15, 0
+set yrange [0:*]
+set multiplot layout 3,1 title "seckill demo ladder: what each step lets through"
+set title "oversold (orders beyond the stock)"
+plot '{dat}' using 1:3:xtic(2) with boxes lc rgb "#d62728" notitle, \\
+     '' using 1:3:3 with labels offset 0,0.7 notitle
+set title "duplicate orders (extra orders of users who bought more than once)"
+plot '{dat}' using 1:4:xtic(2) with boxes lc rgb "#ff7f0e" notitle, \\
+     '' using 1:4:4 with labels offset 0,0.7 notitle
+set title "success rate (answers 200 / requests, %)"
+plot '{dat}' using 1:5:xtic(2) with boxes lc rgb "#2ca02c" notitle, \\
+     '' using 1:5:(sprintf("%.1f", $5)) with labels offset 0,0.7 notitle
+unset multiplot
+""")
+    p = subprocess.run([gp, script], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0 or not os.path.exists(png):
+        log(f"gnuplot failed: {p.stderr.strip()}")
+        return None
+    return "ladder.png"
+
+
+# ------------------------------------------------------------------ main
+
+def tally_text(all_runs, steps):
+    lines = [" # step                     inst  reproduced"]
+    for s in steps:
+        got = [run[s["key"]]["pass"] for run in all_runs if s["key"] in run]
+        lines.append(f"{s['num']:>2} {s['title']:<24} {s['instances']:>4}  {sum(got)}/{len(got)}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description="The demo ladder (see the module doc).")
+    ap.add_argument("--quick", action="store_true", help="half the buyers in the stock steps")
+    ap.add_argument("--runs", type=int, default=1, help="run the ladder N times, then tally")
+    ap.add_argument("--steps", default="", help="only these step numbers (e.g. 1,2,8)")
+    ap.add_argument("--no-batched", action="store_true", help="without the batched row")
+    ap.add_argument("--keep-stack", action="store_true",
+                    help="leave the stack running (default strategies) at the end")
+    ap.add_argument("--run-dir", default=os.environ.get("LADDER_RUN_DIR",
+                                                        os.path.join(ROOT, ".run", "ladder")))
+    ap.add_argument("--out", default=os.environ.get("LADDER_OUT",
+                                                    os.path.join(ROOT, "build", "ladder")))
+    a = ap.parse_args(argv)
+    a.run_dir = os.path.abspath(a.run_dir)
+    a.out = os.path.abspath(a.out)
+    if a.runs < 1:
+        ap.error("--runs must be at least 1")
+    return a
+
+
+def main(argv=None):
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    for tool in ("ab", "psql", "curl"):
+        if shutil.which(tool) is None:
+            print(f"ladder: error: '{tool}' not found (make deps)", file=sys.stderr)
+            return 2
+    steps = [s for s in STEPS if not (s.get("optional") and a.no_batched)]
+    if a.steps:
+        want = {int(x) for x in a.steps.split(",") if x.strip()}
+        steps = [s for s in steps if s["num"] in want]
+    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(os.path.dirname(a.run_dir), exist_ok=True)
+    for name in os.listdir(a.out):          # the raw data of an earlier run
+        if name == "steps" or re.fullmatch(r"run-\d+", name):
+            shutil.rmtree(os.path.join(a.out, name), ignore_errors=True)
+
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_term)
+
+    lad = Ladder(a)
+    all_runs = []
+    rc = 0
+    t_start = time.monotonic()
+    try:
+        for run_no in range(1, a.runs + 1):
+            results = {}
+            ordered = []
+            if a.runs > 1:
+                log(f"run {run_no} of {a.runs}")
+            for s in steps:
+                r = lad.run_step(s, run_no, results)
+                results[s["key"]] = r
+                ordered.append(r)
+                verdict = "reproduced" if r["pass"] else "MISSED"
+                log(f"step {s['num']}: {verdict}: " + "; ".join(
+                    ("" if c["ok"] else "FAIL ") + c["text"] for c in r["checks"]))
+            # cas's comparison needs optimistic, which runs after it.
+            if "cas" in results and "optimistic" in results:
+                cas = results["cas"]
+                s_cas = next(s for s in steps if s["key"] == "cas")
+                cas["checks"] = [{"ok": ok, "text": t} for ok, t in check_step(s_cas, cas, results)]
+                cas["pass"] = all(c["ok"] for c in cas["checks"])
+            all_runs.append(results)
+            if not all(r["pass"] for r in ordered):
+                rc = 1
+        last = ordered
+        table = text_table(last)
+        meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "host": os.uname().nodename, "cpus": os.cpu_count(), "quick": a.quick,
+                "runDir": a.run_dir, "seconds": round(time.monotonic() - t_start, 1),
+                "runs": a.runs}
+        with open(os.path.join(a.out, "ladder.txt"), "w", encoding="utf-8") as f:
+            f.write(table)
+        chart = write_chart(a.out, last)
+        write_markdown(os.path.join(a.out, "ladder.md"), last, meta, chart)
+        doc = {"meta": meta, "steps": last}
+        if a.runs > 1:
+            doc["runs"] = [list(run.values()) for run in all_runs]
+            doc["tally"] = {s["key"]: sum(run[s["key"]]["pass"] for run in all_runs)
+                            for s in steps}
+        with open(os.path.join(a.out, "ladder.json"), "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+        print()
+        print(f"seckill demo ladder ({meta['date']}, {meta['cpus']} CPUs"
+              f"{', quick' if a.quick else ''}; {meta['seconds']} s)")
+        print(table, end="")
+        for r in last:
+            for c in r["checks"]:
+                if not c["ok"]:
+                    print(f"MISS step {r['step']} ({r['title']}): {c['text']}")
+        if a.runs > 1:
+            print()
+            print(f"expected outcome reproduced, per step, in {a.runs} runs:")
+            print(tally_text(all_runs, steps), end="")
+        print(f"\nreport {os.path.join(a.out, 'ladder.md')}"
+              + (f", chart {os.path.join(a.out, chart)}" if chart else "")
+              + f", data {os.path.join(a.out, 'ladder.json')}")
+        print("RESULT: " + ("every step showed what it should" if rc == 0
+                            else "a step did NOT show its expected outcome (MISS above)"))
+    except LadderError as e:
+        print(f"ladder: error: {e}", file=sys.stderr)
+        rc = 2
+    except KeyboardInterrupt as e:
+        print(f"ladder: interrupted ({e})", file=sys.stderr)
+        rc = 130
+    finally:
+        try:
+            lad.restore_constraint()
+        except Exception as e:      # noqa: BLE001 -- report, keep cleaning up
+            print(f"ladder: error: restoring {UNIQUE}: {e}", file=sys.stderr)
+            rc = rc or 2
+        try:
+            if a.keep_stack and lad.stack.started and rc in (0, 1):
+                lad.safe_defaults()
+                log(f"the stack keeps running in {a.run_dir} "
+                    f"(RUN_DIR={a.run_dir} scripts/stack.sh stop)")
+            elif lad.stack.started or os.path.exists(os.path.join(a.run_dir, "pids")):
+                lad.stack.stop()
+        except Exception as e:      # noqa: BLE001
+            print(f"ladder: error: cleaning up the stack: {e}", file=sys.stderr)
+            rc = rc or 2
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""The demo ladder end to end, as CI runs it: loadtest/ladder.py --quick.
+
+The ladder starts a stack of its own (scripts/stack.sh in $TEST_TMP/ladder, free
+ports: Postgres, Redis, two instances, nginx), walks every step with real load
+and asserts each step's expected outcome itself (exit 1 on a miss). Quick mode
+only halves the buyers of the stock steps; every assertion stays. Here: the
+ladder exits 0, its JSON shows each failure where the seeds put one and none
+where they do not, the table, report and chart are written, and afterwards the
+unique constraint is back, the instances run the safe defaults, and stopping
+the stack (by PID) leaves no process behind. Prints "N passed, M failed".
+"""
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seckill_server as ss  # noqa: E402
+from seckill_server import fail, test  # noqa: E402
+
+ROOT = ss.ROOT
+LADDER = os.path.join(ROOT, "loadtest", "ladder.py")
+STACK = os.path.join(ROOT, "scripts", "stack.sh")
+RUN_DIR = os.path.join(ss.TEST_TMP, "ladder")
+OUT = os.path.join(ss.TEST_TMP, "ladder-out")
+UNIQUE = "uq_voucher_order_user_voucher"
+LADDER_TIMEOUT = 480          # seconds; the quick ladder takes about one minute
+
+# Settings of the caller's environment that must not reach the ladder's stack.
+_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
+          "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT", "REDIS_PORT", "EXTERNAL_PG_DSN",
+          "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL", "DEMO_RANDOM_USER", "LOADTEST_OUT",
+          "SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS", "LOCK_LEASE_MS",
+          "WATCHDOG_TIMEOUT_MS", "LADDER_RUN_DIR", "LADDER_OUT")
+
+state = {"proc": None, "rc": None, "doc": None, "output": ""}
+
+
+def env():
+    e = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    e.update({"SECKILL_BIN": ss.SECKILL_BIN, "LUA_DIR": ss.LUA_DIR, "NGINX_PORT": "auto",
+              "APP_PORT_BASE": "auto", "PG_PORT": "auto", "REDIS_PORT": "auto",
+              "STACK_TIMEOUT": "30", "PYTHONDONTWRITEBYTECODE": "1"})
+    return e
+
+
+def stack_pids():
+    out = {}
+    d = os.path.join(RUN_DIR, "pids")
+    if os.path.isdir(d):
+        for f in os.listdir(d):
+            if f.endswith(".pid"):
+                try:
+                    with open(os.path.join(d, f)) as fh:
+                        out[f[:-4]] = int(fh.readline().strip())
+                except (OSError, ValueError):
+                    pass
+    return out
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split()[1] not in ("Z", "X")
+    except OSError:
+        return False
+    return False
+
+
+def stop_stack():
+    """Stops whatever the ladder left in RUN_DIR, by PID (scripts/stack.sh stop)."""
+    e = env()
+    e["RUN_DIR"] = RUN_DIR
+    return subprocess.run([STACK, "stop"], env=e, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def cleanup():
+    p = state["proc"]
+    if p is not None and p.poll() is None:
+        p.terminate()                   # the ladder restores the constraint and stops
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+    if os.path.isdir(os.path.join(RUN_DIR, "pids")):
+        stop_stack()
+
+
+atexit.register(cleanup)
+
+
+def stack_env():
+    info = {}
+    with open(os.path.join(RUN_DIR, "stack.env"), encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("export ") and "=" in line:
+                k, _, v = line[len("export "):].partition("=")
+                info[k] = v.strip("'")
+    return info
+
+
+@test
+def ladder_runs_and_every_step_shows_its_outcome():
+    args = [sys.executable, LADDER, "--quick", "--keep-stack", "--run-dir", RUN_DIR, "--out", OUT]
+    t0 = time.monotonic()
+    log_path = os.path.join(ss.TEST_TMP, "ladder-output.txt")
+    with open(log_path, "w") as log:
+        state["proc"] = subprocess.Popen(args, env=env(), cwd=ROOT, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            state["rc"] = state["proc"].wait(timeout=LADDER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            cleanup()
+            fail(f"the ladder did not finish within {LADDER_TIMEOUT}s:\n{ss.tail(log_path, 40)}")
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        state["output"] = f.read()
+    print(state["output"], end="", flush=True)
+    print(f"(ladder: exit {state['rc']} after {time.monotonic() - t0:.0f}s)", flush=True)
+    if state["rc"] != 0:
+        fail(f"loadtest/ladder.py --quick exited {state['rc']}")
+    with open(os.path.join(OUT, "ladder.json"), encoding="utf-8") as f:
+        state["doc"] = json.load(f)
+    steps = {s["key"]: s for s in state["doc"]["steps"]}
+    want = ["naive", "cas", "optimistic", "pessimistic", "none", "local-1", "local-2", "setnx",
+            "owner", "reentrant", "batched"]
+    if [s["key"] for s in state["doc"]["steps"]] != want:
+        fail(f"steps {[s['key'] for s in state['doc']['steps']]}, want {want}")
+    missed = [f"{s['step']} {s['key']}: {[c['text'] for c in s['checks'] if not c['ok']]}"
+              for s in state["doc"]["steps"] if not s["pass"]]
+    if missed:
+        fail(f"steps missed their expected outcome: {missed}")
+    # The figures themselves, independently of the ladder's own checks.
+    s = steps
+    facts = [
+        (s["naive"]["oversold"] > 0 and s["naive"]["stockDrift"] != 0, "naive oversells, drifts"),
+        (s["cas"]["oversold"] == 0 and s["cas"]["orders"] < s["optimistic"]["orders"],
+         "cas: no oversell, fewer orders than optimistic"),
+        (all(s[k]["orders"] == s[k]["initialStock"] and s[k]["oversold"] == 0
+             and s[k]["stockDrift"] == 0 for k in ("optimistic", "pessimistic", "batched")),
+         "optimistic, pessimistic, batched sell exactly the stock"),
+        (s["none"]["duplicateUsers"] == 1 and s["none"]["orders"] > 1, "no lock: duplicates"),
+        (s["local-1"]["orders"] == 1 and s["local-1"]["instances"] == 1, "local, 1 instance: 1"),
+        (s["local-2"]["duplicateUsers"] == 1 and len(s["local-2"]["okByInstance"]) == 2,
+         "local, 2 instances: an order on each instance"),
+        (s["setnx"]["duplicateUsers"] == 1 and s["setnx"]["notOwnerReleases"] >= 1,
+         "setnx: another holder's lock deleted, duplicates"),
+        (s["owner"]["orders"] == 1 and s["owner"]["notOwnerReleases"] >= 1,
+         "owner: release refused, 1 order"),
+        (s["reentrant"]["orders"] == 1 and s["reentrant"]["renewals"] >= 1,
+         "reentrant: 1 order, lease renewed"),
+    ]
+    bad = [what for ok, what in facts if not ok]
+    if bad:
+        fail(f"figures contradict the ladder's verdicts: {bad}")
+
+
+@test
+def ladder_writes_table_report_and_chart():
+    if state["doc"] is None:
+        fail("no ladder run to look at")
+    with open(os.path.join(OUT, "ladder.txt"), encoding="utf-8") as f:
+        table = f.read()
+    if "oversold" not in table or len(table.strip().splitlines()) != 12:
+        fail(f"ladder.txt is not the 11-step table:\n{table}")
+    if "oversold" not in state["output"] or "RESULT: every step" not in state["output"]:
+        fail("the terminal output lacks the table or the result line")
+    with open(os.path.join(OUT, "ladder.md"), encoding="utf-8") as f:
+        md = f.read()
+    if "| # | step |" not in md or "### 8. " not in md:
+        fail("ladder.md lacks the table or the step sections")
+    png = os.path.join(OUT, "ladder.png")
+    if subprocess.run(["sh", "-c", "command -v gnuplot"], capture_output=True).returncode == 0:
+        with open(png, "rb") as f:
+            if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                fail("ladder.png is not a PNG")
+        if "ladder.png" not in md:
+            fail("ladder.md does not show the chart")
+    else:
+        print("note: no gnuplot here (make deps installs gnuplot-nox): chart not checked")
+
+
+@test
+def after_the_ladder_the_constraint_is_back_and_the_instances_are_safe():
+    if state["rc"] != 0:
+        fail("no successful ladder run")
+    info = stack_env()
+    rows = ss.psql(f"SELECT count(*) FROM pg_constraint WHERE conname = '{UNIQUE}'",
+                   dsn=info["PG_DSN"])
+    if rows != [["1"]]:
+        fail(f"{UNIQUE} is not back: {rows}")
+    dups = ss.psql("SELECT count(*) FROM (SELECT 1 FROM tb_voucher_order "
+                   "GROUP BY user_id, voucher_id HAVING count(*) > 1) d", dsn=info["PG_DSN"])
+    if dups != [["0"]]:
+        fail(f"duplicate orders left behind: {dups}")
+    for url in info["INSTANCE_URLS"].split():
+        port = int(url.rsplit(":", 1)[1])
+        s = ss.request(port, "GET", "/stats").body
+        if (s.get("lockStrategy"), s.get("stockStrategy"), s.get("unsafe")) != \
+                ("reentrant", "optimistic", False):
+            fail(f"{url} runs {s.get('lockStrategy')}/{s.get('stockStrategy')} "
+                 f"unsafe={s.get('unsafe')} after the ladder")
+
+
+@test
+def stopping_the_stack_leaves_nothing_running():
+    pids = stack_pids()
+    if state["rc"] is not None and not pids:
+        fail("the ladder's stack was not running (--keep-stack)")
+    p = stop_stack()
+    if p.returncode != 0:
+        fail(f"stack.sh stop failed: {p.stderr}")
+    deadline = time.monotonic() + 10
+    alive = {}
+    while time.monotonic() < deadline:
+        alive = {n: pid for n, pid in pids.items() if pid_alive(pid)}
+        if not alive:
+            break
+        time.sleep(0.2)
+    if alive:
+        fail(f"still running after stop: {alive}")
+
+
+if __name__ == "__main__":
+    ss.main()
