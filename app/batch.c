@@ -14,6 +14,7 @@ typedef struct waiter {
     store_status result;
     int done;                 /* result is set */
     int lead;                 /* this waiter settles the next batch */
+    pthread_cond_t wake;      /* its own: a settled batch wakes only its buyers */
     struct waiter *next;
 } waiter;
 
@@ -29,7 +30,6 @@ typedef struct queue {
  * that is what lets their buyers share a commit. One mutex guards it. */
 #define NQUEUES 32
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t settled = PTHREAD_COND_INITIALIZER;
 static queue queues[NQUEUES];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -78,6 +78,7 @@ static void settle(conn_set *cs, queue *q)
         if (dup) {
             w->result = STORE_DUPLICATE;
             w->done = 1;
+            pthread_cond_signal(&w->wake);
             continue;
         }
         batch[n] = w;
@@ -105,6 +106,7 @@ static void settle(conn_set *cs, queue *q)
     for (int i = 0; i < n; i++) {
         batch[i]->result = results[i];
         batch[i]->done = 1;
+        pthread_cond_signal(&batch[i]->wake);
     }
 }
 
@@ -114,10 +116,12 @@ store_status batch_settle(conn_set *cs, const store_order *o)
     queue *q;
 
     pthread_once(&once, init);
+    pthread_cond_init(&me.wake, NULL);
     pthread_mutex_lock(&mu);
     q = queue_of(o->voucher_id);
     if (q == NULL) {                          /* more hot vouchers than slots */
         pthread_mutex_unlock(&mu);
+        pthread_cond_destroy(&me.wake);
         PGconn *pg = conn_pg(cs);
         return pg == NULL ? STORE_UNAVAILABLE : store_order_create(pg, o);
     }
@@ -135,7 +139,7 @@ store_status batch_settle(conn_set *cs, const store_order *o)
     }
 
     while (!me.done && !me.lead)
-        pthread_cond_wait(&settled, &mu);
+        pthread_cond_wait(&me.wake, &mu);
 
     if (!me.done) {
         /* The leader gathers for the window, or until the batch is full. */
@@ -149,12 +153,14 @@ store_status batch_settle(conn_set *cs, const store_order *o)
             ;
         settle(cs, q);
         /* Hand over: the next queued buyer leads the next batch at once. */
-        if (q->head != NULL)
+        if (q->head != NULL) {
             q->head->lead = 1;
-        else
+            pthread_cond_signal(&q->head->wake);
+        } else {
             q->leader = 0;
-        pthread_cond_broadcast(&settled);
+        }
     }
     pthread_mutex_unlock(&mu);
+    pthread_cond_destroy(&me.wake);
     return me.result;
 }

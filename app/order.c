@@ -38,6 +38,34 @@ static pthread_mutex_t *local_lock_of(int64_t user_id)
     return &local_locks[(uint64_t)user_id * 0x9e3779b97f4a7c15ULL >> 54];
 }
 
+/* One order statement per voucher in flight from this instance: the others
+ * wait on a mutex here rather than in Postgres's row-lock queue, where each
+ * waiter costs the database a backend wake-up and a lock-manager round on
+ * every commit. Postgres then sees one contender per instance; the rate of
+ * the hot row is the same, its CPU cost per order much lower. */
+#define GATE_STRIPES 64
+static pthread_mutex_t gates[GATE_STRIPES];
+static pthread_once_t gates_once = PTHREAD_ONCE_INIT;
+
+static void gates_init(void)
+{
+    for (int i = 0; i < GATE_STRIPES; i++)
+        pthread_mutex_init(&gates[i], NULL);
+}
+
+static store_status gated_order_create(PGconn *pg, const store_order *o)
+{
+    pthread_mutex_t *g;
+    store_status st;
+
+    pthread_once(&gates_once, gates_init);
+    g = &gates[(uint64_t)o->voucher_id % GATE_STRIPES];
+    pthread_mutex_lock(g);
+    st = store_order_create(pg, o);
+    pthread_mutex_unlock(g);
+    return st;
+}
+
 typedef struct held {
     char key[64];
     int kind;                 /* enum lock_strategy actually taken */
@@ -239,7 +267,7 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
         if (g_cfg.stock_strategy == STOCKS_BATCHED)
             st = batch_settle(cs, &o);
         else if (g_cfg.stock_strategy == STOCKS_OPTIMISTIC && g_cfg.demo_delay_ms == 0)
-            st = store_order_create(pg, &o);
+            st = gated_order_create(pg, &o);
         else
             st = store_order_steps(pg, &o, (enum stock_strategy)g_cfg.stock_strategy,
                                    g_cfg.demo_delay_ms);

@@ -1,0 +1,1308 @@
+#!/usr/bin/env python3
+"""make bench: the machine's ceilings and the service, measured in one run.
+
+  python3 loadtest/bench.py            (make bench builds first, then runs this)
+
+Starts its own local stack (scripts/stack.sh in BENCH_RUN_DIR: a durable
+Postgres -- fsync, synchronous_commit and full_page_writes on, the defaults --,
+Redis, 2 instances at LOG_LEVEL=warn, nginx; every port picked free on
+127.0.0.1), then measures:
+
+  ceilings on that same Postgres, Redis and nginx
+    pg-one-row   pgbench: UPDATE tb_voucher SET stock = stock - 1
+                 WHERE voucher_id = :v AND stock > 0, autocommit, 16 clients
+    pg-txn       pgbench: BEGIN; duplicate check SELECT; that UPDATE; INSERT
+                 the order; COMMIT (distinct users and order ids), 16 clients
+    redis        redis-benchmark: EVALSHA of lua/lock_acquire.lua on distinct
+                 keys (-r), 50 clients
+    nginx        wrk through an nginx made from nginx/nginx.conf.tmpl (the
+                 same proxy settings) to a keep-alive upstream that answers
+                 200 at once, 64 connections
+  the service through nginx (2 instances)
+    sale         wrk, a new user per request, a stock that does not run out:
+                 orders/s from the first to the last order in Postgres
+    sold-out     wrk on a sold-out voucher: req/s, p50/p99
+    storm        ab -k, one user: req/s (exactly one order)
+    long         a 60 s sale at 256 connections: RSS per instance after it
+    batched      the instances restarted with SECKILL_STOCK=batched and more
+                 THREADS: the sale again
+  RSS per instance (VmRSS) before and after; CPU seconds per component
+  (seckill, nginx, postgres, redis, the load tool, everything else) per run.
+
+After every service run loadtest/check_invariants.py checks the voucher in
+Postgres; any violation makes the run exit 1 (speed targets never do: they
+are printed PASS or MISS). Prints the table, writes BENCH_JSON, and stops
+everything it started, by PID.
+
+Environment (all optional):
+  BENCH_RUN_DIR        the stack's run directory (default <repo>/build/bench-run)
+  BENCH_JSON           results file (default <repo>/build/bench.json)
+  BENCH_SECONDS        length of each measured run (default 6)
+  BENCH_WARMUP         warm-up seconds before each (default 2)
+  BENCH_REPEAT         rounds of the short runs; the table shows medians (default 1)
+  BENCH_LONG           1: the 60 s / 256-connection sale (default 1; 0 skips it)
+  BENCH_LONG_SECONDS, BENCH_LONG_CONNECTIONS   (60, 256)
+  BENCH_SALE_CONNECTIONS      wrk connections of the sales (64)
+  BENCH_BATCH_CONNECTIONS     wrk connections of the batched sale (256)
+  BENCH_THREADS        THREADS of the optimistic instances (default: the server's)
+  BENCH_BATCH_THREADS  THREADS of the batched instances (48)
+  BENCH_SKIP           comma list of ceilings,optimistic,storm,soldout,long,batched
+  BENCH_KEEP=1         leave the stack running at the end (make stop-bench stops it)
+  SECKILL_BIN          server binary (default build/seckill)
+Python 3 standard library only.
+"""
+
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+STACK = os.path.join(ROOT, "scripts", "stack.sh")
+WRK_LUA = os.path.join(HERE, "wrk_sale.lua")
+CHECK = os.path.join(HERE, "check_invariants.py")
+
+# The issue's reference figures (a 2-core machine, durable Postgres).
+REFERENCE = {"pgOneRow": 3600, "pgTxn": 2100, "redisEvalsha": 80000, "nginx": 42000}
+TARGETS = {"optimisticVsOneRow": 0.9, "batchedVsOneRow": 3.0, "soldOutVsNginx": 0.9,
+           "soldOutP99Ms": 2.0, "rssMb": 20.0}
+
+
+def env_int(name, default):
+    v = os.environ.get(name, "")
+    if v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        sys.exit(f"bench: {name} must be a whole number (got {v!r})")
+
+
+class BenchError(Exception):
+    pass
+
+
+class Interrupted(Exception):
+    pass
+
+
+def log(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, timeout, env=None, check=True, input=None):
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                           input=input)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{cmd[0]} did not finish within {timeout}s: {' '.join(cmd)}")
+    except FileNotFoundError:
+        raise BenchError(f"{cmd[0]} not found (run 'make deps')")
+    if check and p.returncode != 0:
+        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-15:])
+        raise BenchError(f"{' '.join(cmd[:3])} ... exited {p.returncode}:\n{tail}")
+    return p
+
+
+def free_ports(n):
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def fmt(v, digits=0):
+    if v is None:
+        return "-"
+    if isinstance(v, float) and digits:
+        return f"{v:,.{digits}f}"
+    return f"{int(round(v)):,}"
+
+
+# ------------------------------------------------------------------ /proc
+
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_stat(pid):
+    """(ppid, utime+stime, cutime+cstime) in seconds, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            s = f.read()
+    except OSError:
+        return None
+    rest = s[s.rindex(")") + 2:].split()
+    # rest[0] is field 3 (state): ppid field 4, utime 14, stime 15, cutime 16, cstime 17.
+    return int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK, (int(rest[13]) + int(rest[14])) / CLK
+
+
+def all_pids():
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def machine_cpu():
+    """CPU seconds of the whole machine since boot: (process time (user, nice,
+    system), interrupts (irq, softirq: loopback TCP is processed there), steal,
+    total)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]] + [0] * 8
+    proc = v[0] + v[1] + v[2]
+    return proc / CLK, (v[5] + v[6]) / CLK, v[7] / CLK, sum(v[:8]) / CLK
+
+
+def vm_status(pid):
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "VmHWM", "Threads"):
+                    out[k] = int(v.split()[0])
+    except OSError:
+        return None
+    return out
+
+
+# ------------------------------------------------------------------ the stack
+
+class Stack:
+    def __init__(self, run_dir, bin_path, threads, max_conn):
+        self.run_dir = run_dir
+        self.env = dict(os.environ)
+        for k in ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID"):
+            self.env.pop(k, None)
+        self.env.update({
+            "RUN_DIR": run_dir, "INSTANCES": "2", "PG_DURABLE": "1", "LOG_LEVEL": "warn",
+            "NGINX_PORT": "auto", "APP_PORT_BASE": "auto", "PG_PORT": "auto",
+            "REDIS_PORT": "auto", "PG_MAX_CONNECTIONS": str(max_conn),
+            "DEMO_RANDOM_USER": "0", "SECKILL_STOCK": "optimistic", "SECKILL_BIN": bin_path,
+        })
+        if threads:
+            self.env["THREADS"] = str(threads)
+        self.vars = {}
+        self.started = False
+
+    def _cmd(self, what, timeout=120, extra=None):
+        env = dict(self.env)
+        env.update(extra or {})
+        p = subprocess.run([STACK, what], capture_output=True, text=True, timeout=timeout, env=env)
+        for line in p.stderr.strip().splitlines():
+            log(line)
+        if p.returncode != 0:
+            raise BenchError(f"scripts/stack.sh {what} failed (exit {p.returncode})")
+        return p
+
+    def start(self):
+        # A stack left over by an interrupted bench in this directory: stopped
+        # first, so that every run starts from a fresh database.
+        subprocess.run([STACK, "stop"], capture_output=True, text=True, timeout=120, env=self.env)
+        self.started = True
+        self._cmd("start")
+        self._read_env()
+
+    def restart_instances(self, extra, unset=()):
+        for k in unset:
+            self.env.pop(k, None)
+        self.env.update(extra)
+        self._cmd("restart-instances")
+
+    def stop(self):
+        if self.started:
+            self._cmd("stop")
+            self.started = False
+
+    def _read_env(self):
+        with open(os.path.join(self.run_dir, "stack.env")) as f:
+            for line in f:
+                m = re.match(r"export (\w+)='(.*)'$", line.strip())
+                if m:
+                    self.vars[m.group(1)] = m.group(2)
+
+    def pid(self, name):
+        try:
+            with open(os.path.join(self.run_dir, "pids", f"{name}.pid")) as f:
+                return int(f.readline())
+        except (OSError, ValueError):
+            return None
+
+    def app_pids(self):
+        return [self.pid(f"app-{i}") for i in (1, 2)]
+
+    def rss(self):
+        out = []
+        for i, pid in enumerate(self.app_pids(), 1):
+            st = vm_status(pid) if pid else None
+            if st is None:
+                raise BenchError(f"instance seckill-{i} (pid {pid}) is gone: it crashed or was killed"
+                                 f" (see {self.run_dir}/logs/app-{i}.log)")
+            out.append({"instance": f"seckill-{i}", "pid": pid, "rssKb": st.get("VmRSS"),
+                        "hwmKb": st.get("VmHWM"), "threads": st.get("Threads")})
+        return out
+
+    def alive_check(self):
+        self.rss()
+
+    @property
+    def base(self):
+        return self.vars["BASE_URL"]
+
+    @property
+    def dsn(self):
+        return self.vars["PG_DSN"]
+
+
+class CpuMeter:
+    """CPU seconds per component between start() and stop()."""
+
+    def __init__(self, groups):
+        self.groups = groups        # {name: [root pids]} (children are included)
+
+    def _sample(self):
+        stats = {}
+        for pid in all_pids():
+            s = proc_stat(pid)
+            if s:
+                stats[pid] = s
+        children = {}
+        for pid, (ppid, _, _) in stats.items():
+            children.setdefault(ppid, []).append(pid)
+        out = {}
+        for name, roots in self.groups.items():
+            total = 0.0
+            seen = set()
+            todo = [p for p in roots if p]
+            for r in list(todo):
+                if r in stats:
+                    total += stats[r][2]          # reaped children (e.g. pgbench backends)
+            while todo:
+                p = todo.pop()
+                if p in seen or p not in stats:
+                    continue
+                seen.add(p)
+                total += stats[p][1]
+                todo.extend(children.get(p, []))
+            out[name] = total
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out["loadTool"] = ru.ru_utime + ru.ru_stime
+        return out, machine_cpu()
+
+    def start(self):
+        self.t0 = time.monotonic()
+        self.s0 = self._sample()
+
+    def stop(self):
+        s1 = self._sample()
+        wall = time.monotonic() - self.t0
+        (a, m0), (c, m1) = self.s0, s1
+        out = {k: round(c[k] - a.get(k, 0.0), 2) for k in c}
+        procs = m1[0] - m0[0]
+        out["interrupts"] = round(m1[1] - m0[1], 2)
+        out["steal"] = round(m1[2] - m0[2], 2)
+        # Process time of everything not measured here: other programs on the
+        # machine (noise), kernel threads.
+        out["other"] = round(procs - sum(c[k] - a.get(k, 0.0) for k in c), 2)
+        busy = procs + (m1[1] - m0[1])
+        out["machineBusy"] = round(busy, 2)
+        out["wallSeconds"] = round(wall, 2)
+        out["busyPct"] = round(100.0 * busy / (wall * os.cpu_count()), 1) if wall > 0 else None
+        return out
+
+
+# ------------------------------------------------------------------ bench
+
+class Bench:
+    def __init__(self):
+        self.t_start = time.monotonic()
+        self.run_dir = os.environ.get("BENCH_RUN_DIR") or os.path.join(ROOT, "build", "bench-run")
+        self.json_path = os.environ.get("BENCH_JSON") or os.path.join(ROOT, "build", "bench.json")
+        self.seconds = env_int("BENCH_SECONDS", 6)
+        self.warmup = env_int("BENCH_WARMUP", 2)
+        self.repeat = max(1, env_int("BENCH_REPEAT", 1))
+        self.long = env_int("BENCH_LONG", 1) == 1
+        self.long_seconds = env_int("BENCH_LONG_SECONDS", 60)
+        self.long_conns = env_int("BENCH_LONG_CONNECTIONS", 256)
+        self.sale_conns = env_int("BENCH_SALE_CONNECTIONS", 64)
+        self.batch_conns = env_int("BENCH_BATCH_CONNECTIONS", 256)
+        self.threads = env_int("BENCH_THREADS", 0)
+        self.batch_threads = env_int("BENCH_BATCH_THREADS", 48)
+        self.skip = {s.strip() for s in os.environ.get("BENCH_SKIP", "").split(",") if s.strip()}
+        self.keep = os.environ.get("BENCH_KEEP") == "1"
+        self.bin = os.environ.get("SECKILL_BIN") or os.path.join(ROOT, "build", "seckill")
+        self.bin = os.path.abspath(self.bin)
+        self.pg_clients = 16
+        threads_max = max(self.threads or 8, self.batch_threads)
+        self.max_conn = max(100, 2 * (threads_max + 4) + self.pg_clients + 40)
+        self.stack = Stack(self.run_dir, self.bin, self.threads, self.max_conn)
+        self.ceiling_nginx_pid = None
+        self.ceiling_dir = os.path.join(self.run_dir, "ceiling-nginx")
+        self.tmp = None
+        self.user_block = 0
+        self.violations = []
+        self.invariant_runs = []
+        self.rounds = []               # one dict of figures per round
+        self.longs = []                # the long sale (one per run; several with --median)
+        self.runs = 1                  # runs summarized (--median: the files)
+        self.res = {}
+
+    # -------------------------------------------------------------- helpers
+
+    def next_user_base(self):
+        self.user_block += 1
+        return 1_000_000_000_000 + self.user_block * 10_000_000_000
+
+    def psql(self, sql, timeout=120):
+        p = run(["psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", self.stack.dsn,
+                 "-f", "-"], timeout, input=sql)
+        return [line.split("|") for line in p.stdout.splitlines() if line]
+
+    def quiesce(self):
+        """Before each measured run: no dead row versions, a fresh checkpoint."""
+        self.psql("VACUUM tb_voucher; CHECKPOINT;")
+
+    def admin(self, path, body):
+        import urllib.request
+        req = urllib.request.Request(self.stack.base + path, data=json.dumps(body).encode(),
+                                     method="POST", headers={
+                                         "Authorization": f"Bearer {self.stack.vars['ADMIN_TOKEN']}",
+                                         "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read() or b"{}")
+
+    def new_voucher(self, stock, title):
+        now = time.time()
+        iso = lambda t: datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        r = self.admin("/admin/vouchers", {"title": title, "stock": stock,
+                                           "beginTime": iso(now - 60), "endTime": iso(now + 86400)})
+        return int(r["voucherId"])
+
+    def buy(self, voucher, user):
+        import urllib.error
+        import urllib.request
+        req = urllib.request.Request(f"{self.stack.base}/voucher/{voucher}/seckill", data=b"",
+                                     method="POST", headers={"X-User-Id": str(user)})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def wrk(self, url, conns, seconds, ids=False, timeout_s="10s"):
+        summary = os.path.join(self.tmp, "wrk-summary.json")
+        ids_file = os.path.join(self.tmp, "wrk-ids.txt")
+        for f in (summary, ids_file):
+            if os.path.exists(f):
+                os.unlink(f)
+        env = dict(os.environ)
+        env.update({"WRK_USER_BASE": str(self.next_user_base()), "WRK_SUMMARY": summary,
+                    "WRK_IDS_FILE": ids_file if ids else ""})
+        cmd = ["wrk", "-t", "2", "-c", str(conns), "-d", f"{seconds}s", "--timeout", timeout_s,
+               "--latency", "-s", WRK_LUA, url]
+        p = run(cmd, seconds + 60, env=env)
+        with open(summary) as f:
+            s = json.load(f)
+        secs = s["durationUs"] / 1e6
+        e = s.get("errors", {})
+        lat = s.get("latencyUs", {})
+        statuses = {str(k): int(v) for k, v in s.get("statuses", {}).items()}
+        r = {"tool": " ".join(cmd[:-3] + ["loadtest/wrk_sale.lua", url]),
+             "requests": s["requests"], "seconds": round(secs, 3),
+             "rps": round(s["requests"] / secs, 1) if secs else 0.0,
+             "p50Ms": round(lat.get("p50", 0) / 1000.0, 3), "p90Ms": round(lat.get("p90", 0) / 1000.0, 3),
+             "p99Ms": round(lat.get("p99", 0) / 1000.0, 3), "maxMs": round(lat.get("max", 0) / 1000.0, 3),
+             "statuses": statuses,
+             "socketErrors": {k: int(e.get(k, 0)) for k in ("connect", "read", "write", "timeout")},
+             "nonHttpErrors": int(e.get("status", 0))}
+        if ids:
+            r["idsFile"] = ids_file
+        if p.returncode != 0:
+            raise BenchError(f"wrk exited {p.returncode}")
+        return r
+
+    def check(self, what, voucher, ids=None, ok=None, unknown=0, expect=None):
+        cmd = [sys.executable, CHECK, "--dsn", self.stack.dsn, "--voucher", str(voucher)]
+        if ids:
+            cmd += ["--ids", ids]
+        if ok is not None:
+            cmd += ["--ok-responses", str(ok), "--unknown-responses", str(unknown)]
+        if expect is not None:
+            cmd += ["--expect-orders", str(expect)]
+        p = run(cmd, 300, check=False)
+        out = (p.stdout + p.stderr).strip()
+        passed = p.returncode == 0
+        self.invariant_runs.append({"run": what, "voucherId": voucher, "ok": passed,
+                                    "output": out.splitlines()[-12:]})
+        if not passed:
+            self.violations.append(f"{what} (voucher {voucher}):\n{out}")
+            log(f"INVARIANT VIOLATION in {what} (voucher {voucher}):")
+            for line in out.splitlines():
+                log("    " + line)
+        else:
+            log(f"{what}: invariants hold (voucher {voucher})")
+        return passed
+
+    def cpu_meter(self):
+        groups = {"seckill": self.stack.app_pids(), "nginx": [self.stack.pid("nginx")],
+                  "postgres": [self.stack.pid("postgres")], "redis": [self.stack.pid("redis")]}
+        if self.ceiling_nginx_pid:
+            groups["ceilingNginx"] = [self.ceiling_nginx_pid]
+        return CpuMeter(groups)
+
+    def order_span(self, voucher):
+        rows = self.psql(f"""SELECT count(*), coalesce(extract(epoch FROM max(create_time) - min(create_time)), 0)
+                               FROM tb_voucher_order WHERE voucher_id = {int(voucher)};""")
+        n, span = int(rows[0][0]), float(rows[0][1])
+        return n, span
+
+    # -------------------------------------------------------------- ceilings
+
+    def pgbench(self, script, seconds, defines):
+        path = os.path.join(self.tmp, "pgbench.sql")
+        with open(path, "w") as f:
+            f.write(script)
+        v = self.stack.vars
+        cmd = ["pgbench", "-n", "-c", str(self.pg_clients), "-j", "2", "-T", str(seconds),
+               "-M", "prepared", "-h", "127.0.0.1", "-p", v["PG_PORT"], "-U", "postgres"]
+        for k, val in defines.items():
+            cmd += ["-D", f"{k}={val}"]
+        cmd += ["-f", path, "seckill"]
+        p = run(cmd, seconds + 60)
+        out = p.stdout + p.stderr
+        m = re.search(r"^tps = ([\d.]+)", out, re.M)
+        lat = re.search(r"^latency average = ([\d.]+) ms", out, re.M)
+        n = re.search(r"^number of transactions actually processed: (\d+)", out, re.M)
+        failed = re.search(r"^number of failed transactions: (\d+)", out, re.M)
+        if not m:
+            raise BenchError(f"pgbench printed no tps:\n{out[-800:]}")
+        if failed and int(failed.group(1)) > 0:
+            raise BenchError(f"pgbench: {failed.group(1)} transactions failed:\n{out[-800:]}")
+        return {"tps": round(float(m.group(1)), 1),
+                "latencyAvgMs": float(lat.group(1)) if lat else None,
+                "transactions": int(n.group(1)) if n else None,
+                "tool": " ".join(cmd[:13]) + " -f <script> seckill"}
+
+    def bench_voucher_sql(self, title):
+        rows = self.psql(f"""INSERT INTO tb_voucher (title, stock, initial_stock, begin_time, end_time)
+            VALUES ('{title}', 1000000000000, 1000000000000, now() - interval '1 minute',
+                    now() + interval '1 day') RETURNING voucher_id;""")
+        return int(rows[0][0])
+
+    def ceiling_pg_one_row(self):
+        script = ("-- one-row autocommit decrement (the service's UPDATE, nothing else)\n"
+                  "UPDATE tb_voucher SET stock = stock - 1 WHERE voucher_id = :v AND stock > 0;\n")
+        v = self.bench_voucher_sql("bench: pgbench one-row")
+        try:
+            self.quiesce()
+            self.pgbench(script, self.warmup, {"v": v})
+            self.quiesce()
+            meter = self.cpu_meter()
+            meter.start()
+            r = self.pgbench(script, self.seconds, {"v": v})
+            r["cpu"] = meter.stop()
+        finally:
+            self.psql(f"DELETE FROM tb_voucher WHERE voucher_id = {v};")
+        r["script"] = script.splitlines()[1]
+        r["clients"] = self.pg_clients
+        log(f"pgbench one-row: {r['tps']:.0f} tps")
+        return r
+
+    def ceiling_pg_txn(self):
+        script = (
+            "-- the seckill transaction, a new user and order id per transaction\n"
+            "\\set n :n + 1\n"
+            "\\set u :base + :client_id * 100000000 + :n\n"
+            "BEGIN;\n"
+            "SELECT 1 FROM tb_voucher_order WHERE user_id = :u AND voucher_id = :v;\n"
+            "UPDATE tb_voucher SET stock = stock - 1 WHERE voucher_id = :v AND stock > 0;\n"
+            "INSERT INTO tb_voucher_order (id, user_id, voucher_id) VALUES (:u, :u, :v);\n"
+            "COMMIT;\n")
+        v = self.bench_voucher_sql("bench: pgbench seckill transaction")
+        base = 8_000_000_000_000_000_000
+        try:
+            self.quiesce()
+            self.pgbench(script, self.warmup, {"v": v, "n": 0, "base": base})
+            self.quiesce()
+            meter = self.cpu_meter()
+            meter.start()
+            r = self.pgbench(script, self.seconds, {"v": v, "n": 0, "base": base + 10_000_000_000})
+            r["cpu"] = meter.stop()
+        finally:
+            self.psql(f"DELETE FROM tb_voucher_order WHERE voucher_id = {v};"
+                      f" DELETE FROM tb_voucher WHERE voucher_id = {v};")
+            self.psql("VACUUM ANALYZE tb_voucher; VACUUM ANALYZE tb_voucher_order;")
+        r["script"] = "BEGIN; SELECT (duplicate check); UPDATE ... stock > 0; INSERT order; COMMIT"
+        r["clients"] = self.pg_clients
+        log(f"pgbench seckill transaction: {r['tps']:.0f} tps")
+        return r
+
+    def redis_bench(self, sha, port, n):
+        cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", port, "--dbnum", "9", "-c", "50",
+               "-n", str(n), "-r", "100000000", "--csv", "EVALSHA", sha, "2",
+               "lock:bench:__rand_int__", "redisson_lock_token:{lock:bench:__rand_int__}",
+               "30000", "bench-owner:1"]
+        p = run(cmd, 120)
+        row = None
+        for line in p.stdout.splitlines():
+            if line.startswith('"EVALSHA'):
+                row = next(__import__("csv").reader([line]))
+        if not row:
+            raise BenchError(f"redis-benchmark printed no EVALSHA line:\n{p.stdout[-500:]}{p.stderr[-500:]}")
+        return {"opsPerSec": float(row[1]), "p50Ms": float(row[4]), "p99Ms": float(row[6]),
+                "requests": n, "tool": " ".join(cmd[:12]) + " EVALSHA <sha> 2 lock:bench:__rand_int__"
+                " redisson_lock_token:{lock:bench:__rand_int__} 30000 bench-owner:1"}
+
+    def ceiling_redis(self):
+        port = self.stack.vars["REDIS_PORT"]
+        with open(os.path.join(ROOT, "lua", "lock_acquire.lua")) as f:
+            body = f.read()
+        sha = run(["redis-cli", "-h", "127.0.0.1", "-p", port, "SCRIPT", "LOAD", body], 10).stdout.strip()
+        try:
+            # A short run to size the measured one: about BENCH_SECONDS long.
+            probe = self.redis_bench(sha, port, 20000)
+            n = int(min(max(probe["opsPerSec"] * self.seconds, 50000), 2000000))
+            meter = self.cpu_meter()
+            meter.start()
+            r = self.redis_bench(sha, port, n)
+            r["cpu"] = meter.stop()
+        finally:
+            run(["redis-cli", "-h", "127.0.0.1", "-p", port, "-n", "9", "FLUSHDB"], 60, check=False)
+        r["clients"] = 50
+        r["script"] = "lua/lock_acquire.lua (KEYS: lock key, redisson_lock_token:{key}; ARGV: lease ms, owner)"
+        log(f"redis-benchmark EVALSHA lock_acquire: {r['opsPerSec']:.0f} ops/s")
+        return r
+
+    def start_ceiling_nginx(self):
+        front, up = free_ports(2)
+        d = self.ceiling_dir
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        conf = os.path.join(d, "nginx.conf")
+        run([os.path.join(ROOT, "nginx", "gen-conf.sh"), "--prefix", d, "--listen", f"127.0.0.1:{front}",
+             "--upstream", f"127.0.0.1:{up}", "-o", conf], 30)
+        with open(conf) as f:
+            text = f.read().rstrip()
+        if not text.endswith("}"):
+            raise BenchError(f"{conf} does not end with the http block's '}}'")
+        # The stand-in upstream: a second server in the same nginx, answering
+        # at once with a body the size of the service's sold-out answer.
+        text = text[:-1] + f"""
+    # make bench: the stand-in for the instances, answers 200 at once.
+    server {{
+        listen 127.0.0.1:{up} backlog=4096;
+        access_log off;
+        keepalive_requests 100000;
+        location / {{
+            default_type application/json;
+            return 200 '{{"error":"sold_out","message":"voucher is sold out"}}\\n';
+        }}
+    }}
+}}
+"""
+        with open(conf, "w") as f:
+            f.write(text)
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        run([nginx, "-t", "-q", "-p", d, "-c", conf, "-e", os.path.join(d, "error.log")], 30)
+        run([nginx, "-p", d, "-c", conf, "-e", os.path.join(d, "error.log"), "-g", "daemon on;"], 30)
+        pid = None
+        for _ in range(50):
+            try:
+                with open(os.path.join(d, "nginx.pid")) as f:
+                    pid = int(f.read().strip())
+                break
+            except (OSError, ValueError):
+                time.sleep(0.1)
+        if not pid:
+            raise BenchError("the ceiling nginx wrote no pid file")
+        self.ceiling_nginx_pid = pid
+        return front
+
+    def stop_ceiling_nginx(self):
+        pid = self.ceiling_nginx_pid
+        if not pid:
+            return
+        self.ceiling_nginx_pid = None
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode()
+        except OSError:
+            return
+        if self.ceiling_dir not in cmd:
+            log(f"pid {pid} is no longer the ceiling nginx ({cmd!r}): left alone")
+            return
+        os.kill(pid, signal.SIGQUIT)
+        for _ in range(100):
+            if proc_stat(pid) is None or vm_status(pid) is None:
+                return
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+
+    def ceiling_nginx(self):
+        port = self.start_ceiling_nginx()
+        try:
+            url = f"http://127.0.0.1:{port}/voucher/1/seckill"
+            self.wrk(url, 64, self.warmup)
+            meter = self.cpu_meter()
+            meter.start()
+            r = self.wrk(url, 64, self.seconds)
+            r["cpu"] = meter.stop()
+        finally:
+            self.stop_ceiling_nginx()
+        bad = sum(v for k, v in r["statuses"].items() if k != "200")
+        if bad:
+            raise BenchError(f"the ceiling nginx answered {bad} requests with another status than 200: {r['statuses']}")
+        r["connections"] = 64
+        r["upstream"] = "a second server block in the same nginx (return 200), upstream keepalive 64"
+        log(f"wrk nginx -> keep-alive upstream: {r['rps']:.0f} req/s")
+        return r
+
+    # -------------------------------------------------------------- service
+
+    def log_offset(self):
+        try:
+            return os.path.getsize(self.stack.vars["NGINX_ACCESS_LOG"])
+        except (OSError, KeyError):
+            return None
+
+    def settle(self):
+        """After a load: until nginx's access log stops growing (the requests
+        still in flight when the tool stopped end, as 499 or late answers)."""
+        last, stable, t0 = self.log_offset(), 0, time.monotonic()
+        while stable < 3 and time.monotonic() - t0 < 5:
+            time.sleep(0.1)
+            cur = self.log_offset()
+            stable = stable + 1 if cur == last else 0
+            last = cur
+
+    def logged(self, offset, voucher):
+        """Statuses nginx logged for POST /voucher/V/seckill after offset."""
+        out = {}
+        if offset is None:
+            return None
+        self.settle()
+        needle = f'"POST /voucher/{voucher}/seckill '
+        with open(self.stack.vars["NGINX_ACCESS_LOG"], "rb") as f:
+            f.seek(offset)
+            for line in f.read().decode("utf-8", "replace").splitlines():
+                i = line.find(needle)
+                if i < 0:
+                    continue
+                m = re.match(r'[^"]*" (\d{3}) ', line[i + len(needle):])
+                if m:
+                    out[m.group(1)] = out.get(m.group(1), 0) + 1
+        return out
+
+    def unknown(self, w, logged, conns):
+        """Requests whose outcome the client never learnt: answers other than
+        200/409, and the requests in flight when wrk stopped (nginx logs them
+        499, or answered after wrk stopped reading). Each may have bought."""
+        other = sum(v for k, v in w["statuses"].items() if k not in ("200", "409"))
+        errors = w["socketErrors"]["read"] + w["socketErrors"]["timeout"]
+        if logged is None:
+            return other + errors + conns
+        return other + errors + max(0, sum(logged.values()) - sum(w["statuses"].values()))
+
+    def sale(self, what, conns, seconds, stock=10_000_000, warm=True):
+        """A sale to distinct users on a stock that does not run out."""
+        if warm and self.warmup > 0:
+            wv = self.new_voucher(20000, f"bench: {what} warm-up")
+            off = self.log_offset()
+            w = self.wrk(f"{self.stack.base}/voucher/{wv}/seckill", conns, self.warmup, ids=True)
+            self.check(f"{what} warm-up", wv, ids=w["idsFile"], ok=w["statuses"].get("200", 0),
+                       unknown=self.unknown(w, self.logged(off, wv), conns))
+        v = self.new_voucher(stock, f"bench: {what}")
+        self.quiesce()
+        off = self.log_offset()
+        meter = self.cpu_meter()
+        meter.start()
+        w = self.wrk(f"{self.stack.base}/voucher/{v}/seckill", conns, seconds, ids=True)
+        cpu = meter.stop()
+        w["nginxLogged"] = self.logged(off, v)
+        n, span = self.order_span(v)
+        unknown = self.unknown(w, w["nginxLogged"], conns)
+        w["unknownOutcome"] = unknown
+        self.check(what, v, ids=w["idsFile"], ok=w["statuses"].get("200", 0), unknown=unknown)
+        w.pop("idsFile", None)
+        rate = (n - 1) / span if n > 1 and span > 0 else 0.0
+        r = {"voucherId": v, "stock": stock, "connections": conns, "orders": n,
+             "orderSpanSeconds": round(span, 3), "ordersPerSec": round(rate, 1),
+             "soldOut": n >= stock, "wrk": w, "cpu": cpu,
+             "cpuMsPerOrder": {k: round(1000.0 * cpu[k] / n, 3) for k in
+                               ("seckill", "nginx", "postgres", "redis", "loadTool", "interrupts", "other")} if n else None}
+        if n >= stock or span < 5:
+            log(f"warning: {what}: the stock lasted {span:.1f}s (< 5 s or sold out): raise the stock or BENCH_SECONDS")
+        log(f"{what}: {n} orders in {span:.2f}s = {rate:.0f} orders/s (wrk {w['rps']:.0f} req/s,"
+            f" p50 {w['p50Ms']} ms, p99 {w['p99Ms']} ms)")
+        return r
+
+    def sold_out(self):
+        v = self.new_voucher(1, "bench: sold out")
+        off = self.log_offset()
+        st = self.buy(v, 42)
+        if st != 200:
+            raise BenchError(f"buying the only unit of voucher {v} answered {st}")
+        url = f"{self.stack.base}/voucher/{v}/seckill"
+        w0 = self.wrk(url, 64, max(1, self.warmup))
+        meter = self.cpu_meter()
+        meter.start()
+        w = self.wrk(url, 64, self.seconds)
+        w["cpu"] = meter.stop()
+        logged = self.logged(off, v)
+        both = {"statuses": {k: w0["statuses"].get(k, 0) + w["statuses"].get(k, 0)
+                             for k in set(w0["statuses"]) | set(w["statuses"])},
+                "socketErrors": {k: w0["socketErrors"][k] + w["socketErrors"][k] for k in w["socketErrors"]}}
+        if logged is not None:
+            logged["200"] = logged.get("200", 0) - 1       # the one bought before
+            logged = {k: c for k, c in logged.items() if c > 0}
+        self.check("sold-out", v, ok=1 + both["statuses"].get("200", 0),
+                   unknown=self.unknown(both, logged, 64), expect=1)
+        w["voucherId"] = v
+        w["connections"] = 64
+        w["non409"] = sum(c for k, c in w["statuses"].items() if k != "409")
+        log(f"sold-out: {w['rps']:.0f} req/s, p50 {w['p50Ms']} ms, p99 {w['p99Ms']} ms")
+        return w
+
+    def ab(self, url, n, conns, user):
+        cmd = ["ab", "-k", "-l", "-r", "-s", "30", "-n", str(n), "-c", str(conns), "-m", "POST",
+               "-H", f"X-User-Id: {user}", url]
+        p = run(cmd, 300)
+        t = p.stdout
+
+        def num(pat, cast=float, default=None):
+            m = re.search(pat, t, re.M)
+            return cast(m.group(1)) if m else default
+        r = {"tool": " ".join(cmd), "requests": num(r"^Complete requests:\s+(\d+)", int, 0),
+             "failed": num(r"^Failed requests:\s+(\d+)", int, 0),
+             "non2xx": num(r"^Non-2xx responses:\s+(\d+)", int, 0),
+             "seconds": num(r"^Time taken for tests:\s+([\d.]+)"),
+             "rps": num(r"^Requests per second:\s+([\d.]+)"),
+             "p50Ms": num(r"^\s+50%\s+(\d+)"), "p99Ms": num(r"^\s+99%\s+(\d+)")}
+        r["ok200"] = r["requests"] - r["non2xx"] - r["failed"]
+        return r
+
+    def storm(self):
+        v = self.new_voucher(100, "bench: single-user storm")
+        url = f"{self.stack.base}/voucher/{v}/seckill"
+        user = 7_000_000_000 + self.user_block
+        probe = self.ab(url, 2000, 64, user)
+        n = int(min(max((probe["rps"] or 1000) * self.seconds, 5000), 200000))
+        meter = self.cpu_meter()
+        meter.start()
+        r = self.ab(url, n, 64, user)
+        r["cpu"] = meter.stop()
+        ok = probe["ok200"] + r["ok200"]
+        self.check("storm", v, ok=ok, unknown=probe["failed"] + r["failed"], expect=1)
+        r["voucherId"] = v
+        r["user"] = user
+        r["connections"] = 64
+        log(f"storm: {r['rps']:.0f} req/s, {ok} order(s)")
+        return r
+
+    # -------------------------------------------------------------- the run
+
+    def machine(self):
+        def ver(cmd, pat=None):
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+                t = (p.stdout + p.stderr).strip()
+            except (OSError, subprocess.TimeoutExpired):
+                return None
+            if pat:
+                m = re.search(pat, t)
+                return m.group(1) if m else t.splitlines()[0] if t else None
+            return t.splitlines()[0] if t else None
+        mem = None
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem = int(line.split()[1])
+        cpu = None
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        git = ver(["git", "-C", ROOT, "describe", "--always", "--dirty"])
+        c0 = machine_cpu()
+        time.sleep(1.0)
+        c1 = machine_cpu()
+        b0, t0 = c0[0] + c0[1], c0[3]
+        b1, t1 = c1[0] + c1[1], c1[3]
+        return {
+            "nproc": os.cpu_count(), "memTotalMb": round(mem / 1024) if mem else None,
+            "cpu": cpu, "kernel": platform.release(), "os": ver(["sh", "-c", ". /etc/os-release; echo $PRETTY_NAME"]),
+            "busyPctBefore": round(100.0 * (b1 - b0) / (t1 - t0), 1) if t1 > t0 else None,
+            "loadavgBefore": os.getloadavg(),
+            "versions": {
+                "postgres": ver(["psql", "-X", "-A", "-t", "-d", self.stack.dsn, "-c", "SHOW server_version"]),
+                "pgbench": ver(["pgbench", "--version"], r"(\d+\.\d+)"),
+                "redis": ver(["redis-server", "--version"], r"v=(\S+)"),
+                "nginx": ver([shutil.which("nginx") or "/usr/sbin/nginx", "-v"], r"nginx/(\S+)"),
+                "wrk": ver(["wrk", "-v"], r"wrk (\S+)"),
+                "ab": ver(["ab", "-V"], r"Version (\S+)"),
+                "seckill": git,
+            },
+            "postgres": dict(zip(
+                ["fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "max_connections",
+                 "shared_buffers"],
+                self.psql("SELECT current_setting('fsync'), current_setting('synchronous_commit'),"
+                          " current_setting('full_page_writes'), current_setting('wal_sync_method'),"
+                          " current_setting('max_connections'), current_setting('shared_buffers');")[0])),
+        }
+
+    def one_round(self, i):
+        fig = {}
+        if "ceilings" not in self.skip:
+            log(f"round {i}: ceilings")
+            fig["pgOneRow"] = self.ceiling_pg_one_row()
+            fig["pgTxn"] = self.ceiling_pg_txn()
+            fig["redisEvalsha"] = self.ceiling_redis()
+            fig["nginx"] = self.ceiling_nginx()
+        if "optimistic" not in self.skip:
+            if self.strategy != "optimistic":
+                self.switch("optimistic")
+            log(f"round {i}: the service, SECKILL_STOCK=optimistic")
+            fig["rssBefore"] = self.stack.rss()
+            fig["sale"] = self.sale("sale (optimistic)", self.sale_conns, self.seconds)
+            if "soldout" not in self.skip:
+                fig["soldOut"] = self.sold_out()
+            if "storm" not in self.skip:
+                fig["storm"] = self.storm()
+            fig["rssAfter"] = self.stack.rss()
+        if "batched" not in self.skip:
+            self.switch("batched")
+            log(f"round {i}: the service, SECKILL_STOCK=batched THREADS={self.batch_threads}")
+            fig["batchedRssBefore"] = self.stack.rss()
+            fig["batchedSale"] = self.sale("sale (batched)", self.batch_conns, self.seconds)
+            fig["batchedRssAfter"] = self.stack.rss()
+        return fig
+
+    def switch(self, strategy):
+        threads = self.batch_threads if strategy == "batched" else self.threads
+        extra = {"SECKILL_STOCK": strategy}
+        if threads:
+            extra["THREADS"] = str(threads)
+        log(f"restarting the instances with {' '.join(f'{k}={v}' for k, v in extra.items())}")
+        self.stack.restart_instances(extra, unset=[] if threads else ["THREADS"])
+        self.strategy = strategy
+
+    def long_run(self):
+        if self.strategy != "optimistic":
+            self.switch("optimistic")
+        log(f"long sale: {self.long_seconds}s at {self.long_conns} connections (SECKILL_STOCK=optimistic)")
+        before = self.stack.rss()
+        r = self.sale(f"long sale {self.long_seconds}s", self.long_conns, self.long_seconds,
+                      stock=100_000_000, warm=False)
+        r["rssBefore"] = before
+        r["rssAfter"] = self.stack.rss()
+        return r
+
+    def execute(self):
+        if not os.path.exists(self.bin):
+            raise BenchError(f"{self.bin} is missing: run 'make'")
+        for tool in ("pgbench", "redis-benchmark", "redis-cli", "wrk", "ab", "psql", "curl"):
+            if not shutil.which(tool):
+                raise BenchError(f"'{tool}' not found (run 'make deps')")
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.tmp = tempfile.mkdtemp(prefix="bench.", dir=self.run_dir)
+        log(f"starting the stack in {self.run_dir} (2 instances, durable Postgres, LOG_LEVEL=warn)")
+        self.stack.start()
+        self.strategy = "optimistic"
+        self.res["machine"] = self.machine()
+        m = self.res["machine"]
+        log(f"machine: {m['nproc']} CPUs, {m['memTotalMb']} MB, kernel {m['kernel']};"
+            f" busy {m['busyPctBefore']}% before the run, load {m['loadavgBefore'][0]:.2f}")
+        if m["busyPctBefore"] and m["busyPctBefore"] > 20:
+            log("warning: the machine is busy with other work: the figures will be low and noisy")
+        for i in range(1, self.repeat + 1):
+            self.rounds.append(self.one_round(i))
+        if self.long and "long" not in self.skip:
+            self.longs.append(self.long_run())
+
+    def cleanup(self):
+        errors = []
+        try:
+            self.stop_ceiling_nginx()
+        except Exception as e:          # noqa: BLE001 -- cleanup goes on
+            errors.append(str(e))
+        if self.keep and self.stack.started:
+            log(f"BENCH_KEEP=1: the stack keeps running in {self.run_dir}"
+                f" (RUN_DIR={self.run_dir} scripts/stack.sh stop)")
+        else:
+            try:
+                self.stack.stop()
+            except Exception as e:      # noqa: BLE001
+                errors.append(str(e))
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        for e in errors:
+            log(f"cleanup: {e}")
+
+    # -------------------------------------------------------------- results
+
+    def summarize(self):
+        rounds = self.rounds
+
+        def vals(path):
+            out = []
+            for r in rounds:
+                x = r
+                for p in path:
+                    x = x.get(p) if isinstance(x, dict) else None
+                if x is not None:
+                    out.append(x)
+            return out
+
+        def med(path):
+            v = vals(path)
+            return statistics.median(v) if v else None
+
+        def spread(path):
+            v = vals(path)
+            return [min(v), max(v)] if v else None
+
+        f = {
+            "pgOneRowTps": med(["pgOneRow", "tps"]),
+            "pgTxnTps": med(["pgTxn", "tps"]),
+            "redisEvalshaOps": med(["redisEvalsha", "opsPerSec"]),
+            "nginxRps": med(["nginx", "rps"]),
+            "nginxP50Ms": med(["nginx", "p50Ms"]),
+            "nginxP99Ms": med(["nginx", "p99Ms"]),
+            "saleOrdersPerSec": med(["sale", "ordersPerSec"]),
+            "saleP50Ms": med(["sale", "wrk", "p50Ms"]),
+            "saleP99Ms": med(["sale", "wrk", "p99Ms"]),
+            "soldOutRps": med(["soldOut", "rps"]),
+            "soldOutP50Ms": med(["soldOut", "p50Ms"]),
+            "soldOutP99Ms": med(["soldOut", "p99Ms"]),
+            "stormRps": med(["storm", "rps"]),
+            "batchedOrdersPerSec": med(["batchedSale", "ordersPerSec"]),
+            "batchedP50Ms": med(["batchedSale", "wrk", "p50Ms"]),
+            "batchedP99Ms": med(["batchedSale", "wrk", "p99Ms"]),
+        }
+        ranges = {k: spread(p) for k, p in {
+            "pgOneRowTps": ["pgOneRow", "tps"], "pgTxnTps": ["pgTxn", "tps"],
+            "redisEvalshaOps": ["redisEvalsha", "opsPerSec"], "nginxRps": ["nginx", "rps"],
+            "saleOrdersPerSec": ["sale", "ordersPerSec"], "soldOutRps": ["soldOut", "rps"],
+            "soldOutP99Ms": ["soldOut", "p99Ms"], "stormRps": ["storm", "rps"],
+            "batchedOrdersPerSec": ["batchedSale", "ordersPerSec"]}.items()}
+        # Ratios per round, then their median (each pair measured minutes apart at most).
+        def ratio_med(a, b):
+            v = []
+            for r in rounds:
+                x, y = a(r), b(r)
+                if x is not None and y:
+                    v.append(x / y)
+            return statistics.median(v) if v else None
+        g = lambda *p: (lambda r: _dig(r, p))
+        ratios = {
+            "optimisticVsOneRow": ratio_med(g("sale", "ordersPerSec"), g("pgOneRow", "tps")),
+            "batchedVsOneRow": ratio_med(g("batchedSale", "ordersPerSec"), g("pgOneRow", "tps")),
+            "optimisticVsTxn": ratio_med(g("sale", "ordersPerSec"), g("pgTxn", "tps")),
+            "soldOutVsNginx": ratio_med(g("soldOut", "rps"), g("nginx", "rps")),
+            "stormVsRedis": ratio_med(g("storm", "rps"), g("redisEvalsha", "opsPerSec")),
+        }
+        # RSS: per instance, the median over the rounds (or runs).
+        def rss_med(sets):
+            sets = [x for x in sets if x]
+            if not sets:
+                return None
+            return [statistics.median(x[i]["rssKb"] for x in sets if len(x) > i) / 1024.0
+                    for i in range(max(len(x) for x in sets))]
+        rss_sets = {}
+        for key in ("rssBefore", "rssAfter", "batchedRssBefore", "batchedRssAfter"):
+            v = rss_med([r.get(key) for r in rounds])
+            if v:
+                rss_sets[key] = v
+        longs = [x for x in self.longs if x]
+        if longs:
+            rss_sets["longBefore"] = rss_med([x.get("rssBefore") for x in longs])
+            rss_sets["longAfter"] = rss_med([x.get("rssAfter") for x in longs])
+            f["longOrdersPerSec"] = statistics.median(x["ordersPerSec"] for x in longs)
+            f["longP50Ms"] = statistics.median(x["wrk"]["p50Ms"] for x in longs)
+            f["longP99Ms"] = statistics.median(x["wrk"]["p99Ms"] for x in longs)
+        targets = []
+
+        def target(name, value, op, limit, label):
+            if value is None:
+                return
+            ok = value >= limit if op == ">=" else value < limit if op == "<" else value <= limit
+            targets.append({"name": name, "label": label, "value": round(value, 3), "op": op,
+                            "target": limit, "pass": ok})
+        target("optimisticVsOneRow", ratios["optimisticVsOneRow"], ">=", TARGETS["optimisticVsOneRow"],
+               "sale orders/s (optimistic) / pgbench one-row tps")
+        target("batchedVsOneRow", ratios["batchedVsOneRow"], ">=", TARGETS["batchedVsOneRow"],
+               "sale orders/s (batched) / pgbench one-row tps")
+        target("soldOutVsNginx", ratios["soldOutVsNginx"], ">=", TARGETS["soldOutVsNginx"],
+               "sold-out req/s / nginx-to-upstream req/s")
+        target("soldOutP99Ms", f["soldOutP99Ms"], "<", TARGETS["soldOutP99Ms"], "sold-out p99 (ms)")
+        rss_key = "longAfter" if "longAfter" in rss_sets else "rssAfter" if "rssAfter" in rss_sets else None
+        if rss_key:
+            target("rssMb", max(rss_sets[rss_key]), "<=", TARGETS["rssMb"],
+                   "RSS per instance (MB), largest, after the " +
+                   (f"{self.long_seconds} s sale" if rss_key == "longAfter" else "short runs"))
+        return f, ranges, ratios, rss_sets, targets
+
+    def report(self):
+        f, ranges, ratios, rss, targets = self.summarize()
+        m = self.res.get("machine", {})
+        ver = m.get("versions", {})
+        n = len(self.rounds)
+        med = (f", medians of {self.runs} runs ({n} rounds)" if self.runs > 1
+               else f", medians of {n} rounds" if n > 1 else "")
+        out = []
+        w = out.append
+        L = 54
+
+        def res_of(name):
+            for t in targets:
+                if t["name"] == name:
+                    return "PASS" if t["pass"] else "MISS"
+            return ""
+
+        def row(label, v, vs_label="", vs=None, ratio=None, tgt="", res="", digits=0):
+            r = f"{ratio:.2f}" if ratio is not None else ""
+            cmp_ = f"{vs_label:<20} {fmt(vs) if vs is not None else '':>7}" if vs_label else ""
+            w(f"{label:<{L}} {fmt(v, digits) if not isinstance(v, str) else v:>11}  {cmp_:<28} {r:>5}  {tgt:<8} {res}".rstrip())
+
+        w("")
+        w(f"== make bench{med}")
+        w(f"   {m.get('nproc')} CPUs ({m.get('cpu')}), {m.get('memTotalMb')} MB, kernel {m.get('kernel')};"
+          f" Postgres {(ver.get('postgres') or '?').split()[0]} (fsync {m.get('postgres', {}).get('fsync')},"
+          f" synchronous_commit {m.get('postgres', {}).get('synchronous_commit')}),"
+          f" Redis {ver.get('redis')}, nginx {ver.get('nginx')}, seckill {ver.get('seckill')}")
+        w("")
+        w(f"{'ceilings, on the same Postgres, Redis and nginx':<{L}} {'measured':>11}  {'':<6} {'issue, 2-core machine':>21}")
+
+        def ceil_row(label, v, unit, ref):
+            w(f"{label:<{L}} {fmt(v):>11}  {unit:<6} {fmt(ref):>21}")
+        ceil_row("pgbench one-row UPDATE ... stock > 0, autocommit, 16 c", f["pgOneRowTps"], "tps", REFERENCE["pgOneRow"])
+        ceil_row("pgbench BEGIN; SELECT; UPDATE; INSERT; COMMIT, 16 c", f["pgTxnTps"], "tps", REFERENCE["pgTxn"])
+        ceil_row("redis-benchmark EVALSHA lock_acquire.lua, 50 c", f["redisEvalshaOps"], "ops/s", REFERENCE["redisEvalsha"])
+        ceil_row("wrk > nginx > keep-alive upstream return 200, 64 c", f["nginxRps"], "req/s", REFERENCE["nginx"])
+        w("")
+        w(f"{'the service through nginx, 2 instances':<{L}} {'measured':>11}  {'compared with':<28} {'ratio':>5}  {'target':<8} result")
+        if f["saleOrdersPerSec"] is not None:
+            row(f"sale orders/s, optimistic, {self.sale_conns} c", f["saleOrdersPerSec"], "pgbench one-row",
+                f["pgOneRowTps"], ratios["optimisticVsOneRow"], ">= 0.9", res_of("optimisticVsOneRow"))
+            row("", "", "pgbench seckill txn", f["pgTxnTps"], ratios["optimisticVsTxn"])
+            row("  buyer latency p50 / p99 ms", f"{f['saleP50Ms']:.1f} / {f['saleP99Ms']:.0f}")
+        if f["batchedOrdersPerSec"] is not None:
+            row(f"sale orders/s, batched, {self.batch_conns} c, THREADS={self.batch_threads}",
+                f["batchedOrdersPerSec"], "pgbench one-row", f["pgOneRowTps"], ratios["batchedVsOneRow"],
+                ">= 3", res_of("batchedVsOneRow"))
+            row("  buyer latency p50 / p99 ms", f"{f['batchedP50Ms']:.1f} / {f['batchedP99Ms']:.0f}")
+        if f.get("longOrdersPerSec") is not None:
+            row(f"sale orders/s, optimistic, {self.long_seconds} s at {self.long_conns} c", f["longOrdersPerSec"],
+                "pgbench one-row", f["pgOneRowTps"],
+                f["longOrdersPerSec"] / f["pgOneRowTps"] if f["pgOneRowTps"] else None)
+            row("  buyer latency p50 / p99 ms", f"{f['longP50Ms']:.1f} / {f['longP99Ms']:.0f}")
+        if f["soldOutRps"] is not None:
+            row("sold-out req/s, 64 c", f["soldOutRps"], "nginx ceiling", f["nginxRps"],
+                ratios["soldOutVsNginx"], ">= 0.9", res_of("soldOutVsNginx"))
+            row("  sold-out p50 / p99 ms", f"{f['soldOutP50Ms']:.2f} / {f['soldOutP99Ms']:.2f}",
+                f"nginx ceil. {f['nginxP50Ms']:.2f} / {f['nginxP99Ms']:.2f}", None, None, "p99 < 2",
+                res_of("soldOutP99Ms"))
+        if f["stormRps"] is not None:
+            row("single-user storm req/s, ab -k, 64 c", f["stormRps"], "redis EVALSHA", f["redisEvalshaOps"],
+                ratios["stormVsRedis"])
+        labels = {"rssBefore": "RSS MB per instance: at start",
+                  "rssAfter": "  after the short runs",
+                  "longBefore": f"  before the {self.long_seconds} s sale",
+                  "longAfter": f"  after the {self.long_seconds} s sale at {self.long_conns} c",
+                  "batchedRssBefore": "  batched: at start",
+                  "batchedRssAfter": "  batched: after its sale"}
+        judged = "longAfter" if "longAfter" in rss else "rssAfter"
+        for k in ("rssBefore", "rssAfter", "longBefore", "longAfter", "batchedRssBefore", "batchedRssAfter"):
+            if rss.get(k):
+                vals = " / ".join(f"{x:.1f}" for x in rss[k])
+                if k == judged:
+                    row(labels[k], vals, "", None, None, "<= 20", res_of("rssMb"))
+                else:
+                    row(labels[k], vals)
+        # Where the CPU went: ms of CPU per order or request, by component.
+        cpu_rows = []
+        for key, label, per in (("pgOneRow", "pgbench one-row (per txn)", "transactions"),
+                                ("pgTxn", "pgbench seckill txn (per txn)", "transactions"),
+                                ("nginx", "nginx ceiling (per request)", "requests"),
+                                ("sale", "sale, optimistic (per order)", "orders"),
+                                ("batchedSale", "sale, batched (per order)", "orders"),
+                                ("soldOut", "sold-out (per request)", "requests"),
+                                ("storm", "storm (per request)", "requests")):
+            vals = []
+            for r in self.rounds:
+                x = r.get(key)
+                if not x or not x.get("cpu") or not x.get(per):
+                    continue
+                vals.append({k: 1000.0 * v / x[per] for k, v in x["cpu"].items()
+                             if k not in ("wallSeconds", "busyPct")} | {"busyPct": x["cpu"].get("busyPct") or 0})
+            if vals:
+                cpu_rows.append((label, {k: statistics.median(v[k] for v in vals if k in v)
+                                         for k in vals[0]}))
+        if cpu_rows:
+            w("")
+            w(f"{'CPU ms per unit, by process (2 CPUs in all)':<{L - 12}} {'seckill':>7} {'nginx':>6} {'postgres':>8}"
+              f" {'redis':>6} {'client':>6} {'softirq':>7} {'others':>6} {'busy':>5}")
+            for label, v in cpu_rows:
+                ng = v.get("nginx", 0) + v.get("ceilingNginx", 0)
+                w(f"{'  ' + label:<{L - 12}} {v.get('seckill', 0):>7.3f} {ng:>6.3f} {v.get('postgres', 0):>8.3f}"
+                  f" {v.get('redis', 0):>6.3f} {v.get('loadTool', 0):>6.3f} {v.get('interrupts', 0):>7.3f}"
+                  f" {v.get('other', 0):>6.3f} {v.get('busyPct', 0):>4.0f}%")
+            w("  (others: programs outside this benchmark, i.e. noise; busy: share of both CPUs in use)")
+        w("")
+        if self.violations:
+            w(f"INVARIANTS: VIOLATED in {len(self.violations)} run(s) (see the FAIL lines above)")
+        else:
+            w(f"invariants: hold after all {len(self.invariant_runs)} service runs (loadtest/check_invariants.py)")
+        misses = [t["name"] for t in targets if not t["pass"]]
+        w(f"speed targets: {len(targets) - len(misses)} PASS, {len(misses)} MISS"
+          + (f" ({', '.join(misses)})" if misses else ""))
+        w(f"results: {os.path.relpath(self.json_path, ROOT) if self.json_path.startswith(ROOT) else self.json_path}")
+        print("\n".join(out), flush=True)
+        self.res.update({
+            "figures": f, "ranges": ranges if n > 1 else None, "ratios": ratios,
+            "rssMb": rss, "targets": targets,
+        })
+
+    def write_json(self, status, error=None, history=True):
+        doc = {
+            "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": "make bench",
+            "status": status,
+            "error": error,
+            "durationSeconds": round(time.monotonic() - self.t_start, 1),
+            "settings": {
+                "seconds": self.seconds, "warmupSeconds": self.warmup, "rounds": self.repeat,
+                "instances": 2, "saleConnections": self.sale_conns, "batchConnections": self.batch_conns,
+                "threads": self.threads or "server default", "batchThreads": self.batch_threads,
+                "long": self.long and "long" not in self.skip, "longSeconds": self.long_seconds,
+                "longConnections": self.long_conns, "pgbenchClients": self.pg_clients,
+                "pgMaxConnections": self.max_conn, "skip": sorted(self.skip),
+                "logLevel": "warn", "pgDurable": True,
+            },
+            "reference": REFERENCE,
+            "targetsWanted": TARGETS,
+            "machine": self.res.get("machine"),
+            "figures": self.res.get("figures"),
+            "ranges": self.res.get("ranges"),
+            "ratios": self.res.get("ratios"),
+            "rssMb": self.res.get("rssMb"),
+            "targets": self.res.get("targets"),
+            "invariants": {"ok": not self.violations, "runs": self.invariant_runs},
+            "rounds": self.rounds,
+            "long": self.longs[0] if len(self.longs) == 1 else self.longs or None,
+        }
+        d = os.path.dirname(os.path.abspath(self.json_path))
+        os.makedirs(d, exist_ok=True)
+        tmp = self.json_path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+        os.replace(tmp, self.json_path)
+        if history and self.rounds:
+            # Every run is also kept: loadtest/bench.py --median <them> gives medians.
+            hist = os.path.join(d, "bench-history")
+            os.makedirs(hist, exist_ok=True)
+            shutil.copyfile(self.json_path, os.path.join(
+                hist, "bench-" + doc["when"].replace(":", "").replace("-", "") + ".json"))
+
+
+def _dig(d, path):
+    for p in path:
+        d = d.get(p) if isinstance(d, dict) else None
+    return d
+
+
+def median_of_files(argv):
+    """--median [--json OUT] FILE...: the table of several runs' medians."""
+    out = None
+    if argv[:1] == ["--json"]:
+        if len(argv) < 2:
+            sys.exit("bench: --json needs a file")
+        out, argv = argv[1], argv[2:]
+    if not argv:
+        sys.exit("usage: loadtest/bench.py --median [--json OUT] build/bench-history/*.json")
+    b = Bench()
+    docs = []
+    for path in argv:
+        with open(path) as fh:
+            docs.append(json.load(fh))
+    st = docs[0].get("settings", {})
+    b.sale_conns = st.get("saleConnections", b.sale_conns)
+    b.batch_conns = st.get("batchConnections", b.batch_conns)
+    b.batch_threads = st.get("batchThreads", b.batch_threads)
+    b.long_seconds = st.get("longSeconds", b.long_seconds)
+    b.long_conns = st.get("longConnections", b.long_conns)
+    b.res["machine"] = docs[0].get("machine") or {}
+    b.runs = len(docs)
+    for d in docs:
+        b.rounds.extend(d.get("rounds") or [])
+        lg = d.get("long")
+        b.longs.extend(lg if isinstance(lg, list) else [lg] if lg else [])
+        inv = (d.get("invariants") or {}).get("runs") or []
+        b.invariant_runs.extend(inv)
+        b.violations.extend(r["run"] for r in inv if not r.get("ok"))
+    b.json_path = out or "(not written: --json OUT)"
+    b.report()
+    if out:
+        b.repeat = len(b.rounds)
+        b.write_json("median", None, history=False)
+        with open(out) as fh:
+            doc = json.load(fh)
+        doc["command"] = "loadtest/bench.py --median " + " ".join(argv)
+        doc["files"] = argv
+        with open(out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+    return 1 if b.violations else 0
+
+
+def main():
+    if sys.argv[1:2] == ["--median"]:
+        return median_of_files(sys.argv[2:])
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    b = Bench()
+
+    def on_signal(signum, _frame):
+        raise Interrupted(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    status, error, rc = "ok", None, 0
+    try:
+        b.execute()
+    except (BenchError, Interrupted) as e:
+        status, error, rc = "error", str(e), 2
+        log(f"error: {e}")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        b.cleanup()
+    if b.rounds:
+        b.report()
+    if b.violations:
+        status, rc = "invariant-violation", 1
+    b.write_json(status, error)
+    log(f"done in {time.monotonic() - b.t_start:.0f}s")
+    if rc == 1:
+        log("FAILED: an invariant was violated (see above)")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

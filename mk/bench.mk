@@ -1,0 +1,24 @@
+# mk/bench.mk: the performance benchmark (loadtest/bench.py).
+#
+#   make bench        build, start a private stack (build/bench-run: durable
+#                     Postgres, Redis, 2 instances, nginx), measure the
+#                     ceilings (pgbench, redis-benchmark, wrk -> nginx) and the
+#                     service (sale, sold-out, storm, 60 s sale, batched),
+#                     print the table with ratios, write build/bench.json, stop
+#                     everything. Exit 1 on an invariant violation only.
+#   make stop-bench   stop a stack left running by BENCH_KEEP=1 make bench
+#
+#   BENCH_LONG=0      skip the 60 s / 256-connection sale (about a minute less)
+#   BENCH_REPEAT=3    three rounds of the short runs, medians in the table
+#   (more knobs: python3 loadtest/bench.py's docstring)
+
+BENCH_RUN_DIR ?= $(abspath $(BUILD))/bench-run
+
+.PHONY: bench stop-bench
+
+bench: all
+	@BENCH_RUN_DIR=$(BENCH_RUN_DIR) BENCH_JSON=$${BENCH_JSON:-$(abspath $(BUILD))/bench.json} \
+	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench.py
+
+stop-bench:
+	@RUN_DIR=$(BENCH_RUN_DIR) scripts/stack.sh stop
