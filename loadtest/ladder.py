@@ -28,7 +28,10 @@ it stays up with the safe default strategies.
 
 Outputs (OUT, default build/ladder): ladder.txt (the terminal table),
 ladder.md (Markdown report), ladder.png (gnuplot chart: oversold, duplicate
-orders and success rate per step), ladder.json (every figure), steps/ (raw
+orders and success rate per step), ladder.html (per step: its invariants and
+its latency percentiles over time, report.py's inline SVG charts: the storms
+from the ladder's client in 0.25 s buckets, the sales per second from nginx's
+access log), ladder.json (every figure), steps/ (raw
 load output, the access-log slice and /stats of every step; run-N/ with --runs).
 
   loadtest/ladder.py [--quick] [--runs N] [--steps 1,2,8] [--no-batched]
@@ -78,6 +81,7 @@ SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOU
 
 SALE = {"kind": "sale", "requests": 1000, "concurrency": 50, "stock": 100}
 STORM = {"kind": "storm", "connections": 8, "seconds": 3.0, "gap": 0.05, "stock": 100}
+STORM_BUCKET = 0.25                          # s: the storms' latency timeline
 STOCK_ENV = {"DEMO_DELAY_MS": 20}
 LOCK_ENV = {"DEMO_DELAY_MS": 2000}           # the user's lock is held 2 s
 
@@ -528,6 +532,27 @@ class Ladder:
                 ok_by[inst] = ok_by.get(inst, 0) + 1
         return statuses, ok_by, req_by
 
+    def step_timeline(self, step, step_dir):
+        """(timeline, what it was measured with) of the step's requests: the
+        storms from the ladder's own client (per-request start and time, in
+        STORM_BUCKET s buckets), the sales (ab: no sub-second start times) from
+        the step's slice of nginx's access log, per second."""
+        if step["load"]["kind"] == "storm":
+            samples = []
+            with open(os.path.join(step_dir, "storm.tsv"), encoding="utf-8") as f:
+                next(f, None)
+                for line in f:
+                    start, status, ms = line.split("\t")
+                    samples.append((float(start), int(status), float(ms)))
+            return (report.timeline_from_samples(samples, STORM_BUCKET),
+                    f"the ladder's client, by request start, {STORM_BUCKET:g} s buckets")
+        try:
+            tl = report.parse_timeline(os.path.join(step_dir, "access.log"), 0,
+                                       f"/voucher/{self.voucher}/seckill")
+        except OSError:
+            tl = []
+        return tl, "nginx's access log ($request_time), by answer, per second"
+
     def run_step(self, step, run_no, results):
         num, key = step["num"], step["key"]
         step_dir = os.path.join(self.out, "steps" if self.args.runs == 1 else f"run-{run_no}",
@@ -550,6 +575,7 @@ class Ladder:
         time.sleep(0.3)                          # nginx writes its log line after answering
 
         statuses, ok_by, req_by = self.access_log_slice(offset, step_dir)
+        timeline, tl_source = self.step_timeline(step, step_dir)
         facts = check_invariants.voucher_facts(self.dsn, self.voucher)
         distinct = int(psql(self.dsn, "SELECT count(DISTINCT user_id) FROM tb_voucher_order "
                                       f"WHERE voucher_id = {int(self.voucher)}")[0][0])
@@ -583,6 +609,7 @@ class Ladder:
             "lockAcquired": int(lock.get("acquired", 0)),
             "staleTokenRejections": int(lock.get("staleTokenRejections", 0)),
             "strategiesSeen": [f"{s.get('lockStrategy')}/{s.get('stockStrategy')}" for s in stats],
+            "timeline": timeline, "timelineSource": tl_source,
         }
         r["checks"] = [{"ok": c_ok, "text": c_text} for c_ok, c_text in check_step(step, r, results)]
         r["pass"] = all(c["ok"] for c in r["checks"])
@@ -690,6 +717,72 @@ def write_markdown(path, results, meta, chart):
             for c in r["checks"]:
                 f.write(f"  - {'ok' if c['ok'] else 'FAIL'}: {c['text']}\n")
             f.write("\n")
+
+
+def write_html(path, results, meta, table, chart):
+    """ladder.html: the terminal table, then per step its invariants and its
+    latency percentiles over time (report.py's inline SVG charts)."""
+    E = report._esc
+    all_ok = all(r["pass"] for r in results)
+    h = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>seckill demo ladder</title>",
+         f"<style>{report.HTML_STYLE}</style></head><body>",
+         f"<header><h1>seckill demo ladder <span class=\"verdict {'ok' if all_ok else 'bad'}\">"
+         f"{'every step showed what it should' if all_ok else 'a step MISSED its expected outcome'}"
+         "</span></h1>",
+         f"<p>{E(meta['date'])} · {E(meta['host'])} ({meta['cpus']} CPUs)"
+         f"{' · quick' if meta['quick'] else ''} · {len(results)} step(s) in {meta['seconds']} s"
+         f" · stack in {E(meta['runDir'])}</p></header><main>",
+         "<div class=card><h2>Summary</h2><div class=muted>The terminal table. Orders, oversold, "
+         "duplicate users and drift read in Postgres; 200s in nginx's access log; req/s and p99 "
+         "from the clients' per-request times. Red cells are broken invariants: the broken steps "
+         "are expected to show them.</div>",
+         f"<pre>{E(table)}</pre>"]
+    if chart:
+        h.append(f'<img src="{E(chart)}" alt="oversold, duplicate orders and success rate per step" '
+                 'style="max-width:100%">')
+    h.append("</div>")
+    heads = [("orders", "orders"), ("initialStock", "initial stock"), ("stockLeft", "stock left"),
+             ("oversold", "oversold"), ("duplicateUsers", "duplicate users"),
+             ("duplicateOrders", "duplicate orders"), ("stockDrift", "stock drift"),
+             ("ok", "200s"), ("notOwnerReleases", "not-owner releases"), ("renewals", "renewals")]
+    for r in results:
+        h.append(f"<section class=\"card step\" id=\"step-{r['step']}\">"
+                 f"<h2>{r['step']}. {E(r['title'])} — lock {E(r['lock'])}, stock {E(r['stock'])}, "
+                 f"{r['instances']} instance(s) <span class=\"verdict {'ok' if r['pass'] else 'bad'}\">"
+                 f"{'reproduced' if r['pass'] else 'MISSED'}</span></h2>"
+                 f"<div class=muted>{E(r['story'])} · settings {E(settings_text(r))} · load {E(r['load'])}, "
+                 f"stock {r['initialStock']} · {r['requests']} requests in {r['seconds']:.2f} s = "
+                 f"{r['rps']:.0f} req/s · client p50 {report.fmt_ms(r['p50ms'])} ms, "
+                 f"p99 {report.fmt_ms(r['p99ms'])} ms</div>")
+        h.append("<div style=\"overflow-x:auto\"><table class=invariants><tr>" + "".join(f"<th>{E(t)}</th>" for _k, t in heads)
+                 + "<th>expected</th><th>result</th></tr><tr>")
+        for k, _t in heads:
+            cls = ("ok" if r[k] == 0 else "bad") if k in ("oversold", "duplicateUsers",
+                                                           "duplicateOrders", "stockDrift") else ""
+            h.append(f"<td class='{cls}'>{E(r[k])}</td>")
+        h.append(f"<td>{E(r['expect'])}</td><td class='{'ok' if r['pass'] else 'bad'}'>"
+                 f"{'reproduced' if r['pass'] else 'MISSED'}</td></tr></table></div>")
+        h.append("<ul class=checks>" + "".join(
+            f"<li>{'ok' if c['ok'] else '<b>FAIL</b>'}: {E(c['text'])}</li>" for c in r["checks"])
+            + "</ul>")
+        tl = r.get("timeline") or []
+        if tl:
+            fine = len(tl) > 1 and tl[1]["second"] - tl[0]["second"] < 1
+            unit = f"{STORM_BUCKET:g} s" if fine else "second"
+            h.append(f"<div class=muted>Latency over time: {E(r.get('timelineSource', ''))}.</div>")
+            h.extend(report.timeline_html(
+                tl, lat_title=f"latency per {unit} (p50/p90/p99/max)",
+                bars_title=f"answers per {unit} by status",
+                bars_unit=f"answers/{'bucket' if fine else 's'}",
+                xlabel="second of the step"))
+        else:
+            h.append("<p class=muted>No per-request times for this step.</p>")
+        h.append("</section>")
+    h.append("</main></body></html>")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(h) + "\n")
+    os.replace(tmp, path)
 
 
 def write_chart(out_dir, results):
@@ -824,6 +917,8 @@ def main(argv=None):
             f.write(table)
         chart = write_chart(a.out, last)
         write_markdown(os.path.join(a.out, "ladder.md"), last, meta, chart)
+        html = os.path.join(a.out, "ladder.html")
+        write_html(html, last, meta, table, chart)
         doc = {"meta": meta, "steps": last}
         if a.runs > 1:
             doc["runs"] = [list(run.values()) for run in all_runs]
@@ -846,6 +941,7 @@ def main(argv=None):
         print(f"\nreport {os.path.join(a.out, 'ladder.md')}"
               + (f", chart {os.path.join(a.out, chart)}" if chart else "")
               + f", data {os.path.join(a.out, 'ladder.json')}")
+        print(f"HTML report (latency over time, invariants per step): {html}")
         print("RESULT: " + ("every step showed what it should" if rc == 0
                             else "a step did NOT show its expected outcome (MISS above)"))
     except LadderError as e:

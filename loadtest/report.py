@@ -134,6 +134,31 @@ def parse_timeline(path, offset, uri):
     return out
 
 
+def timeline_from_samples(samples, bucket=1.0):
+    """The same figures as parse_timeline, from a client's own per-request
+    samples [(start seconds from the run's start, status, ms)], in buckets of
+    `bucket` seconds (by request start); status 0 (no answer) counts as "error"."""
+    per = {}
+    for start, status, ms in samples:
+        b = per.setdefault(int(start // bucket), {"lat": [], "statuses": {}})
+        st = str(status) if status else "error"
+        b["statuses"][st] = b["statuses"].get(st, 0) + 1
+        if status:
+            b["lat"].append(float(ms))
+    if not per:
+        return []
+    out = []
+    for i in range(min(per), max(per) + 1):
+        b = per.get(i, {"lat": [], "statuses": {}})
+        lat = sorted(b["lat"])
+        out.append({
+            "second": round(i * bucket, 3), "requests": sum(b["statuses"].values()),
+            "statuses": b["statuses"], "p50": percentile(lat, 50), "p90": percentile(lat, 90),
+            "p99": percentile(lat, 99), "max": lat[-1] if lat else None,
+        })
+    return out
+
+
 def load_json(path):
     if not path or not os.path.exists(path) or os.path.getsize(path) == 0:
         return None
@@ -407,7 +432,8 @@ def _nice_step(span, ticks=4):
     return (1 if f <= 1 else 2 if f <= 2 else 5 if f <= 5 else 10) * p
 
 
-def svg_chart(title, xs, series, kind="line", unit="", width=560, height=230):
+def svg_chart(title, xs, series, kind="line", unit="", width=560, height=230,
+              xlabel="second of the run"):
     """A small SVG chart: series = [(name, color, [value or None per x])];
     kind 'line' draws lines, 'bars' stacks the series as bars per x."""
     pad_l, pad_r, pad_t, pad_b = 52, 12, 30, 40
@@ -474,7 +500,7 @@ def svg_chart(title, xs, series, kind="line", unit="", width=560, height=230):
         lx -= w
         out.append(f'<rect x="{lx}" y="7" width="10" height="10" rx="2" fill="{color}"/>'
                    f'<text x="{lx + 14}" y="16" class="lg">{_esc(name)}</text>')
-    out.append(f'<text x="{pad_l + pw / 2:.0f}" y="{height - 1}" class="xl">second of the run</text>')
+    out.append(f'<text x="{pad_l + pw / 2:.0f}" y="{height - 1}" class="xl">{_esc(xlabel)}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -496,6 +522,35 @@ svg .grid{stroke:#e2e8f0}svg .axis{stroke:#94a3b8}svg .yl{font-size:11px;fill:#6
 svg .xl{font-size:11px;fill:#64748b;text-anchor:middle}svg .lg{font-size:11px;fill:#334155}
 ul.fails{color:#991b1b;font-weight:600}pre{background:#f8fafc;border:1px solid #e2e8f0;border-radius:8px;padding:10px;overflow:auto;font-size:12.5px}
 """
+
+
+def timeline_html(tl, lat_title="latency per second (nginx $request_time)",
+                  bars_title="answers per second by status", bars_unit="answers/s",
+                  xlabel="second of the run"):
+    """HTML fragments of a timeline (parse_timeline, timeline_from_samples):
+    the latency-percentile chart, the answers-by-status chart and the table."""
+    h = []
+    xs = [p["second"] for p in tl]
+    lat = [("p50", "#16a34a", [p["p50"] for p in tl]), ("p90", "#f59e0b", [p["p90"] for p in tl]),
+           ("p99", "#dc2626", [p["p99"] for p in tl]), ("max", "#94a3b8", [p["max"] for p in tl])]
+    codes = sorted({k for p in tl for k in p["statuses"]})
+    colors = {"200": "#16a34a", "409": "#f59e0b"}
+    bars = [(c, colors.get(c, "#dc2626" if c.startswith("5") or c == "error" else "#8b5cf6"),
+             [p["statuses"].get(c, 0) for p in tl]) for c in codes]
+    h.append("<div class=charts>")
+    h.append(svg_chart(lat_title, xs, lat, "line", "ms", xlabel=xlabel))
+    h.append(svg_chart(bars_title, xs, bars, "bars", bars_unit, xlabel=xlabel))
+    h.append("</div>")
+    h.append("<table><tr><th>second</th><th>answers</th><th>200</th><th>409</th><th>other</th>"
+             "<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th></tr>")
+    for p in tl:
+        st = p["statuses"]
+        other = sum(n for k, n in st.items() if k not in ("200", "409"))
+        h.append(f"<tr><td>{p['second']}</td><td>{p['requests']}</td><td>{st.get('200', 0)}</td>"
+                 f"<td>{st.get('409', 0)}</td><td>{other}</td><td>{fmt_ms(p['p50'])}</td>"
+                 f"<td>{fmt_ms(p['p90'])}</td><td>{fmt_ms(p['p99'])}</td><td>{fmt_ms(p['max'])}</td></tr>")
+    h.append("</table>")
+    return h
 
 
 def html_report(results, out_path, title="seckill load test"):
@@ -545,26 +600,7 @@ def html_report(results, out_path, title="seckill load test"):
         if fails:
             h.append("<ul class=fails>" + "".join(f"<li>{_esc(m)}</li>" for m in fails) + "</ul>")
         if tl:
-            xs = [p["second"] for p in tl]
-            lat = [("p50", "#16a34a", [p["p50"] for p in tl]), ("p90", "#f59e0b", [p["p90"] for p in tl]),
-                   ("p99", "#dc2626", [p["p99"] for p in tl]), ("max", "#94a3b8", [p["max"] for p in tl])]
-            codes = sorted({k for p in tl for k in p["statuses"]})
-            colors = {"200": "#16a34a", "409": "#f59e0b"}
-            bars = [(c, colors.get(c, "#dc2626" if c.startswith("5") else "#8b5cf6"),
-                     [p["statuses"].get(c, 0) for p in tl]) for c in codes]
-            h.append("<div class=charts>")
-            h.append(svg_chart("latency per second (nginx $request_time)", xs, lat, "line", "ms"))
-            h.append(svg_chart("answers per second by status", xs, bars, "bars", "answers/s"))
-            h.append("</div>")
-            h.append("<table><tr><th>second</th><th>answers</th><th>200</th><th>409</th><th>other</th>"
-                     "<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th></tr>")
-            for p in tl:
-                st = p["statuses"]
-                other = sum(n for k, n in st.items() if k not in ("200", "409"))
-                h.append(f"<tr><td>{p['second']}</td><td>{p['requests']}</td><td>{st.get('200', 0)}</td>"
-                         f"<td>{st.get('409', 0)}</td><td>{other}</td><td>{fmt_ms(p['p50'])}</td>"
-                         f"<td>{fmt_ms(p['p90'])}</td><td>{fmt_ms(p['p99'])}</td><td>{fmt_ms(p['max'])}</td></tr>")
-            h.append("</table>")
+            h.extend(timeline_html(tl))
         else:
             h.append("<p class=muted>No per-second figures: the nginx access log was not readable "
                      "(NGINX_ACCESS_LOG), so only the totals above are known.</p>")

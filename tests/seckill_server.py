@@ -6,8 +6,14 @@
   returns Response(status, headers, body, raw); body is parsed JSON when the
   answer is JSON, raw text otherwise.
 - raw_request(): sends arbitrary bytes on a socket, for malformed requests.
+- voucher_body(): the body of POST /admin/vouchers for a sale open now.
 - psql() / redis(): run queries with the psql and redis-cli clients.
 - RedisServer: a dedicated redis-server (for outage tests).
+- register_pid() / unregister_pid(): tell tests/run.sh about a process to kill
+  if the test dies; pid_alive(), stop_pid().
+- run_stack() / stack_run_env() / stack_pids() / stack_env_file(): the local
+  stack (scripts/stack.sh) in a RUN_DIR of the test's own, on free ports.
+- start_nginx(): nginx/gen-conf.sh's configuration, nginx started on it.
 - test / main: a minimal test runner printing "ok - name" / "FAIL - name: why"
   and "N passed, M failed".
 
@@ -19,7 +25,9 @@ import atexit
 import http.client
 import json
 import os
+import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -79,23 +87,60 @@ _children = []            # Popen objects to kill at exit
 _children_lock = threading.Lock()
 
 
+def register_pid(pid):
+    """Lets tests/run.sh kill process pid if this test dies: an empty file
+    named pid in PIDS_DIR."""
+    try:
+        open(os.path.join(PIDS_DIR, str(pid)), "w").close()
+    except OSError:
+        pass
+
+
+def unregister_pid(pid):
+    try:
+        os.unlink(os.path.join(PIDS_DIR, str(pid)))
+    except OSError:
+        pass
+
+
+def pid_alive(pid):
+    """True while pid runs; a zombie (exited, not reaped yet) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split()[1] not in ("Z", "X")
+    except OSError:
+        return False
+    return False
+
+
+def stop_pid(pid, sig, timeout=10):
+    """Sends sig to pid (gone already is fine) and waits up to timeout seconds
+    for it to end; returns True once it is gone, False if it still runs."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _track(proc):
     with _children_lock:
         _children.append(proc)
-    try:
-        open(os.path.join(PIDS_DIR, str(proc.pid)), "w").close()
-    except OSError:
-        pass
+    register_pid(proc.pid)
 
 
 def _untrack(proc):
     with _children_lock:
         if proc in _children:
             _children.remove(proc)
-    try:
-        os.unlink(os.path.join(PIDS_DIR, str(proc.pid)))
-    except OSError:
-        pass
+    unregister_pid(proc.pid)
 
 
 def _kill_children():
@@ -304,6 +349,111 @@ class RedisServer:
             self.proc = None
 
 
+# ---------------------------------------------------------------- the local stack
+
+STACK_SH = os.path.join(ROOT, "scripts", "stack.sh")
+
+# Settings of the caller's environment that must not leak into a stack a test
+# starts (each test may name more: stack_run_env's scrub).
+STACK_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG",
+               "VOUCHER_ID", "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT",
+               "REDIS_PORT", "EXTERNAL_PG_DSN", "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL",
+               "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK")
+
+
+def stack_run_env(scrub=(), **env):
+    """The environment for scripts/stack.sh (or a script that runs it): the
+    caller's without STACK_SCRUB and scrub, this build's binary and Lua
+    scripts, every port "auto", STACK_TIMEOUT 30; then env (as strings)."""
+    e = {k: v for k, v in os.environ.items() if k not in STACK_SCRUB and k not in scrub}
+    e.update({"SECKILL_BIN": SECKILL_BIN, "LUA_DIR": LUA_DIR, "NGINX_PORT": "auto",
+              "APP_PORT_BASE": "auto", "PG_PORT": "auto", "REDIS_PORT": "auto",
+              "STACK_TIMEOUT": "30"})
+    e.update({k: str(v) for k, v in env.items()})
+    return e
+
+
+def run_stack(cmd, run_dir, timeout=90, scrub=(), **env):
+    """scripts/stack.sh cmd with RUN_DIR=run_dir (stack_run_env(scrub, **env));
+    returns the CompletedProcess (text stdout and stderr)."""
+    return subprocess.run([STACK_SH, cmd], capture_output=True, text=True, timeout=timeout,
+                          env=stack_run_env(scrub, RUN_DIR=run_dir, **env), cwd=ROOT)
+
+
+def stack_pids(run_dir):
+    """{component: pid} from run_dir/pids/*.pid (the first line is the pid)."""
+    out = {}
+    d = os.path.join(run_dir, "pids")
+    if os.path.isdir(d):
+        for f in os.listdir(d):
+            if f.endswith(".pid"):
+                try:
+                    with open(os.path.join(d, f)) as fh:
+                        out[f[:-4]] = int(fh.readline().strip())
+                except (OSError, ValueError):
+                    pass
+    return out
+
+
+def register_stack_pids(run_dir):
+    """register_pid() for each of the stack's processes; returns stack_pids()."""
+    pids = stack_pids(run_dir)
+    for pid in pids.values():
+        register_pid(pid)
+    return pids
+
+
+def stack_env_file(run_dir):
+    """{NAME: value} from run_dir/stack.env (lines "export NAME='value'")."""
+    env = {}
+    with open(os.path.join(run_dir, "stack.env")) as f:
+        for line in f:
+            m = re.match(r"^export (\w+)='(.*)'$", line.strip())
+            if m:
+                env[m.group(1)] = m.group(2)
+    return env
+
+
+# ---------------------------------------------------------------- nginx
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+GEN_CONF = os.path.join(ROOT, "nginx", "gen-conf.sh")
+
+
+def start_nginx(prefix, upstreams, extra_args=()):
+    """nginx/gen-conf.sh's configuration in a fresh directory prefix, listening
+    on a free loopback port in front of upstreams ("host:port"), then nginx
+    started on it as a daemon and registered with tests/run.sh.
+    Returns (port, pid)."""
+    shutil.rmtree(prefix, ignore_errors=True)
+    os.makedirs(prefix)
+    port = free_port()
+    conf = os.path.join(prefix, "nginx.conf")
+    args = [GEN_CONF, "--prefix", prefix, "--listen", f"127.0.0.1:{port}", "-o", conf]
+    for u in upstreams:
+        args += ["--upstream", u]
+    args += list(extra_args)
+    p = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        fail(f"gen-conf.sh failed: {p.stderr}")
+    p = subprocess.run([NGINX, "-p", prefix, "-c", conf, "-e",
+                        os.path.join(prefix, "error.log"), "-g", "daemon on;"],
+                       capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        fail(f"nginx did not start: {p.stderr}\n{tail(os.path.join(prefix, 'error.log'))}")
+    pid = None
+    deadline = time.monotonic() + 5
+    while pid is None and time.monotonic() < deadline:
+        try:
+            pid = int(open(os.path.join(prefix, "nginx.pid")).read().strip())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    if pid is None:
+        fail("nginx wrote no pid file")
+    register_pid(pid)               # run.sh kills it if we die
+    return port, pid
+
+
 # ---------------------------------------------------------------- HTTP
 
 Response = namedtuple("Response", "status headers body raw")
@@ -389,6 +539,14 @@ class Client:
     def seckill(self, voucher_id, user_id):
         return self.request("POST", f"/voucher/{voucher_id}/seckill",
                             {"X-User-Id": str(user_id)})
+
+
+def voucher_body(title, stock, ahead=3600):
+    """The body of POST /admin/vouchers for a sale that began a minute ago and
+    ends 'ahead' seconds from now."""
+    now = int(time.time())
+    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+    return {"title": title, "stock": stock, "beginTime": iso(now - 60), "endTime": iso(now + ahead)}
 
 
 def raw_request(port, data, timeout=5.0):

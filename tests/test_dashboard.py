@@ -35,7 +35,6 @@ import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
 ROOT = ss.ROOT
-STACK = os.path.join(ROOT, "scripts", "stack.sh")
 DASHBOARD = os.path.join(ROOT, "dashboard")
 DRIVER_DIR = os.path.join(ROOT, "tests", "dashboard")
 RUN_DIR = os.path.join(ss.TEST_TMP, "dashboard-stack")
@@ -50,50 +49,13 @@ BUYERS = 300
 CONNECTIONS = 30
 PAGE_WAIT = 15.0          # seconds the page may take to show a state
 
-_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
-          "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT", "REDIS_PORT", "EXTERNAL_PG_DSN",
-          "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL", "DEMO_RANDOM_USER", "LOADTEST_OUT",
-          "SECKILL_LOCK", "SECKILL_STOCK")
-
 S = {}                    # state shared by the tests, in order
 
 
 # ---------------------------------------------------------------- the stack
 
 def stack(cmd, timeout=90):
-    env = dict(os.environ)
-    for k in _SCRUB:
-        env.pop(k, None)
-    env.update({
-        "RUN_DIR": RUN_DIR, "INSTANCES": "2", "NGINX_PORT": "auto", "APP_PORT_BASE": "auto",
-        "PG_PORT": "auto", "REDIS_PORT": "auto", "THREADS": "4", "LOG_LEVEL": "warn",
-        "SECKILL_BIN": ss.SECKILL_BIN, "LUA_DIR": ss.LUA_DIR, "STACK_TIMEOUT": "30",
-    })
-    return subprocess.run([STACK, cmd], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)
-
-
-def stack_pids():
-    out = {}
-    d = os.path.join(RUN_DIR, "pids")
-    if os.path.isdir(d):
-        for f in os.listdir(d):
-            if f.endswith(".pid"):
-                try:
-                    out[f[:-4]] = int(open(os.path.join(d, f)).readline().strip())
-                except ValueError:
-                    pass
-    return out
-
-
-def env_file():
-    env = {}
-    with open(os.path.join(RUN_DIR, "stack.env")) as f:
-        for line in f:
-            m = re.match(r"^export (\w+)='(.*)'$", line.strip())
-            if m:
-                env[m.group(1)] = m.group(2)
-    return env
+    return ss.run_stack(cmd, RUN_DIR, timeout, INSTANCES=2, THREADS=4, LOG_LEVEL="warn")
 
 
 def admin(method, path, body=None):
@@ -101,10 +63,7 @@ def admin(method, path, body=None):
 
 
 def new_voucher(title, stock):
-    now = int(time.time())
-    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-    r = admin("POST", "/admin/vouchers", {"title": title, "stock": stock,
-                                          "beginTime": iso(now - 60), "endTime": iso(now + 3600)})
+    r = admin("POST", "/admin/vouchers", ss.voucher_body(title, stock))
     if r.status != 201:
         fail(f"create voucher: {r.status} {r.raw!r}")
     return str(r.body["voucherId"])
@@ -285,11 +244,10 @@ def stack_serves_the_dashboard_through_nginx():
         print(f"    stack.sh start exited {p.returncode}, trying once more:\n"
               + "\n".join("      | " + l for l in p.stderr.splitlines()[-8:]), flush=True)
         p = stack("start")
-    for pid in stack_pids().values():
-        open(os.path.join(ss.PIDS_DIR, str(pid)), "w").close()
+    ss.register_stack_pids(RUN_DIR)
     if p.returncode != 0:
         fail(f"scripts/stack.sh start exited {p.returncode}:\n{p.stderr}")
-    env = env_file()
+    env = ss.stack_env_file(RUN_DIR)
     S["port"] = int(env["NGINX_PORT"])
     S["base"] = env["BASE_URL"]
     S["token"] = env["ADMIN_TOKEN"]
@@ -428,16 +386,13 @@ def screenshot_and_no_page_problems():
 def teardown():
     if "browser" in S:
         S["browser"].close()
-    if stack_pids():
-        before = stack_pids()
+    before = ss.stack_pids(RUN_DIR)
+    if before:
         p = stack("stop")
         if p.returncode != 0:
             print(p.stderr)
         for pid in before.values():
-            try:
-                os.unlink(os.path.join(ss.PIDS_DIR, str(pid)))
-            except OSError:
-                pass
+            ss.unregister_pid(pid)
 
 
 if __name__ == "__main__":

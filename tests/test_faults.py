@@ -29,7 +29,6 @@ at the end. Prints "N passed, M failed". Python 3 standard library only.
 import http.client
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -46,7 +45,6 @@ sys.path.insert(0, os.path.join(ss.ROOT, "loadtest"))
 import slowloris  # noqa: E402
 
 ROOT = ss.ROOT
-STACK = os.path.join(ROOT, "scripts", "stack.sh")
 CHECKER = os.path.join(ROOT, "loadtest", "check_invariants.py")
 RUN_DIR = os.path.join(ss.TEST_TMP, "faults-stack")
 SALE_S = float(os.environ.get("FAULTS_SALE_S", "12"))
@@ -57,40 +55,24 @@ LOCK_LEASE_MS = 10000            # the instances' default
 STOCK = 1_000_000                # never sells out: every answer is about the fault
 FIG = {}                         # figures for the report
 
-_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
-          "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT", "REDIS_PORT", "EXTERNAL_PG_DSN",
-          "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL", "DEMO_RANDOM_USER", "LOADTEST_OUT",
-          "SECKILL_LOCK", "SECKILL_STOCK", "LOCK_LEASE_MS", "DEMO_PAUSE_MS", "DEMO_DELAY_MS",
-          "REDIS_TIMEOUT_MS", "MAX_CONNECTIONS", "CONN_TIMEOUT_S", "MAX_BODY", "RUN_DIR")
+# Settings of the caller's environment that must not reach the stack (besides
+# ss.STACK_SCRUB).
+_SCRUB = ("LOCK_LEASE_MS", "DEMO_PAUSE_MS", "DEMO_DELAY_MS", "REDIS_TIMEOUT_MS",
+          "MAX_CONNECTIONS", "CONN_TIMEOUT_S", "MAX_BODY", "RUN_DIR")
 
 
 # ---------------------------------------------------------------- the stack
 
 def stack(cmd, timeout=120):
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-    env.update({"RUN_DIR": RUN_DIR, "INSTANCES": "2", "NGINX_PORT": "auto",
-                "APP_PORT_BASE": "auto", "PG_PORT": "auto", "REDIS_PORT": "auto",
-                "DEMO_RANDOM_USER": "0", "THREADS": "4", "LOG_LEVEL": "warn",
-                "SECKILL_BIN": ss.SECKILL_BIN, "LUA_DIR": ss.LUA_DIR, "STACK_TIMEOUT": "30"})
-    return subprocess.run([STACK, cmd], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)
-
-
-def env_file():
-    env = {}
-    with open(os.path.join(RUN_DIR, "stack.env")) as f:
-        for line in f:
-            m = re.match(r"^export (\w+)='(.*)'$", line.strip())
-            if m:
-                env[m.group(1)] = m.group(2)
-    return env
+    return ss.run_stack(cmd, RUN_DIR, timeout, _SCRUB, INSTANCES=2, DEMO_RANDOM_USER=0,
+                        THREADS=4, LOG_LEVEL="warn")
 
 
 class Stack:
     """The running stack's facts (ports, DSN, pids) and its processes."""
 
     def __init__(self):
-        e = env_file()
+        e = ss.stack_env_file(RUN_DIR)
         self.env = e
         self.nginx = int(e["NGINX_PORT"])
         self.app_ports = [int(p) for p in e["INSTANCE_PORTS"].split()]
@@ -116,17 +98,13 @@ class Stack:
         with open(self.pidfile(name) + ".tmp", "w") as f:
             f.write("\n".join(lines) + "\n")
         os.replace(self.pidfile(name) + ".tmp", self.pidfile(name))
-        register(pid)
+        ss.register_pid(pid)
 
     def admin(self, method, path, body=None):
         return ss.request(self.nginx, method, path, {"Authorization": f"Bearer {self.token}"}, body)
 
     def new_voucher(self, stock=STOCK):
-        now = int(time.time())
-        iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-        r = self.admin("POST", "/admin/vouchers", {"title": "faults", "stock": stock,
-                                                  "beginTime": iso(now - 60),
-                                                  "endTime": iso(now + 86400)})
+        r = self.admin("POST", "/admin/vouchers", ss.voucher_body("faults", stock, ahead=86400))
         if r.status != 201:
             fail(f"create voucher: {r.status} {r.raw!r}")
         return int(r.body["voucherId"])
@@ -152,29 +130,11 @@ class Stack:
         return r.body
 
 
-def register(pid):
-    try:
-        open(os.path.join(ss.PIDS_DIR, str(pid)), "w").close()
-    except OSError:
-        pass
-
-
-def pid_alive(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("State:"):
-                    return line.split()[1] not in ("Z", "X")
-    except OSError:
-        return False
-    return False
-
-
 def wait_gone(pid, timeout=10):
     deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
+    while ss.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    if pid_alive(pid):
+    if ss.pid_alive(pid):
         fail(f"pid {pid} still alive after {timeout}s")
 
 
@@ -209,9 +169,7 @@ def the_stack():
             stack("stop")
             fail(f"stack.sh start: exit {p.returncode}\n{p.stderr}")
         st = Stack()
-        for name in os.listdir(os.path.join(RUN_DIR, "pids")):
-            if name.endswith(".pid"):
-                register(st.pid(name[:-4]))
+        ss.register_stack_pids(RUN_DIR)
         st.images = {f"app-{i + 1}": snapshot(st.pid(f"app-{i + 1}")) for i in range(2)}
         _state["stack"] = st
     return _state["stack"]
@@ -436,7 +394,7 @@ def kill9_one_of_two_instances_mid_sale():
     try:
         killed_instance(st)
     finally:                      # instance 1 comes back as the launcher started it
-        if not pid_alive(st.pid("app-1")):
+        if not ss.pid_alive(st.pid("app-1")):
             t0 = time.monotonic()
             respawn_instance(st, "app-1")
             FIG.setdefault("kill9", {})["restartReadyS"] = round(time.monotonic() - t0, 2)

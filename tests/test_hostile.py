@@ -27,10 +27,8 @@ Prints "N passed, M failed". Python 3 standard library only.
 import os
 import re
 import select
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections import namedtuple
@@ -43,8 +41,6 @@ TOKEN = "hostile-admin-token-0123456789"
 CONN_TIMEOUT_S = 6          # above nginx's upstream keepalive_timeout (5 s)
 INT64_MAX = 2 ** 63 - 1
 MIB = 1024 * 1024
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
-GEN = os.path.join(ss.ROOT, "nginx", "gen-conf.sh")
 
 # ---------------------------------------------------------------- expectations
 
@@ -567,45 +563,13 @@ class Nginx:
 
     def __init__(self, upstream_port):
         self.dir = os.path.join(ss.TEST_TMP, f"hostile-nginx-{os.getpid()}")
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir)
-        self.port = ss.free_port()
-        conf = os.path.join(self.dir, "nginx.conf")
-        p = subprocess.run([GEN, "--prefix", self.dir, "--listen", f"127.0.0.1:{self.port}",
-                            "--upstream", f"127.0.0.1:{upstream_port}", "-o", conf],
-                           capture_output=True, text=True, timeout=30)
-        if p.returncode != 0:
-            fail(f"gen-conf.sh: {p.stderr}")
-        p = subprocess.run([NGINX, "-p", self.dir, "-c", conf, "-e",
-                            os.path.join(self.dir, "error.log"), "-g", "daemon on;"],
-                           capture_output=True, text=True, timeout=30)
-        if p.returncode != 0:
-            fail(f"nginx did not start: {p.stderr}")
-        self.pid = None
-        deadline = time.monotonic() + 5
-        while self.pid is None and time.monotonic() < deadline:
-            try:
-                self.pid = int(open(os.path.join(self.dir, "nginx.pid")).read().strip())
-            except (OSError, ValueError):
-                time.sleep(0.05)
-        if self.pid is None:
-            fail("nginx wrote no pid file")
-        open(os.path.join(ss.PIDS_DIR, str(self.pid)), "w").close()
+        self.port, self.pid = ss.start_nginx(self.dir, [f"127.0.0.1:{upstream_port}"])
 
     def stop(self):
         if self.pid is None:
             return
-        try:
-            os.kill(self.pid, signal.SIGQUIT)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and os.path.exists(f"/proc/{self.pid}"):
-            time.sleep(0.05)
-        try:
-            os.unlink(os.path.join(ss.PIDS_DIR, str(self.pid)))
-        except OSError:
-            pass
+        ss.stop_pid(self.pid, signal.SIGQUIT)
+        ss.unregister_pid(self.pid)
         self.pid = None
 
 

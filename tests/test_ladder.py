@@ -24,61 +24,26 @@ from seckill_server import fail, test  # noqa: E402
 
 ROOT = ss.ROOT
 LADDER = os.path.join(ROOT, "loadtest", "ladder.py")
-STACK = os.path.join(ROOT, "scripts", "stack.sh")
 RUN_DIR = os.path.join(ss.TEST_TMP, "ladder")
 OUT = os.path.join(ss.TEST_TMP, "ladder-out")
 UNIQUE = "uq_voucher_order_user_voucher"
 LADDER_TIMEOUT = 480          # seconds; the quick ladder takes about one minute
 
-# Settings of the caller's environment that must not reach the ladder's stack.
-_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
-          "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT", "REDIS_PORT", "EXTERNAL_PG_DSN",
-          "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL", "DEMO_RANDOM_USER", "LOADTEST_OUT",
-          "SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS", "LOCK_LEASE_MS",
-          "WATCHDOG_TIMEOUT_MS", "LADDER_RUN_DIR", "LADDER_OUT")
+# Settings of the caller's environment that must not reach the ladder's stack
+# (besides ss.STACK_SCRUB).
+_SCRUB = ("DEMO_DELAY_MS", "DEMO_PAUSE_MS", "LOCK_LEASE_MS", "WATCHDOG_TIMEOUT_MS",
+          "LADDER_RUN_DIR", "LADDER_OUT")
 
 state = {"proc": None, "rc": None, "doc": None, "output": ""}
 
 
 def env():
-    e = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-    e.update({"SECKILL_BIN": ss.SECKILL_BIN, "LUA_DIR": ss.LUA_DIR, "NGINX_PORT": "auto",
-              "APP_PORT_BASE": "auto", "PG_PORT": "auto", "REDIS_PORT": "auto",
-              "STACK_TIMEOUT": "30", "PYTHONDONTWRITEBYTECODE": "1"})
-    return e
-
-
-def stack_pids():
-    out = {}
-    d = os.path.join(RUN_DIR, "pids")
-    if os.path.isdir(d):
-        for f in os.listdir(d):
-            if f.endswith(".pid"):
-                try:
-                    with open(os.path.join(d, f)) as fh:
-                        out[f[:-4]] = int(fh.readline().strip())
-                except (OSError, ValueError):
-                    pass
-    return out
-
-
-def pid_alive(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("State:"):
-                    return line.split()[1] not in ("Z", "X")
-    except OSError:
-        return False
-    return False
+    return ss.stack_run_env(_SCRUB, PYTHONDONTWRITEBYTECODE=1)
 
 
 def stop_stack():
     """Stops whatever the ladder left in RUN_DIR, by PID (scripts/stack.sh stop)."""
-    e = env()
-    e["RUN_DIR"] = RUN_DIR
-    return subprocess.run([STACK, "stop"], env=e, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return ss.run_stack("stop", RUN_DIR, 120, _SCRUB, PYTHONDONTWRITEBYTECODE=1)
 
 
 def cleanup():
@@ -95,17 +60,6 @@ def cleanup():
 
 
 atexit.register(cleanup)
-
-
-def stack_env():
-    info = {}
-    with open(os.path.join(RUN_DIR, "stack.env"), encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line.startswith("export ") and "=" in line:
-                k, _, v = line[len("export "):].partition("=")
-                info[k] = v.strip("'")
-    return info
 
 
 @test
@@ -186,13 +140,27 @@ def ladder_writes_table_report_and_chart():
             fail("ladder.md does not show the chart")
     else:
         print("note: no gnuplot here (make deps installs gnuplot-nox): chart not checked")
+    html_path = os.path.join(OUT, "ladder.html")
+    if not os.path.exists(html_path) or html_path not in state["output"]:
+        fail("ladder.html not written, or its path not printed")
+    with open(html_path, encoding="utf-8") as f:
+        html = f.read()
+    sections = html.split('<section class="card step"')[1:]
+    if len(html) < 20000 or not html.rstrip().endswith("</html>") or len(sections) != 11:
+        fail(f"ladder.html: {len(html)} chars, {len(sections)} step sections (want 11)")
+    for n, sec in enumerate(sections, 1):
+        missing = [w for w in (f'id="step-{n}"', "<svg", "latency per", "p99", "oversold",
+                               "duplicate users", "stock drift", "expected", "reproduced")
+                   if w not in sec]
+        if missing or sec.count("<polyline") + sec.count("<circle") == 0:
+            fail(f"ladder.html step {n} lacks {missing or 'latency points'}")
 
 
 @test
 def after_the_ladder_the_constraint_is_back_and_the_instances_are_safe():
     if state["rc"] != 0:
         fail("no successful ladder run")
-    info = stack_env()
+    info = ss.stack_env_file(RUN_DIR)
     rows = ss.psql(f"SELECT count(*) FROM pg_constraint WHERE conname = '{UNIQUE}'",
                    dsn=info["PG_DSN"])
     if rows != [["1"]]:
@@ -212,7 +180,7 @@ def after_the_ladder_the_constraint_is_back_and_the_instances_are_safe():
 
 @test
 def stopping_the_stack_leaves_nothing_running():
-    pids = stack_pids()
+    pids = ss.stack_pids(RUN_DIR)
     if state["rc"] is not None and not pids:
         fail("the ladder's stack was not running (--keep-stack)")
     p = stop_stack()
@@ -221,7 +189,7 @@ def stopping_the_stack_leaves_nothing_running():
     deadline = time.monotonic() + 10
     alive = {}
     while time.monotonic() < deadline:
-        alive = {n: pid for n, pid in pids.items() if pid_alive(pid)}
+        alive = {n: pid for n, pid in pids.items() if ss.pid_alive(pid)}
         if not alive:
             break
         time.sleep(0.2)

@@ -129,11 +129,7 @@ def scrape(srv):
 def metrics_parse_strictly_and_move_with_requests():
     srv = ss.Server("metrics", {"ADMIN_TOKEN": TOKEN})
     try:
-        now = int(time.time())
-        r = srv.post("/admin/vouchers", AUTH, {
-            "title": 'quote " and \\ backslash', "stock": 1,
-            "beginTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60)),
-            "endTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600))})
+        r = srv.post("/admin/vouchers", AUTH, ss.voucher_body('quote " and \\ backslash', 1))
         vid = r.body["voucherId"]
         fams, before = scrape(srv)
         for fam in ("seckill_http_requests_total", "seckill_http_request_duration_seconds",
@@ -189,11 +185,7 @@ def metrics_parse_strictly_and_move_with_requests():
 def json_logs_follow_one_order_by_request_id():
     srv = ss.Server("jsonlog", {"ADMIN_TOKEN": TOKEN, "LOG_FORMAT": "json"})
     try:
-        now = int(time.time())
-        r = srv.post("/admin/vouchers", AUTH, {
-            "title": "log", "stock": 3,
-            "beginTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60)),
-            "endTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600))})
+        r = srv.post("/admin/vouchers", AUTH, ss.voucher_body("log", 3))
         vid = r.body["voucherId"]
         r = srv.post(f"/voucher/{vid}/seckill", {"X-User-Id": "8801", "X-Request-Id": "trace-42"})
         if r.status != 200 or r.headers.get("x-request-id") != "trace-42":

@@ -16,7 +16,6 @@ Prints "N passed, M failed". Python 3 standard library only.
 import json
 import os
 import re
-import shutil
 import signal
 import socketserver
 import subprocess
@@ -29,8 +28,6 @@ import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
 ROOT = ss.ROOT
-GEN = os.path.join(ROOT, "nginx", "gen-conf.sh")
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
 
 # ---------------------------------------------------------------- fake upstreams
@@ -128,33 +125,7 @@ class Nginx:
     def __init__(self, upstreams, extra_args=()):
         Nginx.count += 1
         self.dir = os.path.join(ss.TEST_TMP, f"nginx-{os.getpid()}-{Nginx.count}")
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir)
-        self.port = ss.free_port()
-        self.conf = os.path.join(self.dir, "nginx.conf")
-        args = [GEN, "--prefix", self.dir, "--listen", f"127.0.0.1:{self.port}", "-o", self.conf]
-        for u in upstreams:
-            args += ["--upstream", u]
-        args += list(extra_args)
-        p = subprocess.run(args, capture_output=True, text=True, timeout=30)
-        if p.returncode != 0:
-            fail(f"gen-conf.sh failed: {p.stderr}")
-        p = subprocess.run([NGINX, "-p", self.dir, "-c", self.conf, "-e",
-                            os.path.join(self.dir, "error.log"), "-g", "daemon on;"],
-                           capture_output=True, text=True, timeout=30)
-        if p.returncode != 0:
-            fail(f"nginx did not start: {p.stderr}\n{ss.tail(os.path.join(self.dir, 'error.log'))}")
-        self.pid = None
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                self.pid = int(open(os.path.join(self.dir, "nginx.pid")).read().strip())
-                break
-            except (OSError, ValueError):
-                time.sleep(0.05)
-        if self.pid is None:
-            fail("nginx wrote no pid file")
-        open(os.path.join(ss.PIDS_DIR, str(self.pid)), "w").close()   # run.sh kills it if we die
+        self.port, self.pid = ss.start_nginx(self.dir, upstreams, extra_args)
         _nginxes.append(self)
 
     def request(self, method, path, headers=None, body=None, timeout=15):
@@ -175,34 +146,10 @@ class Nginx:
 
     def stop(self):
         if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                if not pid_alive(self.pid):
-                    break
-                time.sleep(0.05)
-            else:
+            if not ss.stop_pid(self.pid, signal.SIGTERM):
                 os.kill(self.pid, signal.SIGKILL)
-            try:
-                os.unlink(os.path.join(ss.PIDS_DIR, str(self.pid)))
-            except OSError:
-                pass
+            ss.unregister_pid(self.pid)
             self.pid = None
-
-
-def pid_alive(pid):
-    """True while pid runs; a zombie (exited, not reaped yet) counts as gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("State:"):
-                    return line.split()[1] not in ("Z", "X")
-    except OSError:
-        return False
-    return False
 
 
 _nginxes = []
@@ -251,7 +198,7 @@ def expect_json_error(r, status, code, retry_after=False):
 @test
 def generated_config_has_the_required_directives():
     d = os.path.join(ss.TEST_TMP, "nginx-conf-check")
-    p = subprocess.run([GEN, "--prefix", d, "--listen", "127.0.0.1:18080", "--upstream",
+    p = subprocess.run([ss.GEN_CONF, "--prefix", d, "--listen", "127.0.0.1:18080", "--upstream",
                         "127.0.0.1:1", "--upstream", "127.0.0.1:2"],
                        capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
@@ -279,7 +226,7 @@ def generated_config_has_the_required_directives():
                 fail(f"{directive} {m} is outside the prefix {d}")
     with open(os.path.join(d, "nginx.conf"), "w") as f:
         f.write(p.stdout)
-    p = subprocess.run([NGINX, "-t", "-q", "-p", d, "-c", os.path.join(d, "nginx.conf"),
+    p = subprocess.run([ss.NGINX, "-t", "-q", "-p", d, "-c", os.path.join(d, "nginx.conf"),
                         "-e", d + "/error.log"], capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
         fail(f"nginx -t: {p.stderr}")

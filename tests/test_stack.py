@@ -25,89 +25,36 @@ import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
 ROOT = ss.ROOT
-STACK = os.path.join(ROOT, "scripts", "stack.sh")
 LOADTEST = os.path.join(ROOT, "loadtest")
 RUN_DIR = os.path.join(ss.TEST_TMP, "stack")
 COMPONENTS = ("nginx", "app-1", "app-2", "redis", "postgres")
 
-# Settings of the caller's environment that must not leak into the stack.
-_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
-          "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT", "REDIS_PORT", "EXTERNAL_PG_DSN",
-          "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL", "DEMO_RANDOM_USER", "LOADTEST_OUT",
-          "SECKILL_LOCK", "SECKILL_STOCK", "REQUESTS", "CONCURRENCY", "STOCK", "DURATION")
+# Settings of the caller's environment that must not leak into the stack
+# (besides ss.STACK_SCRUB), and this stack's settings.
+_SCRUB = ("REQUESTS", "CONCURRENCY", "STOCK", "DURATION")
+_SETTINGS = {"INSTANCES": 2, "DEMO_RANDOM_USER": 1, "THREADS": 4, "LOG_LEVEL": "warn"}
 
 
-def stack_env(run_dir=RUN_DIR, **extra):
-    env = dict(os.environ)
-    for k in _SCRUB:
-        env.pop(k, None)
-    env.update({
-        "RUN_DIR": run_dir, "INSTANCES": "2", "NGINX_PORT": "auto", "APP_PORT_BASE": "auto",
-        "PG_PORT": "auto", "REDIS_PORT": "auto", "DEMO_RANDOM_USER": "1", "THREADS": "4",
-        "LOG_LEVEL": "warn", "SECKILL_BIN": ss.SECKILL_BIN, "LUA_DIR": ss.LUA_DIR,
-        "STACK_TIMEOUT": "30",
-    })
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
+def stack_env(**extra):
+    return ss.stack_run_env(_SCRUB, RUN_DIR=RUN_DIR, **{**_SETTINGS, **extra})
 
 
 def stack(cmd, run_dir=RUN_DIR, timeout=90, **extra):
-    p = subprocess.run([STACK, cmd], capture_output=True, text=True, timeout=timeout,
-                       env=stack_env(run_dir, **extra), cwd=ROOT)
-    return p
-
-
-def pid_alive(pid):
-    """True while pid runs; a zombie (exited, not reaped yet) counts as gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("State:"):
-                    return line.split()[1] not in ("Z", "X")
-    except OSError:
-        return False
-    return False
+    return ss.run_stack(cmd, run_dir, timeout, _SCRUB, **{**_SETTINGS, **extra})
 
 
 def pids(run_dir=RUN_DIR):
     """{component: pid} from the pid files."""
-    out = {}
-    d = os.path.join(run_dir, "pids")
-    if os.path.isdir(d):
-        for f in os.listdir(d):
-            if f.endswith(".pid"):
-                try:
-                    out[f[:-4]] = int(open(os.path.join(d, f)).readline().strip())
-                except ValueError:
-                    pass
-    return out
-
-
-def register_pids():
-    """Lets tests/run.sh kill the stack's processes if this test dies."""
-    for pid in pids().values():
-        try:
-            open(os.path.join(ss.PIDS_DIR, str(pid)), "w").close()
-        except OSError:
-            pass
+    return ss.stack_pids(run_dir)
 
 
 def unregister_pids(pid_list):
     for pid in pid_list:
-        try:
-            os.unlink(os.path.join(ss.PIDS_DIR, str(pid)))
-        except OSError:
-            pass
+        ss.unregister_pid(pid)
 
 
 def env_file():
-    env = {}
-    with open(os.path.join(RUN_DIR, "stack.env")) as f:
-        for line in f:
-            m = re.match(r"^export (\w+)='(.*)'$", line.strip())
-            if m:
-                env[m.group(1)] = m.group(2)
-    return env
+    return ss.stack_env_file(RUN_DIR)
 
 
 def base_port():
@@ -115,8 +62,7 @@ def base_port():
 
 
 def loadtest(script, timeout=120, **extra):
-    env = stack_env(LOADTEST_OUT=os.path.join(RUN_DIR, "loadtest"), EXPECT_INSTANCES=2,
-                    **{k: str(v) for k, v in extra.items()})
+    env = stack_env(LOADTEST_OUT=os.path.join(RUN_DIR, "loadtest"), EXPECT_INSTANCES=2, **extra)
     # The target, its token, DSN and access log come from RUN_DIR/stack.env.
     p = subprocess.run([os.path.join(LOADTEST, script)], capture_output=True, text=True,
                        timeout=timeout, env=env, cwd=ROOT)
@@ -145,10 +91,7 @@ def admin(method, path, body=None):
 
 
 def new_voucher(stock):
-    now = int(time.time())
-    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-    r = admin("POST", "/admin/vouchers", {"title": "t", "stock": stock,
-                                          "beginTime": iso(now - 60), "endTime": iso(now + 3600)})
+    r = admin("POST", "/admin/vouchers", ss.voucher_body("t", stock))
     if r.status != 201:
         fail(f"create voucher: {r.status} {r.raw!r}")
     return int(r.body["voucherId"])
@@ -166,7 +109,7 @@ def both_instances(res):
 def start_brings_up_everything_on_loopback():
     t0 = time.monotonic()
     p = stack("start")
-    register_pids()
+    ss.register_stack_pids(RUN_DIR)   # run.sh kills them if this test dies
     if p.returncode != 0:
         fail(f"stack.sh start exited {p.returncode}:\n{p.stderr}")
     took = time.monotonic() - t0
@@ -179,7 +122,7 @@ def start_brings_up_everything_on_loopback():
     if sorted(got) != sorted(COMPONENTS):
         fail(f"pid files {sorted(got)}, want {sorted(COMPONENTS)}")
     for name, pid in got.items():
-        if not pid_alive(pid):
+        if not ss.pid_alive(pid):
             fail(f"{name} pid {pid} is not running")
     r = ss.request(base_port(), "GET", "/health")
     if r.status != 200:
@@ -374,21 +317,21 @@ def crashed_instance_restart():
     before = pids()
     os.kill(before["app-1"], signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while pid_alive(before["app-1"]) and time.monotonic() < deadline:
+    while ss.pid_alive(before["app-1"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     p = stack("status")
     if p.returncode != 1 or "STALE" not in p.stdout:
         fail(f"status after a crash: exit {p.returncode}:\n{p.stdout}")
     p = stack("start")
-    register_pids()
+    ss.register_stack_pids(RUN_DIR)
     if p.returncode != 0 or "restarting" not in p.stderr:
         fail(f"start after a crash: exit {p.returncode}:\n{p.stderr}")
     after = pids()
     for name in COMPONENTS:
-        if not pid_alive(after.get(name, 0)):
+        if not ss.pid_alive(after.get(name, 0)):
             fail(f"{name} not running after the restart")
     for name, pid in before.items():
-        if name != "app-1" and pid_alive(pid):
+        if name != "app-1" and ss.pid_alive(pid):
             fail(f"the old {name} (pid {pid}) is still running after the restart")
     unregister_pids(before.values())
     if ss.request(base_port(), "GET", "/health").status != 200:
@@ -402,7 +345,7 @@ def all_instances_down_gives_502_json_then_stop_stops_everything():
     for name in ("app-1", "app-2"):
         os.kill(before[name], signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while any(pid_alive(before[n]) for n in ("app-1", "app-2")) and time.monotonic() < deadline:
+    while any(ss.pid_alive(before[n]) for n in ("app-1", "app-2")) and time.monotonic() < deadline:
         time.sleep(0.05)
     r = ss.request(port, "POST", "/voucher/1/seckill", {"X-User-Id": "5"})
     if r.status != 502 or not isinstance(r.body, dict) or r.body.get("error") != "unavailable" \
@@ -411,7 +354,7 @@ def all_instances_down_gives_502_json_then_stop_stops_everything():
     p = stack("stop")
     if p.returncode != 0:
         fail(f"stop: exit {p.returncode}: {p.stderr}")
-    alive = [f"{n}({pid})" for n, pid in before.items() if pid_alive(pid)]
+    alive = [f"{n}({pid})" for n, pid in before.items() if ss.pid_alive(pid)]
     if alive:
         fail(f"still running after stop: {alive}")
     if pids():
