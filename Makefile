@@ -53,7 +53,7 @@ test: tests-bin
 	BUILD=$(BUILD) tests/run.sh
 
 asan:
-	$(MAKE) BUILD=build/asan OPT="-O1 -g -fno-omit-frame-pointer" \
+	SECKILL_SANITIZER=asan $(MAKE) BUILD=build/asan OPT="-O1 -g -fno-omit-frame-pointer" \
 	    EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 	    EXTRA_LDFLAGS="-fsanitize=address,undefined" test
 

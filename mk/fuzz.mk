@@ -42,5 +42,5 @@ fuzz: fuzz-build
 # A data race makes the process exit non-zero, which fails its test.
 .PHONY: tsan
 tsan:
-	$(MAKE) BUILD=build/tsan OPT="-O1 -g" EXTRA_CFLAGS="-fsanitize=thread" \
+	SECKILL_SANITIZER=tsan $(MAKE) BUILD=build/tsan OPT="-O1 -g" EXTRA_CFLAGS="-fsanitize=thread" \
 	    EXTRA_LDFLAGS="-fsanitize=thread" test

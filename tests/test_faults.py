@@ -941,7 +941,13 @@ def memory_bounded_over_a_sale():
         fail(f"check_invariants exit {p.returncode}:\n{p.stdout}{p.stderr}")
     if set(statuses) != {"200"}:
         fail(f"answers other than 200 during the sale: {statuses}")
-    if problems:
+    # A sanitizer build keeps freed memory in quarantine (ASan) or shadow
+    # state: its RSS says nothing about ours. The bound is checked on the
+    # plain build (make test); a leak shows up as LeakSanitizer's exit code.
+    if problems and os.environ.get("SECKILL_SANITIZER"):
+        print(f"    RSS bound not checked under {os.environ['SECKILL_SANITIZER']}: "
+              + "; ".join(problems), flush=True)
+    elif problems:
         fail("RSS grows over the sale: " + "; ".join(problems))
 
 
