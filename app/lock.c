@@ -120,14 +120,16 @@ static int lock_args_ok(const char *fn, const char *key, const char *owner, long
     return 1;
 }
 
+#define DEADLINE_SLACK_MS 100
+
 lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner,
                              long lease_ms, lock_grant *g)
 {
     lock_status st = LOCK_ERR;
     char *token_key = NULL;
     redisReply *r = NULL;
-    char lease[24];
-    const char *argv[4];
+    char lease[24], deadline[24] = "";
+    const char *argv[5];
     long long first, second;
     int watchdog = 0;
 
@@ -147,7 +149,23 @@ lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner
     argv[1] = token_key;
     argv[2] = lease;
     argv[3] = owner;
-    r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, 4, argv, NULL);
+    argv[4] = deadline;
+    /* The deadline makes a late execution (Redis stalled past our command
+     * timeout, we answered 503 and moved on) refuse instead of granting a
+     * hold nobody will release. A little slack absorbs clock differences. */
+    if (g_cfg.redis_timeout_ms > 0)
+        snprintf(deadline, sizeof deadline, "%lld",
+                 (long long)(util_wall_ms() + g_cfg.redis_timeout_ms + DEADLINE_SLACK_MS));
+    r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, g_cfg.redis_timeout_ms > 0 ? 5 : 4, argv, NULL);
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == -2) {
+        /* We did get the reply in time, so the server's clock runs ahead of
+         * ours: say so, and ask again without a deadline. */
+        log_warn("lock acquire %s: Redis's clock is ahead of ours by more than %d ms; "
+                 "acquiring without a deadline", key, g_cfg.redis_timeout_ms + DEADLINE_SLACK_MS);
+        freeReplyObject(r);
+        r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, 4, argv, NULL);
+    }
     if (r == NULL) {
         log_warn("lock acquire %s: redis: %s", key, c->errstr);
         goto cleanup;

@@ -93,6 +93,16 @@ static cJSON *lock_json(void)
     cJSON_AddNumberToObject(o, "notOwnerReleases",
                             (double)lc.not_owner + ev(STATS_DEMO_LOCK_NOT_OWNER));
     cJSON_AddNumberToObject(o, "staleTokenRejections", ev(STATS_STALE_TOKEN));
+    /* Waiting (lock_try_lock with a budget): how often, and how fast a
+     * release message turned into a grant. */
+    cJSON_AddNumberToObject(o, "waits", (double)lc.waits);
+    cJSON_AddNumberToObject(o, "waitAcquired", (double)lc.wait_acquired);
+    cJSON_AddNumberToObject(o, "waitTimeouts", (double)lc.wait_timeouts);
+    cJSON_AddNumberToObject(o, "wakeups", (double)lc.wakeups);
+    cJSON_AddNumberToObject(o, "wakeupMeanMs",
+                            lc.wake_samples ? (double)lc.wake_us_sum / lc.wake_samples / 1000.0
+                                            : 0.0);
+    cJSON_AddNumberToObject(o, "wakeupMaxMs", (double)lc.wake_us_max / 1000.0);
     cJSON_AddNumberToObject(o, "renewals", (double)lc.renewals);
     cJSON_AddNumberToObject(o, "errors", (double)lc.errors);
     return o;
@@ -207,8 +217,11 @@ cleanup:
     free(lens);
     freeReplyObject(ids);
     freeReplyObject(vals);
-    /* Sums of instance metadata mean nothing; keep the counters only. */
+    /* Sums of instance metadata, means and maxima mean nothing: counters only. */
     cJSON_DeleteItemFromObjectCaseSensitive(cluster, "port");
+    cJSON *lock = cJSON_GetObjectItemCaseSensitive(cluster, "lock");
+    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMeanMs");
+    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMaxMs");
     return rc;
 }
 

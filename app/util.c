@@ -133,6 +133,13 @@ int64_t util_now_s(void)
     return (int64_t)ts.tv_sec;
 }
 
+int64_t util_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int64_t util_mono_us(void)
 {
     struct timespec ts;

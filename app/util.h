@@ -23,6 +23,7 @@ void util_format_iso8601(int64_t ts, char *buf, size_t n);
 
 /* Wall clock in Unix seconds, and a monotonic clock in microseconds. */
 int64_t util_now_s(void);
+int64_t util_wall_ms(void);
 int64_t util_mono_us(void);
 
 /* Fills 'buf' (37 bytes) with a random RFC 4122 version-4 UUID. */

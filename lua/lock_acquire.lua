@@ -13,6 +13,17 @@
 --                     (-1 when the key has no expiry)
 -- The second element tells the cases apart: pttl can itself be -1.
 
+-- ARGV[3]  (optional) the client's deadline, Unix ms: past it the client has
+--          given up waiting for this reply (its command timeout), so a grant
+--          made now would be held by nobody until the lease ends. That happens
+--          when Redis stalls and runs queued commands late. Reply {-2, -2}.
+if ARGV[3] then
+    local t = redis.call('time')
+    if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[3]) then
+        return {-2, -2}
+    end
+end
+
 if (redis.call('exists', KEYS[1]) == 0)
         or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
     redis.call('hincrby', KEYS[1], ARGV[2], 1)

@@ -372,6 +372,38 @@ static void test_fencing_tokens_increase(void)
     del_lock(key);
 }
 
+/* An acquire that Redis runs after the client's deadline (Redis stalled, the
+ * client already answered 503) must not grant: nobody would release it. */
+static void test_late_acquire_refused(void)
+{
+    char key[128], tk[160];
+    const char *argv[5];
+    redisReply *r;
+
+    key_for("late", key, sizeof key);
+    token_key_for(key, tk, sizeof tk);
+    argv[0] = key;
+    argv[1] = tk;
+    argv[2] = "10000";
+    argv[3] = OWNER_A;
+    argv[4] = "1000";                    /* 1970: long past */
+    r = script_run(rc, SCRIPT_LOCK_ACQUIRE, 2, 5, argv, NULL);
+    if (T_ASSERT(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2)) {
+        T_EQ_I64(r->element[0]->integer, -2);
+        T_EQ_I64(r->element[1]->integer, -2);
+    }
+    freeReplyObject(r);
+    T_EQ_I64(exists(key), 0);            /* nothing granted, nothing counted */
+    T_EQ_I64(exists(tk), 0);
+    argv[4] = "99999999999999";          /* far ahead: granted as usual */
+    r = script_run(rc, SCRIPT_LOCK_ACQUIRE, 2, 5, argv, NULL);
+    if (T_ASSERT(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2))
+        T_EQ_I64(r->element[0]->integer, -1);
+    freeReplyObject(r);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    del_lock(key);
+}
+
 static void test_noscript_recovery(void)
 {
     char key[256];
@@ -582,6 +614,7 @@ int main(void)
     T_RUN(test_reentry_resets_ttl);
     T_RUN(test_lease_expiry_then_other_owner);
     T_RUN(test_fencing_tokens_increase);
+    T_RUN(test_late_acquire_refused);
     T_RUN(test_noscript_recovery);
     T_RUN(test_script_sha_matches_server);
     T_RUN(test_counters_and_errors);
