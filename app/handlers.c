@@ -24,18 +24,8 @@
 
 static enum MHD_Result send_store_error(http_req *r, store_status st)
 {
-    switch (st) {
-    case STORE_NOT_FOUND:
-        return http_send_error(r, API_VOUCHER_NOT_FOUND, NULL);
-    case STORE_SOLD_OUT:
-        return http_send_error(r, API_SOLD_OUT, NULL);
-    case STORE_DUPLICATE:
-        return http_send_error(r, API_ALREADY_ORDERED, NULL);
-    case STORE_INVALID:
-        return http_send_error(r, API_INVALID_FIELD, NULL);
-    default:
-        return http_send_error(r, API_UNAVAILABLE, "database unavailable, retry later");
-    }
+    api_err e = order_store_error(st);
+    return http_send_error(r, e, e == API_UNAVAILABLE ? "database unavailable, retry later" : NULL);
 }
 
 /* Postgres on this worker, or NULL after answering 503. */

@@ -211,8 +211,10 @@ static enum MHD_Result dispatch(http_req *r)
     return send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, allow);
 }
 
-/* What the headers say about the request's framing and identity, counted
- * with their real lengths (a value may hide a NUL byte). */
+/* What the headers say about the request's framing and identity. The NUL
+ * check compares the reported length with the string's: libmicrohttpd
+ * 0.9.75 already cuts a value at a NUL (so it never fires there), but a
+ * library that kept the bytes would otherwise let "7\09" buy as user 7. */
 typedef struct header_scan {
     int user_ids, lengths, chunked, nul;
     char length[32];

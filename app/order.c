@@ -278,29 +278,47 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
     give_back(cs, user_id, &h);
 
     switch (st) {
-    case STORE_OK:
-        return API_OK;
     case STORE_SOLD_OUT:
         /* The database said no stock is left: later buyers of this voucher
          * are refused from memory until a reset. */
         vcache_mark_sold_out(voucher_id);
-        return API_SOLD_OUT;
+        break;
     case STORE_CONFLICT:
         /* Lost a compare-and-swap race: stock may remain, so no sold-out flag. */
         *message = "the stock changed while this order was placed (cas): try again";
-        return API_SOLD_OUT;
-    case STORE_DUPLICATE:
-        return API_ALREADY_ORDERED;
+        break;
     case STORE_STALE_TOKEN:
         stats_note(STATS_STALE_TOKEN);
         log_warn("stale fencing token %" PRId64 " for %s: write refused", o.fence_token, h.key);
         *message = "the order lock expired before the write (stale fencing token)";
-        return API_ALREADY_ORDERED;
-    case STORE_NOT_FOUND:
-        return API_VOUCHER_NOT_FOUND;
-    default:
+        break;
+    case STORE_UNAVAILABLE:
         if (*message == NULL)
             *message = "database unavailable, retry later";
+        break;
+    default:
+        break;
+    }
+    return order_store_error(st);
+}
+
+api_err order_store_error(store_status st)
+{
+    switch (st) {
+    case STORE_OK:
+        return API_OK;
+    case STORE_NOT_FOUND:
+        return API_VOUCHER_NOT_FOUND;
+    case STORE_SOLD_OUT:
+    case STORE_CONFLICT:            /* the buyer lost; the seed notes answer sold out */
+        return API_SOLD_OUT;
+    case STORE_DUPLICATE:
+    case STORE_STALE_TOKEN:         /* another request of this user holds or held the lock */
+        return API_ALREADY_ORDERED;
+    case STORE_INVALID:
+        return API_INVALID_FIELD;
+    case STORE_UNAVAILABLE:
+    default:
         return API_UNAVAILABLE;
     }
 }

@@ -8,6 +8,12 @@
 
 #include "api.h"
 #include "conn.h"
+#include "store.h"
+
+/* The API's answer to a Postgres outcome: the one mapping, used by every
+ * handler (STORE_OK is API_OK; every failure of the database itself is
+ * API_UNAVAILABLE). */
+api_err order_store_error(store_status st);
 
 /* Places the order on the caller's connections. Returns API_OK with
  * '*order_id' set, or the error to answer with; '*message' (may stay NULL)
