@@ -9,8 +9,11 @@
 #include <string.h>
 #include <time.h>
 
+#define BATCH_LIMIT 1000      /* BATCH_MAX's upper bound (config.c) */
+
 typedef struct waiter {
     const store_order *order;
+    batch_unlock *unlock;     /* may be NULL */
     store_status result;
     int done;                 /* result is set */
     int lead;                 /* this waiter settles the next batch */
@@ -55,13 +58,41 @@ static queue *queue_of(int64_t voucher_id)
     return free_slot;
 }
 
+/* Releases the batch's user locks in one round trip on the leader's
+ * connection, after the commit and before anyone is answered (the waiters'
+ * items live on their stacks until they wake). A failure leaves each
+ * buyer to retry its own. */
+static void unlock_all(conn_set *cs, waiter **batch, int n)
+{
+    lock_release_item items[BATCH_LIMIT];
+    batch_unlock *owner[BATCH_LIMIT];
+    redisContext *c;
+    int k = 0;
+
+    for (int i = 0; i < n; i++) {
+        if (batch[i]->unlock == NULL)
+            continue;
+        owner[k] = batch[i]->unlock;
+        items[k++] = batch[i]->unlock->item;
+    }
+    if (k == 0 || (c = conn_redis(cs)) == NULL)
+        return;
+    lock_release_many(c, items, (size_t)k);
+    for (int i = 0; i < k; i++) {
+        owner[i]->item.st = items[i].st;
+        owner[i]->done = 1;
+    }
+    if (c->err)
+        conn_redis_broken(cs);
+}
+
 /* Settles up to BATCH_MAX waiters taken from the head of 'q' (mu held on
  * entry and exit; released while Postgres works). */
 static void settle(conn_set *cs, queue *q)
 {
-    waiter *batch[1000];
-    store_order orders[1000];
-    store_status results[1000];
+    waiter *batch[BATCH_LIMIT];
+    store_order orders[BATCH_LIMIT];
+    store_status results[BATCH_LIMIT];
     int n = 0;
     PGconn *pg;
     store_status st;
@@ -102,6 +133,8 @@ static void settle(conn_set *cs, queue *q)
             results[i] = st;
     }
 
+    unlock_all(cs, batch, n);
+
     pthread_mutex_lock(&mu);
     for (int i = 0; i < n; i++) {
         batch[i]->result = results[i];
@@ -110,9 +143,9 @@ static void settle(conn_set *cs, queue *q)
     }
 }
 
-store_status batch_settle(conn_set *cs, const store_order *o)
+store_status batch_settle(conn_set *cs, const store_order *o, batch_unlock *u)
 {
-    waiter me = { .order = o };
+    waiter me = { .order = o, .unlock = u };
     queue *q;
 
     pthread_once(&once, init);

@@ -45,47 +45,76 @@ idw_status idw_next(redisContext *c, const char *prefix, int64_t *id)
 
 idw_status idw_next_at(redisContext *c, const char *prefix, int64_t now, int64_t *id)
 {
-    idw_status st = IDW_REDIS;
-    redisReply *r = NULL;
-    char *key = NULL;
-    int64_t t0;
+    idw_op op;
+
+    idw_send(c, prefix, now, &op);
+    return idw_recv(c, &op, id);
+}
+
+idw_status idw_send(redisContext *c, const char *prefix, int64_t now, idw_op *op)
+{
     /* "icr:" + prefix + ":yyyy:MM:dd"; room for a year past 9999 too. */
     size_t keylen = strlen(prefix) + 32;
 
+    memset(op, 0, sizeof *op);
+    op->now = now;
+    op->st = IDW_REDIS;
     if (now < IDW_EPOCH || now - IDW_EPOCH > IDW_SECONDS_MAX) {
         log_error("idw: clock %lld outside the id range", (long long)now);
-        st = IDW_CLOCK;
-        goto cleanup;
+        op->st = IDW_CLOCK;
+        return op->st;
     }
-    key = xmalloc(keylen);
-    idw_key(prefix, now, key, keylen);
+    op->key = xmalloc(keylen);
+    idw_key(prefix, now, op->key, keylen);
+    op->t0 = util_mono_us();
+    if (redisAppendCommand(c, "INCR %s", op->key) != REDIS_OK) {
+        log_warn("idw: INCR %s: cannot format the command", op->key);
+        return op->st;
+    }
+    op->sent = 1;
+    return IDW_OK;
+}
 
-    t0 = util_mono_us();
-    r = redisCommand(c, "INCR %s", key);
-    metrics_backend(METRICS_REDIS, util_mono_us() - t0, r != NULL);
+idw_status idw_recv(redisContext *c, idw_op *op, int64_t *id)
+{
+    idw_status st = op->st;
+    void *reply = NULL;
+    redisReply *r = NULL;
+
+    if (!op->sent)
+        goto cleanup;
+    st = IDW_REDIS;
+    if (redisGetReply(c, &reply) != REDIS_OK) {
+        freeReplyObject(reply);
+        reply = NULL;
+    }
+    r = reply;
+    metrics_backend(METRICS_REDIS, util_mono_us() - op->t0, r != NULL);
     if (r == NULL) {
-        log_warn("idw: INCR %s: %s", key, c->errstr);
+        log_warn("idw: INCR %s: %s", op->key, c->errstr);
         goto cleanup;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        log_warn("idw: INCR %s: %s", key, r->str);
+        log_warn("idw: INCR %s: %s", op->key, r->str);
         goto cleanup;
     }
     if (r->type != REDIS_REPLY_INTEGER) {
-        log_warn("idw: INCR %s: unexpected reply type %d", key, r->type);
+        log_warn("idw: INCR %s: unexpected reply type %d", op->key, r->type);
         goto cleanup;
     }
     /* Never wrap: a reused low count would collide with an earlier id. */
     if (r->integer < 1 || r->integer > IDW_COUNT_MAX) {
-        log_error("idw: %s count %lld does not fit in 32 bits", key, r->integer);
+        log_error("idw: %s count %lld does not fit in 32 bits", op->key, r->integer);
         st = IDW_EXHAUSTED;
         goto cleanup;
     }
-    *id = idw_compose(now - IDW_EPOCH, r->integer);
+    *id = idw_compose(op->now - IDW_EPOCH, r->integer);
     st = IDW_OK;
 
 cleanup:
     freeReplyObject(r);
-    free(key);
+    free(op->key);
+    op->key = NULL;
+    op->sent = 0;
     return st;
 }

@@ -31,4 +31,20 @@ idw_status idw_next(redisContext *c, const char *prefix, int64_t *id);
 /* Same with an explicit clock reading (tests). */
 idw_status idw_next_at(redisContext *c, const char *prefix, int64_t now, int64_t *id);
 
+/* The same, pipelined: idw_send appends the INCR to c's output buffer (no
+ * I/O) and returns IDW_OK, or the error idw_recv will return (IDW_CLOCK,
+ * or IDW_REDIS when the command cannot be formatted). idw_recv sends what
+ * is buffered if need be, reads the INCR's reply (every reply appended
+ * before it must have been read) and frees the op: call it exactly once
+ * after every send. */
+typedef struct idw_op {
+    char *key;
+    int64_t now, t0;
+    idw_status st;
+    int sent;
+} idw_op;
+
+idw_status idw_send(redisContext *c, const char *prefix, int64_t now, idw_op *op);
+idw_status idw_recv(redisContext *c, idw_op *op, int64_t *id);
+
 #endif

@@ -9,6 +9,7 @@
 #include "config.h"
 #include "lockwait.h"
 #include "log.h"
+#include "metrics.h"
 #include "script.h"
 #include "util.h"
 #include "watchdog.h"
@@ -122,62 +123,78 @@ static int lock_args_ok(const char *fn, const char *key, const char *owner, long
 
 #define DEADLINE_SLACK_MS 100
 
-lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner,
-                             long lease_ms, lock_grant *g)
+lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *key,
+                              const char *owner, long lease_ms)
 {
-    lock_status st = LOCK_ERR;
-    char *token_key = NULL;
-    redisReply *r = NULL;
-    char lease[24], deadline[24] = "";
-    const char *argv[5];
-    long long first, second;
-    int watchdog = 0;
-
+    memset(op, 0, sizeof *op);
     if (!lock_args_ok("lock_try_acquire", key, owner, lease_ms))
-        goto cleanup;
-    token_key = companion_dup(LOCK_TOKEN_PREFIX, key);
+        return LOCK_ERR;
+    op->key = key;
+    op->owner = owner;
+    op->token_key = companion_dup(LOCK_TOKEN_PREFIX, key);
     /* Registered before the acquire is sent, so that no renewal can ever
      * be scheduled after this hold's release (redisson#7272). */
-    watchdog = lease_ms == LOCK_WATCHDOG;
-    if (watchdog) {
+    op->watchdog = lease_ms == LOCK_WATCHDOG;
+    if (op->watchdog) {
         lease_ms = wd_timeout_ms();
         wd_begin(key, owner);
     }
-    snprintf(lease, sizeof lease, "%ld", lease_ms);
-
-    argv[0] = key;
-    argv[1] = token_key;
-    argv[2] = lease;
-    argv[3] = owner;
-    argv[4] = deadline;
+    snprintf(op->lease, sizeof op->lease, "%ld", lease_ms);
+    op->argv[0] = key;
+    op->argv[1] = op->token_key;
+    op->argv[2] = op->lease;
+    op->argv[3] = owner;
+    op->argv[4] = op->deadline;
+    op->argc = 4;
     /* The deadline makes a late execution (Redis stalled past our command
      * timeout, we answered 503 and moved on) refuse instead of granting a
      * hold nobody will release. A little slack absorbs clock differences. */
-    if (g_cfg.redis_timeout_ms > 0)
-        snprintf(deadline, sizeof deadline, "%lld",
+    if (g_cfg.redis_timeout_ms > 0) {
+        snprintf(op->deadline, sizeof op->deadline, "%lld",
                  (long long)(util_wall_ms() + g_cfg.redis_timeout_ms + DEADLINE_SLACK_MS));
-    r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, g_cfg.redis_timeout_ms > 0 ? 5 : 4, argv, NULL);
+        op->argc = 5;
+    }
+    op->t0 = util_mono_us();
+    if (script_append(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL) != 0) {
+        log_warn("lock acquire %s: cannot format the command", key);
+        return LOCK_ERR;
+    }
+    op->sent = 1;
+    return LOCK_OK;
+}
+
+lock_status lock_acquire_recv(redisContext *c, lock_acquire_op *op, lock_grant *g)
+{
+    lock_status st = LOCK_ERR;
+    redisReply *r = NULL;
+    long long first, second;
+
+    if (!op->sent)
+        goto cleanup;
+    r = script_recv(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL, 1);
     if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
         r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == -2) {
         /* We did get the reply in time, so the server's clock runs ahead of
          * ours: say so, and ask again without a deadline. */
         log_warn("lock acquire %s: Redis's clock is ahead of ours by more than %d ms; "
-                 "acquiring without a deadline", key, g_cfg.redis_timeout_ms + DEADLINE_SLACK_MS);
+                 "acquiring without a deadline", op->key,
+                 g_cfg.redis_timeout_ms + DEADLINE_SLACK_MS);
         freeReplyObject(r);
-        r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, 4, argv, NULL);
+        r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, 4, op->argv, NULL);
     }
+    metrics_backend(METRICS_REDIS, util_mono_us() - op->t0, r != NULL);
     if (r == NULL) {
-        log_warn("lock acquire %s: redis: %s", key, c->errstr);
+        log_warn("lock acquire %s: redis: %s", op->key, c->errstr);
         goto cleanup;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        log_warn("lock acquire %s: %s", key, r->str);
+        log_warn("lock acquire %s: %s", op->key, r->str);
         goto cleanup;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
         r->element[0]->type != REDIS_REPLY_INTEGER ||
         r->element[1]->type != REDIS_REPLY_INTEGER) {
-        log_warn("lock acquire %s: unexpected reply type %d", key, r->type);
+        log_warn("lock acquire %s: unexpected reply type %d", op->key, r->type);
         goto cleanup;
     }
 
@@ -198,13 +215,13 @@ lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner
         }
         st = LOCK_BUSY;
     } else {
-        log_warn("lock acquire %s: unexpected reply {%lld, %lld}", key, first, second);
+        log_warn("lock acquire %s: unexpected reply {%lld, %lld}", op->key, first, second);
     }
 
 cleanup:
     /* No reply may hide a grant: it is not renewed and expires by itself. */
-    if (watchdog)
-        wd_end(key, owner, st == LOCK_OK);
+    if (op->watchdog)
+        wd_end(op->key, op->owner, st == LOCK_OK);
     if (st == LOCK_OK)
         count(&n_acquired);
     else if (st == LOCK_BUSY)
@@ -212,8 +229,22 @@ cleanup:
     else
         count(&n_errors);
     freeReplyObject(r);
-    free(token_key);
+    free(op->token_key);
+    op->token_key = NULL;
+    op->watchdog = 0;
+    op->sent = 0;
     return st;
+}
+
+lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner,
+                             long lease_ms, lock_grant *g)
+{
+    lock_acquire_op op;
+
+    /* A send that fails still goes through recv: it counts the error and
+     * undoes the watchdog registration. */
+    lock_acquire_send(c, &op, key, owner, lease_ms);
+    return lock_acquire_recv(c, &op, g);
 }
 
 /* Microseconds left until 'deadline_us', in whole ms rounded up. */
@@ -309,19 +340,22 @@ static long latch_ms(void)
     return ms > LOCK_LATCH_MIN_MS ? ms : LOCK_LATCH_MIN_MS;
 }
 
-lock_status lock_release_ex(redisContext *c, const char *key, const char *owner,
-                            long lease_ms, lock_release_req *rq, long *remaining)
-{
-    lock_status st = LOCK_ERR;
-    char *channel = NULL, *latch = NULL;
-    redisReply *r = NULL;
+/* One release's arguments, in the order lock_release.lua wants them. */
+typedef struct release_call {
+    char *channel, *latch;
     char lease[24], latch_px[24];
     const char *argv[7];
+    int noscript;
+} release_call;
 
+static int release_prepare(release_call *rc, const char *key, const char *owner,
+                           long lease_ms, lock_release_req *rq)
+{
+    memset(rc, 0, sizeof *rc);
     if (!lock_args_ok("lock_release", key, owner, lease_ms) || rq == NULL || rq->id[0] == '\0') {
         if (rq == NULL || rq->id[0] == '\0')
             log_error("lock_release_ex %s: no request id", key ? key : "(null)");
-        goto cleanup;
+        return -1;
     }
     /* Renewal stops before the release is sent, once per request: a late
      * tick finds the field gone and re-arms nothing. */
@@ -331,54 +365,106 @@ lock_status lock_release_ex(redisContext *c, const char *key, const char *owner,
         rq->renewal_cancelled = 1;
         lease_ms = wd_timeout_ms();
     }
-    channel = companion_dup(LOCK_CHANNEL_PREFIX, key);
-    latch = latch_dup(key, rq->id);
-    snprintf(lease, sizeof lease, "%ld", lease_ms);
-    snprintf(latch_px, sizeof latch_px, "%ld", latch_ms());
+    rc->channel = companion_dup(LOCK_CHANNEL_PREFIX, key);
+    rc->latch = latch_dup(key, rq->id);
+    snprintf(rc->lease, sizeof rc->lease, "%ld", lease_ms);
+    snprintf(rc->latch_px, sizeof rc->latch_px, "%ld", latch_ms());
+    rc->argv[0] = key;
+    rc->argv[1] = rc->channel;
+    rc->argv[2] = rc->latch;
+    rc->argv[3] = LOCK_UNLOCK_MESSAGE;
+    rc->argv[4] = rc->lease;
+    rc->argv[5] = owner;
+    rc->argv[6] = rc->latch_px;
+    return 0;
+}
 
-    /* Order fixed by lock_release.lua. */
-    argv[0] = key;
-    argv[1] = channel;
-    argv[2] = latch;
-    argv[3] = LOCK_UNLOCK_MESSAGE;
-    argv[4] = lease;
-    argv[5] = owner;
-    argv[6] = latch_px;
-    r = script_run(c, SCRIPT_LOCK_RELEASE, 3, 7, argv, NULL);
+/* Reads a release's reply (NULL: the connection failed) and frees it. */
+static lock_status release_parse(redisContext *c, const char *key, const char *owner,
+                                 redisReply *r, long *remaining)
+{
+    lock_status st = LOCK_ERR;
+
     if (r == NULL) {
         log_warn("lock release %s: redis: %s", key, c->errstr);
-        goto cleanup;
-    }
-    if (r->type == REDIS_REPLY_ERROR) {
+    } else if (r->type == REDIS_REPLY_ERROR) {
         log_warn("lock release %s: %s", key, r->str);
-        goto cleanup;
-    }
-    if (r->type == REDIS_REPLY_NIL) {
+    } else if (r->type == REDIS_REPLY_NIL) {
         /* Never held, or the lease ran out first: another owner may hold
          * it now, and the script left it alone. */
         log_debug("lock release %s: not held by %s", key, owner);
         st = LOCK_NOT_OWNER;
-        goto cleanup;
-    }
-    if (r->type != REDIS_REPLY_INTEGER || r->integer < 0) {
+    } else if (r->type != REDIS_REPLY_INTEGER || r->integer < 0) {
         log_warn("lock release %s: unexpected reply type %d", key, r->type);
-        goto cleanup;
+    } else {
+        if (remaining != NULL)
+            *remaining = (long)r->integer;
+        st = LOCK_OK;
     }
-    if (remaining != NULL)
-        *remaining = (long)r->integer;
-    st = LOCK_OK;
+    freeReplyObject(r);
+    return st;
+}
 
-cleanup:
+static void release_done(release_call *rc, lock_status st)
+{
     if (st == LOCK_OK)
         count(&n_released);
     else if (st == LOCK_NOT_OWNER)
         count(&n_not_owner);
     else
         count(&n_errors);
-    freeReplyObject(r);
-    free(channel);
-    free(latch);
+    free(rc->channel);
+    free(rc->latch);
+}
+
+lock_status lock_release_ex(redisContext *c, const char *key, const char *owner,
+                            long lease_ms, lock_release_req *rq, long *remaining)
+{
+    release_call rc;
+    lock_status st = LOCK_ERR;
+
+    if (release_prepare(&rc, key, owner, lease_ms, rq) == 0)
+        st = release_parse(c, key, owner,
+                           script_run(c, SCRIPT_LOCK_RELEASE, 3, 7, rc.argv, NULL), remaining);
+    release_done(&rc, st);
     return st;
+}
+
+void lock_release_many(redisContext *c, lock_release_item *items, size_t n)
+{
+    release_call *rc = xmalloc(sizeof *rc * (n ? n : 1));
+    int64_t t0 = util_mono_us();
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        lock_release_item *it = &items[i];
+        it->st = LOCK_ERR;
+        if (release_prepare(&rc[i], it->key, it->owner, it->lease_ms, it->rq) != 0 ||
+            script_append(c, SCRIPT_LOCK_RELEASE, 3, 7, rc[i].argv, NULL) != 0)
+            rc[i].argv[0] = NULL;            /* nothing sent: no reply to read */
+    }
+    for (i = 0; i < n; i++) {
+        redisReply *r;
+        if (rc[i].argv[0] == NULL)
+            continue;
+        r = script_recv(c, SCRIPT_LOCK_RELEASE, 3, 7, rc[i].argv, NULL, 0);
+        if (script_is_noscript(r)) {
+            /* Not run: re-sent one by one below, once every reply is in. */
+            freeReplyObject(r);
+            rc[i].noscript = 1;
+            continue;
+        }
+        items[i].st = release_parse(c, items[i].key, items[i].owner, r, NULL);
+    }
+    metrics_backend(METRICS_REDIS, util_mono_us() - t0, c->err == 0);
+    for (i = 0; i < n; i++) {
+        if (rc[i].noscript)
+            items[i].st = release_parse(c, items[i].key, items[i].owner,
+                                        script_run(c, SCRIPT_LOCK_RELEASE, 3, 7, rc[i].argv, NULL),
+                                        NULL);
+        release_done(&rc[i], items[i].st);
+    }
+    free(rc);
 }
 
 lock_status lock_release(redisContext *c, const char *key, const char *owner,

@@ -49,6 +49,27 @@ void lock_runtime_stop(void);
 lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner,
                              long lease_ms, lock_grant *g);
 
+/* The same attempt, pipelined behind other commands on 'c'.
+ * lock_acquire_send appends it to c's output buffer (no I/O); after the
+ * replies of the commands appended before it are read, lock_acquire_recv
+ * sends what is buffered if need be and reads the attempt's reply. Call
+ * recv exactly once after every send, whatever the send returned (it
+ * releases the op's memory), and append nothing after the send: a NOSCRIPT
+ * answer is re-sent and waited for. 'key' and 'owner' are borrowed until
+ * recv returns. */
+typedef struct lock_acquire_op {
+    const char *key, *owner;
+    char *token_key;
+    char lease[24], deadline[24];
+    const char *argv[5];
+    int argc, watchdog, sent;
+    int64_t t0;
+} lock_acquire_op;
+
+lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *key,
+                              const char *owner, long lease_ms);
+lock_status lock_acquire_recv(redisContext *c, lock_acquire_op *op, lock_grant *g);
+
 /* Redisson's tryLock(waitTime, leaseTime): 'wait_ms' 0 is one attempt;
  * > 0 waits up to 'wait_ms' for the holder's release message, retrying
  * after each wake-up and at least once per holder TTL (no polling). After
@@ -80,6 +101,19 @@ void lock_release_req_init(lock_release_req *rq);
  * taken with; a still-held reentrant lock gets it back. */
 lock_status lock_release_ex(redisContext *c, const char *key, const char *owner,
                             long lease_ms, lock_release_req *rq, long *remaining);
+
+/* Several releases in one round trip (the buyers of a settled batch).
+ * Each item as for lock_release_ex; its outcome goes to 'st'. After a lost
+ * reply (LOCK_ERR with c->err set) retry an item with lock_release_ex and
+ * the same request on a fresh connection. */
+typedef struct lock_release_item {
+    const char *key, *owner;
+    long lease_ms;
+    lock_release_req *rq;
+    lock_status st;                  /* out */
+} lock_release_item;
+
+void lock_release_many(redisContext *c, lock_release_item *items, size_t n);
 
 /* lock_release_ex with a fresh request: for callers that do not retry. */
 lock_status lock_release(redisContext *c, const char *key, const char *owner,

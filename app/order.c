@@ -70,13 +70,36 @@ typedef struct held {
     char key[64];
     int kind;                 /* enum lock_strategy actually taken */
     lock_grant grant;
+    lock_release_req rq;      /* reentrant: the release, kept across retries */
+    batch_unlock unlock;      /* reentrant + batched: released by the batch's leader */
 } held;
 
-/* Takes the user's lock. API_OK when held (or when the strategy takes none). */
-static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h)
+/* The reentrant lock's attempt with the order id's INCR in the same round
+ * trip: INCR first, so that the acquire is the last reply (its NOSCRIPT
+ * fallback waits on the connection). A busy lock wastes an id; ids need
+ * not be dense. */
+static lock_status take_with_id(redisContext *c, const char *key, const char *owner,
+                                lock_grant *g, idw_status *is, int64_t *order_id)
+{
+    idw_op iop;
+    lock_acquire_op aop;
+
+    idw_send(c, g_cfg.id_prefix, (int64_t)time(NULL), &iop);
+    lock_acquire_send(c, &aop, key, owner, g_cfg.lock_lease_ms);
+    *is = idw_recv(c, &iop, order_id);
+    return lock_acquire_recv(c, &aop, g);
+}
+
+/* Takes the user's lock. API_OK when held (or when the strategy takes none).
+ * The reentrant lock also takes the order id: then *id_taken is 1 and *is
+ * its outcome. */
+static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h,
+                    int *id_taken, idw_status *is, int64_t *order_id)
 {
     redisReply *r = NULL;
     api_err err = API_OK;
+
+    *id_taken = 0;
 
     snprintf(h->key, sizeof h->key, LOCK_KEY_PREFIX "%" PRId64, user_id);
     h->kind = g_cfg.lock_strategy;
@@ -110,7 +133,10 @@ static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h)
     }
     case LOCKS_REENTRANT:
     default:
-        switch (lock_try_acquire(c, h->key, cs->owner, g_cfg.lock_lease_ms, &h->grant)) {
+        *id_taken = 1;
+        lock_release_req_init(&h->rq);
+        h->unlock.done = 0;
+        switch (take_with_id(c, h->key, cs->owner, &h->grant, is, order_id)) {
         case LOCK_OK:
             break;
         case LOCK_BUSY:
@@ -168,21 +194,24 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
         break;
     case LOCKS_REENTRANT:
     default: {
-        lock_release_req rq;
-        lock_status ls;
+        lock_status ls = LOCK_ERR;
 
-        if (c == NULL)
-            return;
-        /* A lost reply is retried once on a fresh connection with the same
-         * request id: the release is idempotent, so the retry cannot free
-         * the lock twice nor report "not owner" for our own first release. */
-        lock_release_req_init(&rq);
-        ls = lock_release_ex(c, h->key, cs->owner, g_cfg.lock_lease_ms, &rq, NULL);
-        if (ls == LOCK_ERR && c->err) {
+        /* A lost reply is retried on our connection, then once on a fresh
+         * one, with the same request id: the release is idempotent, so the
+         * retry cannot free the lock twice nor report "not owner" for our
+         * own first release (or for the batch leader's). */
+        if (h->unlock.done)
+            ls = h->unlock.item.st;
+        if (ls == LOCK_ERR) {
+            if (c == NULL)
+                return;
+            ls = lock_release_ex(c, h->key, cs->owner, g_cfg.lock_lease_ms, &h->rq, NULL);
+        }
+        if (ls == LOCK_ERR && c != NULL && c->err) {
             conn_redis_broken(cs);
             if ((c = conn_redis(cs)) == NULL)
                 return;                          /* the lease frees it */
-            ls = lock_release_ex(c, h->key, cs->owner, g_cfg.lock_lease_ms, &rq, NULL);
+            ls = lock_release_ex(c, h->key, cs->owner, g_cfg.lock_lease_ms, &h->rq, NULL);
         }
         if (ls == LOCK_NOT_OWNER)
             log_warn("lock %s expired during the order (lease %ld ms too short?)", h->key,
@@ -190,7 +219,7 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
         break;
     }
     }
-    if (c->err)
+    if (c != NULL && c->err)
         conn_redis_broken(cs);
     freeReplyObject(r);
 }
@@ -202,7 +231,8 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
     PGconn *pg;
     store_order o = { 0 };
     store_status st;
-    idw_status is;
+    idw_status is = IDW_REDIS;
+    int id_taken;
     held h;
     api_err err;
 
@@ -230,7 +260,7 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
 
     /* 3. The per-user lock, one attempt: busy means a concurrent request of
      *    the same user, so this one is the duplicate. */
-    err = take(cs, c, user_id, &h);
+    err = take(cs, c, user_id, &h, &id_taken, &is, order_id);
     if (err != API_OK) {
         if (c->err)
             conn_redis_broken(cs);
@@ -246,8 +276,10 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
     }
 
     /* 4. The id before the transaction (no row lock held while Redis
-     *    answers), then the transaction. */
-    is = idw_next(c, g_cfg.id_prefix, order_id);
+     *    answers; the reentrant lock took it in its round trip), then the
+     *    transaction. */
+    if (!id_taken)
+        is = idw_next(c, g_cfg.id_prefix, order_id);
     if (is != IDW_OK) {
         if (is == IDW_REDIS && c->err)
             conn_redis_broken(cs);
@@ -264,8 +296,12 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
             o.fence_key = h.key;
             o.fence_token = h.grant.token;
         }
-        if (g_cfg.stock_strategy == STOCKS_BATCHED)
-            st = batch_settle(cs, &o);
+        if (g_cfg.stock_strategy == STOCKS_BATCHED && h.kind == LOCKS_REENTRANT) {
+            h.unlock.item = (lock_release_item){ .key = h.key, .owner = cs->owner,
+                                                 .lease_ms = g_cfg.lock_lease_ms, .rq = &h.rq };
+            st = batch_settle(cs, &o, &h.unlock);
+        } else if (g_cfg.stock_strategy == STOCKS_BATCHED)
+            st = batch_settle(cs, &o, NULL);
         else if (g_cfg.stock_strategy == STOCKS_OPTIMISTIC && g_cfg.demo_delay_ms == 0)
             st = gated_order_create(pg, &o);
         else

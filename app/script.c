@@ -208,66 +208,110 @@ const char *script_sha(enum script_id id)
 /* Room for the usual calls without touching the heap. */
 #define SCRIPT_STACK_ARGS 16
 
-redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
-                       int argc, const char **argv, const size_t *argvlen)
+/* Fills v/l with "EVALSHA <sha> <nkeys> args..."; returns the count, and
+ * heap arrays in *v / *l when the stack ones are too small. */
+static int build_argv(enum script_id id, int nkeys, int argc, const char **argv,
+                      const size_t *argvlen, char *nkeys_buf, size_t nkeys_len,
+                      const char ***v, size_t **l)
+{
+    int total = argc + 3;
+
+    /* Misuse is a bug in our code, not a runtime condition: stop loudly
+     * rather than hand a fake connection failure to the caller. */
+    if ((int)id < 0 || id >= SCRIPT_COUNT || scripts[id].src == NULL ||
+        nkeys < 0 || argc < nkeys || (argc > 0 && argv == NULL)) {
+        log_error("script: bad call (script %d loaded=%d nkeys=%d argc=%d)",
+                  (int)id, (int)id >= 0 && id < SCRIPT_COUNT && scripts[id].src != NULL,
+                  nkeys, argc);
+        abort();
+    }
+    if (total > SCRIPT_STACK_ARGS) {
+        *v = xmalloc(sizeof **v * (size_t)total);
+        *l = xmalloc(sizeof **l * (size_t)total);
+    }
+    snprintf(nkeys_buf, nkeys_len, "%d", nkeys);
+    (*v)[0] = "EVALSHA";
+    (*l)[0] = 7;
+    (*v)[1] = scripts[id].sha;
+    (*l)[1] = 40;
+    (*v)[2] = nkeys_buf;
+    (*l)[2] = strlen(nkeys_buf);
+    for (int i = 0; i < argc; i++) {
+        (*v)[3 + i] = argv[i];
+        (*l)[3 + i] = argvlen != NULL ? argvlen[i] : strlen(argv[i]);
+    }
+    return total;
+}
+
+int script_is_noscript(const redisReply *r)
+{
+    return r != NULL && r->type == REDIS_REPLY_ERROR && r->str != NULL &&
+           strncmp(r->str, "NOSCRIPT", 8) == 0;
+}
+
+int script_append(redisContext *c, enum script_id id, int nkeys,
+                  int argc, const char **argv, const size_t *argvlen)
 {
     const char *stack_v[SCRIPT_STACK_ARGS];
     size_t stack_l[SCRIPT_STACK_ARGS];
     const char **v = stack_v;
     size_t *l = stack_l;
     char nkeys_buf[16];
-    redisReply *r = NULL;
-    int64_t t0 = 0;
+    int total, rc;
 
-    /* Misuse is a bug in our code, not a runtime condition: stop loudly
-     * rather than hand a fake connection failure to the caller. */
-    if ((int)id < 0 || id >= SCRIPT_COUNT || scripts[id].src == NULL ||
-        nkeys < 0 || argc < nkeys || (argc > 0 && argv == NULL)) {
-        log_error("script_run: bad call (script %d loaded=%d nkeys=%d argc=%d)",
-                  (int)id, (int)id >= 0 && id < SCRIPT_COUNT && scripts[id].src != NULL,
-                  nkeys, argc);
-        abort();
-    }
-
-    int total = argc + 3;
-    if (total > SCRIPT_STACK_ARGS) {
-        v = xmalloc(sizeof *v * (size_t)total);
-        l = xmalloc(sizeof *l * (size_t)total);
-    }
-    snprintf(nkeys_buf, sizeof nkeys_buf, "%d", nkeys);
-    v[0] = "EVALSHA";
-    l[0] = 7;
-    v[1] = scripts[id].sha;
-    l[1] = 40;
-    v[2] = nkeys_buf;
-    l[2] = strlen(nkeys_buf);
-    for (int i = 0; i < argc; i++) {
-        v[3 + i] = argv[i];
-        l[3 + i] = argvlen != NULL ? argvlen[i] : strlen(argv[i]);
-    }
-
-    t0 = util_mono_us();
-    r = redisCommandArgv(c, total, v, l);
-    if (r == NULL)
-        goto cleanup;
-    if (r->type == REDIS_REPLY_ERROR && r->str != NULL &&
-        strncmp(r->str, "NOSCRIPT", 8) == 0) {
-        /* Cache emptied (restart, failover, SCRIPT FLUSH). EVAL runs the
-         * script and caches it again, so later EVALSHA calls hit. */
-        freeReplyObject(r);
-        log_info("script %s: NOSCRIPT, re-sending with EVAL", script_names[id]);
-        v[0] = "EVAL";
-        l[0] = 4;
-        v[1] = scripts[id].src;
-        l[1] = scripts[id].len;
-        r = redisCommandArgv(c, total, v, l);
-    }
-cleanup:
-    if (t0 != 0)
-        metrics_backend(METRICS_REDIS, util_mono_us() - t0, r != NULL);
+    total = build_argv(id, nkeys, argc, argv, argvlen, nkeys_buf, sizeof nkeys_buf, &v, &l);
+    rc = redisAppendCommandArgv(c, total, v, l);
     if (v != stack_v) {
         free(v);
         free(l);
     }
+    return rc == REDIS_OK ? 0 : -1;
+}
+
+redisReply *script_recv(redisContext *c, enum script_id id, int nkeys,
+                        int argc, const char **argv, const size_t *argvlen, int fallback)
+{
+    const char *stack_v[SCRIPT_STACK_ARGS];
+    size_t stack_l[SCRIPT_STACK_ARGS];
+    const char **v = stack_v;
+    size_t *l = stack_l;
+    char nkeys_buf[16];
+    void *reply = NULL;
+    redisReply *r;
+    int total;
+
+    if (redisGetReply(c, &reply) != REDIS_OK) {
+        freeReplyObject(reply);
+        return NULL;
+    }
+    r = reply;
+    if (!fallback || !script_is_noscript(r))
+        return r;
+    /* Cache emptied (restart, failover, SCRIPT FLUSH). EVAL runs the
+     * script and caches it again, so later EVALSHA calls hit. */
+    freeReplyObject(r);
+    log_info("script %s: NOSCRIPT, re-sending with EVAL", script_names[id]);
+    total = build_argv(id, nkeys, argc, argv, argvlen, nkeys_buf, sizeof nkeys_buf, &v, &l);
+    v[0] = "EVAL";
+    l[0] = 4;
+    v[1] = scripts[id].src;
+    l[1] = scripts[id].len;
+    r = redisCommandArgv(c, total, v, l);
+    if (v != stack_v) {
+        free(v);
+        free(l);
+    }
+    return r;
+}
+
+redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
+                       int argc, const char **argv, const size_t *argvlen)
+{
+    int64_t t0 = util_mono_us();
+    redisReply *r = NULL;
+
+    if (script_append(c, id, nkeys, argc, argv, argvlen) == 0)
+        r = script_recv(c, id, nkeys, argc, argv, argvlen, 1);
+    metrics_backend(METRICS_REDIS, util_mono_us() - t0, r != NULL);
     return r;
 }

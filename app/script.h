@@ -31,6 +31,19 @@ const char *script_sha(enum script_id id);
 redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
                        int argc, const char **argv, const size_t *argvlen);
 
+/* Pipelining: script_append adds the EVALSHA to c's output buffer (no I/O;
+ * 0, or -1 when hiredis cannot format it); script_recv sends what is
+ * buffered and reads the next reply, which must be this call's (same
+ * arguments). With 'fallback' a NOSCRIPT answer is re-sent as EVAL and
+ * waited for, which is only right when no later reply is pending; without
+ * it the NOSCRIPT error is returned (script_is_noscript). NULL: connection
+ * failed, as for script_run. Latency metrics are the caller's. */
+int script_append(redisContext *c, enum script_id id, int nkeys,
+                  int argc, const char **argv, const size_t *argvlen);
+redisReply *script_recv(redisContext *c, enum script_id id, int nkeys,
+                        int argc, const char **argv, const size_t *argvlen, int fallback);
+int script_is_noscript(const redisReply *r);
+
 /* SHA1 of 'len' bytes as 40 lowercase hex digits + NUL. */
 void script_sha1_hex(const void *data, size_t len, char out[41]);
 

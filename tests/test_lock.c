@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "idw.h"
 #include "lock.h"
 #include "script.h"
 #include "t.h"
@@ -597,6 +598,102 @@ cleanup:
     del_lock(key);
 }
 
+/* An id INCR and an acquire in one round trip, also when the script cache
+ * is empty: the acquire's EVAL fallback must not swallow the INCR's reply,
+ * and the connection stays in step for the next command. */
+static void test_pipelined_acquire_with_id(void)
+{
+    char key[256];
+    lock_acquire_op aop;
+    idw_op iop;
+    lock_grant g = { -1, -1 };
+    int64_t id = -1, id2 = -1;
+    long left = -1;
+    key_for("pipelined", key, sizeof key);
+
+    for (int flush = 0; flush < 2; flush++) {
+        if (flush) {
+            redisReply *r = T_CMD(rc, "SCRIPT FLUSH");
+            freeReplyObject(r);
+        }
+        T_EQ_I64(idw_send(rc, "tlockpipe", (int64_t)time(NULL), &iop), IDW_OK);
+        T_EQ_I64(lock_acquire_send(rc, &aop, key, OWNER_A, LEASE), LOCK_OK);
+        T_EQ_I64(idw_recv(rc, &iop, flush ? &id2 : &id), IDW_OK);
+        T_EQ_I64(lock_acquire_recv(rc, &aop, &g), LOCK_OK);
+        T_ASSERT(g.token >= 1);
+        T_EQ_I64(hget_count(key, OWNER_A), flush + 1);
+    }
+    T_ASSERT(id > 0 && (id2 & 0xffffffffLL) == (id & 0xffffffffLL) + 1);   /* next count */
+    /* A busy lock behind an INCR: the INCR still answers. */
+    T_EQ_I64(idw_send(rc, "tlockpipe", (int64_t)time(NULL), &iop), IDW_OK);
+    T_EQ_I64(lock_acquire_send(rc, &aop, key, OWNER_B, LEASE), LOCK_OK);
+    T_EQ_I64(idw_recv(rc, &iop, &id), IDW_OK);
+    T_EQ_I64(lock_acquire_recv(rc, &aop, &g), LOCK_BUSY);
+    T_ASSERT(g.ttl_ms > 0 && g.ttl_ms <= LEASE);
+    redisReply *r = T_CMD(rc, "PING");
+    T_ASSERT(r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0);
+    freeReplyObject(r);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_OK);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, &left), LOCK_OK);
+    T_EQ_I64(left, 0);
+    del_lock(key);
+    char icr[64];
+    idw_key("tlockpipe", (int64_t)time(NULL), icr, sizeof icr);
+    r = T_CMD(rc, "DEL %s", icr);
+    freeReplyObject(r);
+}
+
+/* A batch's releases in one round trip: each gets its own outcome, a
+ * non-holder changes nothing, an empty script cache is recovered, and a
+ * retry of the same request returns the first result. */
+static void test_release_many(void)
+{
+    char k1[256], k2[256], k3[256];
+    lock_release_req rq[3];
+    lock_release_item it[3];
+    long left = -1;
+    key_for("many1", k1, sizeof k1);
+    key_for("many2", k2, sizeof k2);
+    key_for("many3", k3, sizeof k3);
+
+    for (int flush = 0; flush < 2; flush++) {
+        T_EQ_I64(lock_try_acquire(rc, k1, OWNER_A, LEASE, NULL), LOCK_OK);
+        T_EQ_I64(lock_try_acquire(rc, k2, OWNER_B, LEASE, NULL), LOCK_OK);
+        T_EQ_I64(lock_try_acquire(rc, k2, OWNER_B, LEASE, NULL), LOCK_OK);   /* depth 2 */
+        T_EQ_I64(lock_try_acquire(rc, k3, OWNER_C, LEASE, NULL), LOCK_OK);
+        if (flush) {
+            redisReply *r = T_CMD(rc, "SCRIPT FLUSH");
+            freeReplyObject(r);
+        }
+        for (int i = 0; i < 3; i++)
+            lock_release_req_init(&rq[i]);
+        it[0] = (lock_release_item){ .key = k1, .owner = OWNER_A, .lease_ms = LEASE, .rq = &rq[0] };
+        it[1] = (lock_release_item){ .key = k2, .owner = OWNER_B, .lease_ms = LEASE, .rq = &rq[1] };
+        it[2] = (lock_release_item){ .key = k3, .owner = OWNER_A, .lease_ms = LEASE, .rq = &rq[2] };
+        lock_release_many(rc, it, 3);
+        T_EQ_I64(it[0].st, LOCK_OK);
+        T_EQ_I64(it[1].st, LOCK_OK);
+        T_EQ_I64(it[2].st, LOCK_NOT_OWNER);
+        T_EQ_I64(exists(k1), 0);
+        T_EQ_I64(hget_count(k2, OWNER_B), 1);
+        T_EQ_I64(hget_count(k3, OWNER_C), 1);
+        /* The same request again: the latch answers, nothing is released twice. */
+        T_EQ_I64(lock_release_ex(rc, k2, OWNER_B, LEASE, &rq[1], &left), LOCK_OK);
+        T_EQ_I64(left, 1);
+        T_EQ_I64(hget_count(k2, OWNER_B), 1);
+        T_EQ_I64(lock_release(rc, k2, OWNER_B, LEASE, &left), LOCK_OK);
+        T_EQ_I64(lock_release(rc, k3, OWNER_C, LEASE, &left), LOCK_OK);
+        T_EQ_I64(exists(k2) + exists(k3), 0);
+    }
+    lock_release_many(rc, it, 0);           /* nothing to do, nothing sent */
+    redisReply *r = T_CMD(rc, "PING");
+    T_ASSERT(r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0);
+    freeReplyObject(r);
+    del_lock(k1);
+    del_lock(k2);
+    del_lock(k3);
+}
+
 int main(void)
 {
     char err[256];
@@ -621,6 +718,8 @@ int main(void)
     T_RUN(test_dead_connection_is_err);
     T_RUN(test_release_same_request_twice);
     T_RUN(test_release_retry_after_lost_reply);
+    T_RUN(test_pipelined_acquire_with_id);
+    T_RUN(test_release_many);
     redisFree(rc);
     return t_done();
 }

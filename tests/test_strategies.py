@@ -244,6 +244,17 @@ def batched_sells_exactly_the_stock_across_two_instances():
         in_db = {row[0] for row in psql(f"SELECT id FROM tb_voucher_order WHERE voucher_id = {vid}")}
         if ids != in_db:
             fail("order ids answered with 200 differ from the ids in the database")
+        # Every user lock was released (the leader releases its batch's in
+        # one round trip): none left in Redis, none released twice or late.
+        left_locks = [k for k in ss.redis(["--scan", "--pattern", "lock:order:91*"]).split()
+                      if 9_100_000 <= int(k.rsplit(":", 1)[1]) < 9_100_000 + 3 * STOCK]
+        figures = [srv.get("/stats").body["lock"] for srv in (a, b)]
+        acquired = sum(f["acquired"] for f in figures)
+        released = sum(f["released"] for f in figures)
+        if left_locks or acquired < STOCK or released != acquired \
+                or any(f["notOwnerReleases"] or f["errors"] for f in figures):
+            fail(f"batched: locks left {left_locks[:3]} ({len(left_locks)}), acquired {acquired} "
+                 f"(sold out after {STOCK}), released {released}, figures {figures}")
         # A single-user storm: exactly one order.
         vid2 = create_voucher(a, 10)
         res = ss.run_concurrently(lambda i: (a if i % 2 else b).port, [[777001] * 4] * 50,
