@@ -77,6 +77,9 @@ static const option_def options[] = {
       "per-user lock: none, local, setnx, owner or reentrant (only reentrant is safe)" },
     { "SECKILL_STOCK", "stock", OPT_STOCK, F(stock_strategy), 0, 0, "optimistic",
       "stock deduction: naive, cas, optimistic, pessimistic or batched (naive oversells)" },
+    { "EARLY_LOCK_RELEASE", "early-lock-release", OPT_BOOL, F(early_lock_release), 0, 1, "1",
+      "optimistic: commit without waiting for the WAL flush, so the voucher row is free at once; "
+      "answer only after the flush (0: the row lock is held through the flush)" },
     { "BATCH_MAX", "batch-max", OPT_INT, F(batch_max), 1, 1000, "64",
       "batched: buyers settled in one transaction at most" },
     { "BATCH_WINDOW_US", "batch-window-us", OPT_INT, F(batch_window_us), 0, 1000000, "1000",

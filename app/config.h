@@ -46,9 +46,10 @@ typedef struct config {
     int lock_strategy;          /* enum lock_strategy (SECKILL_LOCK) */
     int stock_strategy;         /* enum stock_strategy (SECKILL_STOCK) */
     int demo_delay_ms;          /* sleep between the reads and the writes (demo only) */
-    int demo_pause_ms;
+    int demo_pause_ms;          /* sleep after taking the lock, before the transaction */
     int batch_max;              /* batched: buyers settled in one transaction at most */
-    int batch_window_us;        /* batched: how long a batch gathers buyers */          /* sleep after taking the lock, before the transaction */
+    int early_lock_release;     /* optimistic: async commit, then wait for the flush */
+    int batch_window_us;        /* batched: how long a batch gathers buyers */
     char instance_uuid[37];     /* random per process; lock owner prefix */
 } config;
 

@@ -61,8 +61,13 @@ static store_status gated_order_create(PGconn *pg, const store_order *o)
     pthread_once(&gates_once, gates_init);
     g = &gates[(uint64_t)o->voucher_id % GATE_STRIPES];
     pthread_mutex_lock(g);
-    st = store_order_create(pg, o);
+    st = g_cfg.early_lock_release ? store_order_create_early(pg, o) : store_order_create(pg, o);
     pthread_mutex_unlock(g);
+    /* Early release: the order is committed and the row already free for
+     * the next buyer; the buyer hears of it once the commit is on disk. Only
+     * a sale needs the wait: a refusal changed nothing. */
+    if (g_cfg.early_lock_release && st == STORE_OK && store_wait_durable(pg) != STORE_OK)
+        st = STORE_UNAVAILABLE;
     return st;
 }
 

@@ -27,7 +27,7 @@ static const statement statements[] = {
      * lock taken by the UPDATE is held only until this statement's commit.
      * The fence row moves only forward; a stale token leaves it and
      * everything else untouched. */
-    { "order_create", 5,
+    { "order_create", 6,
       "WITH fence AS ("
       "    INSERT INTO tb_lock_fence (lock_key, token) SELECT $4::text, $5::bigint"
       "     WHERE $4::text IS NOT NULL"
@@ -44,9 +44,21 @@ static const statement statements[] = {
       "), ins AS ("
       "    INSERT INTO tb_voucher_order (id, user_id, voucher_id)"
       "    SELECT $3, $2, voucher_id FROM upd RETURNING id"
+      "), early AS ("
+      /* $6: this transaction commits without waiting for its WAL flush
+       * (early lock release: the row lock goes at the in-memory commit);
+       * store_wait_durable waits for the flush before anyone is told. */
+      "    SELECT set_config('synchronous_commit', 'off', true) WHERE $6::bool"
       ")"
       "SELECT $4::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fence),"
-      "       EXISTS (SELECT 1 FROM dup), EXISTS (SELECT 1 FROM ins)" },
+      "       EXISTS (SELECT 1 FROM dup), EXISTS (SELECT 1 FROM ins),"
+      "       (SELECT count(*) FROM early)" },
+
+    /* A transaction with an id commits with a commit record, and a
+     * synchronous commit flushes the WAL up to it: so this returns once
+     * every commit before it, ours included, is on disk. Concurrent callers
+     * share one flush (Postgres's group commit). */
+    { "wait_durable", 0, "SELECT pg_current_xact_id()" },
 
     /* The step-by-step transaction of the seed notes (store_order_steps). */
     { "fence_advance", 2,
@@ -220,10 +232,11 @@ cleanup:
     return st;
 }
 
-store_status store_order_create(PGconn *pg, const store_order *o)
+static store_status order_create(PGconn *pg, const store_order *o, int early)
 {
     char v[24], u[24], id[24], tok[24];
-    const char *vals[5] = { v, u, id, o->fence_key, o->fence_key ? tok : NULL };
+    const char *vals[6] = { v, u, id, o->fence_key, o->fence_key ? tok : NULL,
+                            early ? "true" : "false" };
     store_status st;
     PGresult *res;
 
@@ -231,7 +244,7 @@ store_status store_order_create(PGconn *pg, const store_order *o)
     snprintf(u, sizeof u, "%" PRId64, o->user_id);
     snprintf(id, sizeof id, "%" PRId64, o->order_id);
     snprintf(tok, sizeof tok, "%" PRId64, o->fence_token);
-    res = exec(pg, "order_create", 5, vals);
+    res = exec(pg, "order_create", 6, vals);
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
         st = result_error(pg, res, "order_create");
         goto cleanup;
@@ -245,6 +258,27 @@ store_status store_order_create(PGconn *pg, const store_order *o)
     else
         st = STORE_SOLD_OUT;
 cleanup:
+    PQclear(res);
+    return st;
+}
+
+store_status store_order_create(PGconn *pg, const store_order *o)
+{
+    return order_create(pg, o, 0);
+}
+
+store_status store_order_create_early(PGconn *pg, const store_order *o)
+{
+    return order_create(pg, o, 1);
+}
+
+store_status store_wait_durable(PGconn *pg)
+{
+    PGresult *res = exec(pg, "wait_durable", 0, NULL);
+    store_status st = STORE_OK;
+
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+        st = result_error(pg, res, "wait_durable");
     PQclear(res);
     return st;
 }

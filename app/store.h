@@ -47,6 +47,18 @@ typedef struct store_order {
  * violation rolls all of it back and reads as STORE_DUPLICATE. */
 store_status store_order_create(PGconn *pg, const store_order *o);
 
+/* Early lock release: the same statement, committed without waiting for
+ * its WAL flush, so the voucher row is free for the next buyer while this
+ * one's commit is still being written (a hot row otherwise sells one order
+ * per fsync). The outcome is visible to others at once but not yet
+ * durable: before telling anyone STORE_OK, call store_wait_durable. A
+ * crash in between loses the order and its deduction together. */
+store_status store_order_create_early(PGconn *pg, const store_order *o);
+
+/* Returns once every transaction committed before the call, on any
+ * session, is flushed to disk (STORE_OK), or STORE_UNAVAILABLE. */
+store_status store_wait_durable(PGconn *pg);
+
 /* The same order as the seed notes write it, one statement per step in an
  * explicit transaction, with the stock step of 'strategy' (naive and cas
  * read the stock, check it in C and write a value back). 'delay_ms' sleeps

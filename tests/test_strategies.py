@@ -221,6 +221,45 @@ def fencing_refuses_a_holder_that_stalled_past_its_lease():
             fresh.stop_ok()
 
 
+def pg_calls(srv):
+    """Postgres calls made by the instance so far (from /metrics)."""
+    for line in srv.get("/metrics").raw.decode().splitlines():
+        if line.startswith("seckill_backend_call_duration_seconds_count{") \
+                and 'backend="postgres"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    fail("no Postgres call count in /metrics")
+
+
+@test
+def early_lock_release_answers_a_sale_only_after_the_flush():
+    """EARLY_LOCK_RELEASE=1 (the default) commits the order without waiting
+    for the WAL flush, then waits for the flush in a second call before the
+    200; a refusal changed nothing and needs no wait. =0 is one call."""
+    for early, sale_calls in (("1", 2), ("0", 1)):
+        srv = ss.Server(f"strat-elr{early}", {"ADMIN_TOKEN": TOKEN, "THREADS": 1,
+                                              "EARLY_LOCK_RELEASE": early})
+        try:
+            vid = create_voucher(srv, 2)
+            base = 9_300_000 + 10 * int(early)
+            if srv.seckill(vid, base).status != 200:      # warms the voucher cache
+                fail(f"EARLY_LOCK_RELEASE={early}: first sale refused")
+            before = pg_calls(srv)
+            r = srv.seckill(vid, base + 1)
+            sale = pg_calls(srv) - before
+            before = pg_calls(srv)
+            r2 = srv.seckill(vid, base + 2)
+            refusal = pg_calls(srv) - before
+            if r.status != 200 or (r2.status, r2.body.get("error")) != (409, "sold_out"):
+                fail(f"EARLY_LOCK_RELEASE={early}: {r.status} then {r2.status} {r2.body}")
+            if (sale, refusal) != (sale_calls, 1):
+                fail(f"EARLY_LOCK_RELEASE={early}: a sale made {sale} Postgres calls "
+                     f"(want {sale_calls}), a refusal {refusal} (want 1)")
+            if db_state(vid) != (2, 0, 0):
+                fail(f"EARLY_LOCK_RELEASE={early}: db (orders, stock, dups) {db_state(vid)}")
+        finally:
+            srv.stop_ok()
+
+
 @test
 def batched_sells_exactly_the_stock_across_two_instances():
     env = {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "batched", "THREADS": 32, "LOG_LEVEL": "warn"}
