@@ -53,21 +53,29 @@ static void gates_init(void)
         pthread_mutex_init(&gates[i], NULL);
 }
 
-static store_status gated_order_create(PGconn *pg, const store_order *o)
+static store_status gated_order_create(conn_set *cs, PGconn *pg, const store_order *o)
 {
     pthread_mutex_t *g;
+    store_early e;
     store_status st;
 
     pthread_once(&gates_once, gates_init);
     g = &gates[(uint64_t)o->voucher_id % GATE_STRIPES];
+    if (!g_cfg.early_lock_release) {
+        pthread_mutex_lock(g);
+        st = store_order_create(pg, o);
+        pthread_mutex_unlock(g);
+        return st;
+    }
+    /* Early release: the gate covers the order's commit only; the wait for
+     * its flush, sent in the same round trip, runs outside it, so the next
+     * buyer's statement overlaps this one's fsync. */
     pthread_mutex_lock(g);
-    st = g_cfg.early_lock_release ? store_order_create_early(pg, o) : store_order_create(pg, o);
+    st = store_order_send_early(pg, o, &e);
     pthread_mutex_unlock(g);
-    /* Early release: the order is committed and the row already free for
-     * the next buyer; the buyer hears of it once the commit is on disk. Only
-     * a sale needs the wait: a refusal changed nothing. */
-    if (g_cfg.early_lock_release && st == STORE_OK && store_wait_durable(pg) != STORE_OK)
-        st = STORE_UNAVAILABLE;
+    st = store_order_finish_early(pg, &e, st);
+    if (PQpipelineStatus(pg) != PQ_PIPELINE_OFF)
+        conn_pg_broken(cs);
     return st;
 }
 
@@ -308,7 +316,7 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
         } else if (g_cfg.stock_strategy == STOCKS_BATCHED)
             st = batch_settle(cs, &o, NULL);
         else if (g_cfg.stock_strategy == STOCKS_OPTIMISTIC && g_cfg.demo_delay_ms == 0)
-            st = gated_order_create(pg, &o);
+            st = gated_order_create(cs, pg, &o);
         else
             st = store_order_steps(pg, &o, (enum stock_strategy)g_cfg.stock_strategy,
                                    g_cfg.demo_delay_ms);

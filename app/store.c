@@ -47,18 +47,22 @@ static const statement statements[] = {
       "), early AS ("
       /* $6: this transaction commits without waiting for its WAL flush
        * (early lock release: the row lock goes at the in-memory commit);
-       * store_wait_durable waits for the flush before anyone is told. */
+       * the wait_durable behind it waits for the flush before anyone is
+       * told (store_order_send_early). */
       "    SELECT set_config('synchronous_commit', 'off', true) WHERE $6::bool"
       ")"
       "SELECT $4::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fence),"
       "       EXISTS (SELECT 1 FROM dup), EXISTS (SELECT 1 FROM ins),"
       "       (SELECT count(*) FROM early)" },
 
-    /* A transaction with an id commits with a commit record, and a
-     * synchronous commit flushes the WAL up to it: so this returns once
-     * every commit before it, ours included, is on disk. Concurrent callers
+    /* A transaction that wrote WAL commits synchronously: its commit flushes
+     * the WAL up to its own commit record, so this returns once every commit
+     * before it, ours included, is on disk (and replicated, where
+     * synchronous_standby_names asks for it). A transactional logical message
+     * is the smallest such write (no table, no row: no contention); without
+     * a write Postgres would commit it asynchronously. Concurrent callers
      * share one flush (Postgres's group commit). */
-    { "wait_durable", 0, "SELECT pg_current_xact_id()" },
+    { "wait_durable", 0, "SELECT pg_logical_emit_message(true, 'seckill.durable', '')" },
 
     /* The step-by-step transaction of the seed notes (store_order_steps). */
     { "fence_advance", 2,
@@ -232,54 +236,131 @@ cleanup:
     return st;
 }
 
-static store_status order_create(PGconn *pg, const store_order *o, int early)
-{
+/* The order statement's parameters, as text. */
+typedef struct order_params {
     char v[24], u[24], id[24], tok[24];
-    const char *vals[6] = { v, u, id, o->fence_key, o->fence_key ? tok : NULL,
-                            early ? "true" : "false" };
-    store_status st;
-    PGresult *res;
+    const char *vals[6];
+} order_params;
 
-    snprintf(v, sizeof v, "%" PRId64, o->voucher_id);
-    snprintf(u, sizeof u, "%" PRId64, o->user_id);
-    snprintf(id, sizeof id, "%" PRId64, o->order_id);
-    snprintf(tok, sizeof tok, "%" PRId64, o->fence_token);
-    res = exec(pg, "order_create", 6, vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-        st = result_error(pg, res, "order_create");
-        goto cleanup;
-    }
+static void order_params_fill(order_params *p, const store_order *o, int early)
+{
+    snprintf(p->v, sizeof p->v, "%" PRId64, o->voucher_id);
+    snprintf(p->u, sizeof p->u, "%" PRId64, o->user_id);
+    snprintf(p->id, sizeof p->id, "%" PRId64, o->order_id);
+    snprintf(p->tok, sizeof p->tok, "%" PRId64, o->fence_token);
+    p->vals[0] = p->v;
+    p->vals[1] = p->u;
+    p->vals[2] = p->id;
+    p->vals[3] = o->fence_key;
+    p->vals[4] = o->fence_key ? p->tok : NULL;
+    p->vals[5] = early ? "true" : "false";
+}
+
+/* The order statement's answer (does not free 'res'). */
+static store_status order_result(PGconn *pg, const PGresult *res)
+{
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+        return result_error(pg, (PGresult *)res, "order_create");
     if (PQgetvalue(res, 0, 0)[0] == 't')
-        st = STORE_STALE_TOKEN;
-    else if (PQgetvalue(res, 0, 1)[0] == 't')
-        st = STORE_DUPLICATE;
-    else if (PQgetvalue(res, 0, 2)[0] == 't')
-        st = STORE_OK;
-    else
-        st = STORE_SOLD_OUT;
-cleanup:
-    PQclear(res);
-    return st;
+        return STORE_STALE_TOKEN;
+    if (PQgetvalue(res, 0, 1)[0] == 't')
+        return STORE_DUPLICATE;
+    if (PQgetvalue(res, 0, 2)[0] == 't')
+        return STORE_OK;
+    return STORE_SOLD_OUT;
 }
 
 store_status store_order_create(PGconn *pg, const store_order *o)
 {
-    return order_create(pg, o, 0);
-}
+    order_params p;
+    PGresult *res;
+    store_status st;
 
-store_status store_order_create_early(PGconn *pg, const store_order *o)
-{
-    return order_create(pg, o, 1);
-}
-
-store_status store_wait_durable(PGconn *pg)
-{
-    PGresult *res = exec(pg, "wait_durable", 0, NULL);
-    store_status st = STORE_OK;
-
-    if (PQresultStatus(res) != PGRES_TUPLES_OK)
-        st = result_error(pg, res, "wait_durable");
+    order_params_fill(&p, o, 0);
+    res = exec(pg, "order_create", 6, p.vals);
+    st = order_result(pg, res);
     PQclear(res);
+    return st;
+}
+
+/* Reads the results of one pipeline segment (a statement and its Sync):
+ * returns the statement's first result (caller clears; NULL when none came)
+ * and sets *synced when the Sync was reached. Two NULLs in a row mean the
+ * connection has nothing more to give (it broke). */
+static PGresult *segment_read(PGconn *pg, int *synced)
+{
+    PGresult *first = NULL, *r;
+    int nulls = 0;
+
+    *synced = 0;
+    while (nulls < 2) {
+        if ((r = PQgetResult(pg)) == NULL) {
+            nulls++;
+            continue;
+        }
+        nulls = 0;
+        if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+            PQclear(r);
+            *synced = 1;
+            break;
+        }
+        if (first == NULL)
+            first = r;
+        else
+            PQclear(r);
+    }
+    return first;
+}
+
+store_status store_order_send_early(PGconn *pg, const store_order *o, store_early *e)
+{
+    order_params p;
+    PGresult *res;
+    int synced;
+    store_status st;
+
+    memset(e, 0, sizeof *e);
+    order_params_fill(&p, o, 1);
+    e->t0 = util_mono_us();
+    if (!PQenterPipelineMode(pg))
+        return result_error(pg, NULL, "order_create (pipeline)");
+    /* Two segments, each with its own Sync, hence its own transaction: the
+     * order commits (without waiting for the flush) before the wait runs. */
+    if (PQsendQueryPrepared(pg, "order_create", 6, p.vals, NULL, NULL, 0) && PQpipelineSync(pg)) {
+        e->segments = 1;
+        if (PQsendQueryPrepared(pg, "wait_durable", 0, NULL, NULL, NULL, 0) && PQpipelineSync(pg))
+            e->segments = 2;
+    }
+    if (e->segments == 0)
+        return result_error(pg, NULL, "order_create (pipeline)");
+    res = segment_read(pg, &synced);
+    e->read = 1;
+    metrics_backend(METRICS_PG, util_mono_us() - e->t0, synced);
+    st = synced ? order_result(pg, res) : result_error(pg, res, "order_create");
+    PQclear(res);
+    return st;
+}
+
+store_status store_order_finish_early(PGconn *pg, store_early *e, store_status st)
+{
+    PGresult *res = NULL;
+    int synced = 0;
+    int64_t t0 = util_mono_us();
+
+    if (e->segments == 2 && e->read == 1) {
+        res = segment_read(pg, &synced);
+        metrics_backend(METRICS_PG, util_mono_us() - t0, synced);
+        if (st == STORE_OK && (!synced || PQresultStatus(res) != PGRES_TUPLES_OK))
+            st = result_error(pg, res, "wait_durable");
+        PQclear(res);
+    } else if (st == STORE_OK) {
+        st = STORE_UNAVAILABLE;                  /* the wait was never sent */
+    }
+    if (PQpipelineStatus(pg) != PQ_PIPELINE_OFF && !PQexitPipelineMode(pg)) {
+        log_warn("store: cannot leave pipeline mode: %s", PQerrorMessage(pg));
+        if (st == STORE_OK)
+            st = STORE_UNAVAILABLE;
+    }
     return st;
 }
 

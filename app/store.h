@@ -47,17 +47,26 @@ typedef struct store_order {
  * violation rolls all of it back and reads as STORE_DUPLICATE. */
 store_status store_order_create(PGconn *pg, const store_order *o);
 
-/* Early lock release: the same statement, committed without waiting for
- * its WAL flush, so the voucher row is free for the next buyer while this
- * one's commit is still being written (a hot row otherwise sells one order
- * per fsync). The outcome is visible to others at once but not yet
- * durable: before telling anyone STORE_OK, call store_wait_durable. A
- * crash in between loses the order and its deduction together. */
-store_status store_order_create_early(PGconn *pg, const store_order *o);
+/* Early lock release, in one round trip. store_order_send_early sends the
+ * same statement, committed without waiting for its WAL flush, and behind
+ * it a wait for that flush; it returns the order's outcome as soon as its
+ * commit is done, so the voucher row is free for the next buyer while this
+ * commit is still being written (a hot row otherwise sells one order per
+ * fsync). The outcome is visible to others at once but not yet durable:
+ * store_order_finish_early (call it exactly once after every send, with
+ * the send's status) reads the wait and returns the status to answer with:
+ * STORE_OK only once the commit is on disk, else STORE_UNAVAILABLE. A
+ * crash in between loses the order and its deduction together. If the
+ * connection is left in pipeline mode (PQpipelineStatus) it must be
+ * re-opened. */
+typedef struct store_early {
+    int segments;             /* statements sent, each with its Sync */
+    int read;                 /* segments read */
+    int64_t t0;
+} store_early;
 
-/* Returns once every transaction committed before the call, on any
- * session, is flushed to disk (STORE_OK), or STORE_UNAVAILABLE. */
-store_status store_wait_durable(PGconn *pg);
+store_status store_order_send_early(PGconn *pg, const store_order *o, store_early *e);
+store_status store_order_finish_early(PGconn *pg, store_early *e, store_status st);
 
 /* The same order as the seed notes write it, one statement per step in an
  * explicit transaction, with the stock step of 'strategy' (naive and cas

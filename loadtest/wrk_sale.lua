@@ -9,6 +9,7 @@
 --   WRK_USER_BASE  first user id block (default 1000000000)
 --   WRK_IDS_FILE   write the orderId of every 200 answer there, one a line
 --   WRK_SUMMARY    write a JSON summary there (statuses, latency percentiles, ...)
+--   WRK_DELAY_MS   pace: wait this long between an answer and the next request
 -- The summary line "wrk-statuses: 200=N 409=M ..." is printed in any case.
 
 local threads = {}
@@ -26,6 +27,16 @@ function init(args)
    statuses = {}
    ids = {}
    bad_bodies = 0
+end
+
+-- WRK_DELAY_MS: each connection waits this long after an answer before its
+-- next request: a paced, moderate load, to read latency without the queue of
+-- a saturated closed loop (wrk leaves the wait out of the latency).
+local pace = tonumber(os.getenv("WRK_DELAY_MS") or "")
+if pace and pace > 0 then
+   function delay()
+      return pace
+   end
 end
 
 function request()
