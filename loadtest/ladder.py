@@ -572,7 +572,7 @@ class Ladder:
         offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
 
         requests, seconds, errors, times = self.drive(step, step_dir, user)
-        time.sleep(0.3)                          # nginx writes its log line after answering
+        time.sleep(1.3)                          # nginx flushes its buffered log every second
 
         statuses, ok_by, req_by = self.access_log_slice(offset, step_dir)
         timeline, tl_source = self.step_timeline(step, step_dir)
