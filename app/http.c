@@ -15,6 +15,8 @@
 #include <strings.h>
 #include <time.h>
 
+#define HTTP_POOL_BYTES (32 * 1024)   /* per connection: request line + headers */
+
 static struct MHD_Daemon *daemon_handle;
 static const http_route *route_table;
 static size_t route_count;
@@ -418,7 +420,10 @@ int http_start(const http_route *routes, size_t nroutes)
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)g_cfg.threads,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)g_cfg.max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g_cfg.conn_timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
+        /* Request line and headers must fit; nginx in front allows 4 x 8 KiB.
+         * MHD zeroes this pool on every keep-alive request and keeps one per
+         * connection, so it is kept no larger than that. */
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_POOL_BYTES,
         MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
         MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
