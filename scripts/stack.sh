@@ -40,6 +40,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/pg-lib.sh
+. "$ROOT/scripts/pg-lib.sh"
 RUN_DIR=${RUN_DIR:-$ROOT/.run}
 case "$RUN_DIR" in /*) ;; *) RUN_DIR="$PWD/$RUN_DIR" ;; esac
 RUN_DIR=${RUN_DIR%/}
@@ -187,30 +189,12 @@ require_free_port() {
 
 is_port() { [[ "$1" =~ ^[0-9]+$ ]] && (($1 > 0 && $1 < 65536)); }
 
-find_pg_bin() {
-    if [[ -n "${PG_BIN:-}" ]]; then echo "$PG_BIN"; return; fi
-    if [[ -x /usr/lib/postgresql/15/bin/initdb ]]; then echo /usr/lib/postgresql/15/bin; return; fi
-    local d
-    d=$(printf '%s\n' /usr/lib/postgresql/*/bin | grep -v '\*' | sort -V | tail -n 1 || true)
-    [[ -n "$d" ]] || die "no Postgres server binaries in /usr/lib/postgresql (run 'make deps')"
-    echo "$d"
-}
-
 find_nginx() {
     local n
     n=$(command -v nginx 2>/dev/null || true)
     [[ -n "$n" ]] || { [[ -x /usr/sbin/nginx ]] && n=/usr/sbin/nginx; }
     [[ -n "$n" ]] || die "nginx not found (run 'make deps')"
     echo "$n"
-}
-
-# Runs a Postgres binary as 'postgres' when we are root (initdb refuses root).
-as_pg() {
-    if [[ $(id -u) -eq 0 ]]; then
-        runuser -u postgres -- "$@"
-    else
-        "$@"
-    fi
 }
 
 # Waits up to STACK_TIMEOUT seconds for the command to succeed; PID (optional)

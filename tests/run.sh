@@ -23,6 +23,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
+# shellcheck source=scripts/pg-lib.sh
+. "$ROOT/scripts/pg-lib.sh"
 BUILD=${BUILD:-build}
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 FILTER=${1:-}
@@ -121,31 +123,6 @@ EOF
             fi
         done
         ((found == n)) || die "no free ports"
-    fi
-}
-
-find_pg_bin() {
-    if [[ -n "${PG_BIN:-}" ]]; then
-        echo "$PG_BIN"
-        return
-    fi
-    if [[ -x /usr/lib/postgresql/15/bin/initdb ]]; then
-        echo /usr/lib/postgresql/15/bin
-        return
-    fi
-    local d
-    d=$(printf '%s\n' /usr/lib/postgresql/*/bin | grep -v '\*' | sort -V | tail -n 1 || true)
-    [[ -n "$d" ]] || die "no Postgres server binaries in /usr/lib/postgresql (apt-get install postgresql)"
-    echo "$d"
-}
-
-# Runs a Postgres server binary as the 'postgres' user when we are root
-# (initdb and postgres refuse to run as root), directly otherwise.
-as_pg() {
-    if [[ $(id -u) -eq 0 ]]; then
-        runuser -u postgres -- "$@"
-    else
-        "$@"
     fi
 }
 
