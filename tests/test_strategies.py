@@ -152,14 +152,19 @@ def naive_oversells_and_cas_and_optimistic_do_not():
 @test
 def no_lock_sells_twice_to_one_user_without_the_constraint():
     srv = ss.Server("storm-none", {"ADMIN_TOKEN": TOKEN, "SECKILL_LOCK": "none",
-                                   "DEMO_DELAY_MS": 30, "THREADS": 16, "LOG_LEVEL": "warn"})
+                                   "DEMO_DELAY_MS": 100, "THREADS": 16, "LOG_LEVEL": "warn"})
     try:
+        # Every worker opens its Postgres and Redis connections on first use:
+        # warm them all first, or (under a sanitizer, on a busy machine) the
+        # storm's first order commits while the others are still connecting.
+        crowd(srv, create_voucher(srv, 200), list(range(4_242_000, 4_242_200)))
         with without_unique():
             vid = create_voucher(srv, 50)
-            crowd(srv, vid, [4242] * 100)
+            statuses = crowd(srv, vid, [4242] * 100)
             orders, _left, dups = db_state(vid)
         if not (orders > 1 and dups == 1):
-            fail(f"lock=none under a single-user storm: orders {orders}, duplicate users {dups}")
+            fail(f"lock=none under a single-user storm: orders {orders}, duplicate users {dups}, "
+                 f"answers {statuses}")
     finally:
         srv.stop_ok()
 
@@ -259,21 +264,25 @@ def early_lock_release_frees_the_row_before_the_flush_and_answers_after_it():
         try:
             vid = create_voucher(srv, 10)
             base = 9_300_000 + 10 * int(early)
+            # Six buyers: libmicrohttpd binds a connection to one worker thread,
+            # and a buyer waiting for the flush holds its thread, so two buyers
+            # on one thread would queue; six on 8 threads reach at least two.
             with flush_blocked():
-                for uid in (base, base + 1):
+                for uid in range(base, base + 6):
                     threads.append(buy_in_background(srv, vid, uid, answers))
                 time.sleep(1.5)
                 orders, stock, _ = db_state(vid)
                 if answers:
                     fail(f"EARLY_LOCK_RELEASE={early}: answered before its commit was durable: "
                          f"{[(r.status, r.body) for r in answers]}")
-                want = (2, 8) if early == "1" else (0, 10)
-                if (orders, stock) != want:
+                ok = 2 <= orders <= 6 and stock == 10 - orders if early == "1" \
+                    else (orders, stock) == (0, 10)
+                if not ok:
                     fail(f"EARLY_LOCK_RELEASE={early}: while the flush waits, orders/stock "
-                         f"{orders}/{stock}, want {want[0]}/{want[1]}")
+                         f"{orders}/{stock}, want " + ("2..6 committed" if early == "1" else "0/10"))
             for t in threads:
                 t.join(15)
-            if sorted(r.status for r in answers) != [200, 200] or db_state(vid) != (2, 8, 0):
+            if sorted(r.status for r in answers) != [200] * 6 or db_state(vid) != (6, 4, 0):
                 fail(f"EARLY_LOCK_RELEASE={early}: after the wait {[(r.status, r.body) for r in answers]},"
                      f" db {db_state(vid)}")
         finally:
