@@ -7,6 +7,10 @@
 #                     print the table with ratios, write build/bench.json, stop
 #                     everything. Exit 1 on an invariant violation only.
 #   make stop-bench   stop a stack left running by BENCH_KEEP=1 make bench
+#   make bench-ab AB="'EARLY_LOCK_RELEASE=0' 'EARLY_LOCK_RELEASE=1'"
+#                     instance settings compared on one stack, interleaved
+#                     round by round (loadtest/bench_ab.py: AB_ROUNDS,
+#                     AB_SECONDS, AB_CONNECTIONS, AB_STOCK)
 #
 #   BENCH_LONG=0      skip the 60 s / 256-connection sale (about a minute less)
 #   BENCH_REPEAT=3    three rounds of the short runs, medians in the table
@@ -14,7 +18,7 @@
 
 BENCH_RUN_DIR ?= $(abspath $(BUILD))/bench-run
 
-.PHONY: bench stop-bench
+.PHONY: bench stop-bench bench-ab
 
 bench: all
 	@BENCH_RUN_DIR=$(BENCH_RUN_DIR) BENCH_JSON=$${BENCH_JSON:-$(abspath $(BUILD))/bench.json} \
@@ -22,3 +26,8 @@ bench: all
 
 stop-bench:
 	@RUN_DIR=$(BENCH_RUN_DIR) scripts/stack.sh stop
+
+bench-ab: all
+	@test -n "$(AB)" || { echo "usage: make bench-ab AB=\"'VAR=a' 'VAR=b'\"" >&2; exit 2; }
+	@BENCH_RUN_DIR=$${BENCH_RUN_DIR:-$(abspath $(BUILD))/bench-ab-run} \
+	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench_ab.py $(AB)

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""make bench-ab: two or more instance settings compared on one stack.
+
+  python3 loadtest/bench_ab.py 'EARLY_LOCK_RELEASE=0' 'EARLY_LOCK_RELEASE=1'
+  AB_STOCK=batched python3 loadtest/bench_ab.py 'THREADS=16' 'THREADS=48'
+
+Each argument is one setting: space-separated VAR=value pairs for the two
+instances (any server variable, or SECKILL_BIN=<another build>). On this
+machine one run of a setting moves by up to half with the neighbours' load,
+so settings are never compared across runs: the tool starts one private
+stack (make bench's: durable Postgres, Redis, 2 instances, nginx, in
+build/bench-ab-run), then runs the settings in turn, round after round
+(A B A B A B), each time restarting the instances with that setting and
+running make bench's sale (a fresh voucher, warm-up, VACUUM + CHECKPOINT, a
+wrk sale to distinct users, the invariants checked). It prints, per setting,
+the median orders/s and the median CPU milliseconds per order of every
+process of the stack, and writes them to AB_JSON.
+
+Environment (all optional):
+  AB_ROUNDS        rounds (default 3)
+  AB_SECONDS       length of each sale (default 6)
+  AB_CONNECTIONS   wrk connections (default 64)
+  AB_STOCK         the stock strategy of every setting unless it names its own
+                   (default optimistic)
+  AB_JSON          results file (default <repo>/build/bench-ab.json)
+  BENCH_RUN_DIR    the stack's run directory (default <repo>/build/bench-ab-run)
+An invariant violation makes it exit 1.
+"""
+
+import json
+import os
+import signal
+import statistics
+import sys
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench  # noqa: E402
+
+
+def parse_setting(text):
+    env = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if not sep or not key.replace("_", "").isalnum() or not key[0].isalpha():
+            raise bench.BenchError(f"setting {text!r}: {item!r} is not VAR=value")
+        env[key] = value
+    return env
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else 2
+    rounds = bench.env_int("AB_ROUNDS", 3)
+    seconds = bench.env_int("AB_SECONDS", 6)
+    conns = bench.env_int("AB_CONNECTIONS", 64)
+    stock = os.environ.get("AB_STOCK", "optimistic")
+    out = os.environ.get("AB_JSON") or os.path.join(bench.ROOT, "build", "bench-ab.json")
+    os.environ.setdefault("BENCH_RUN_DIR", os.path.join(bench.ROOT, "build", "bench-ab-run"))
+    os.environ["BENCH_SECONDS"] = str(seconds)
+    try:
+        settings = [parse_setting(a) for a in args]
+    except bench.BenchError as e:
+        bench.log(f"error: {e}")
+        return 2
+    for s in settings:
+        s.setdefault("SECKILL_STOCK", stock)
+        if "SECKILL_BIN" in s:
+            s["SECKILL_BIN"] = os.path.abspath(s["SECKILL_BIN"])
+    keys = set().union(*settings)
+    # Postgres's max_connections is sized from the most threads any setting asks.
+    threads = [int(s["THREADS"]) for s in settings if s.get("THREADS", "").isdigit()]
+    if threads:
+        os.environ["BENCH_BATCH_THREADS"] = str(max(threads + [16]))
+
+    b = bench.Bench()
+
+    def on_signal(signum, _frame):
+        raise bench.Interrupted(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    runs = {a: [] for a in args}
+    rc = 0
+    try:
+        os.makedirs(b.run_dir, exist_ok=True)
+        b.tmp = bench.tempfile.mkdtemp(prefix="bench-ab.", dir=b.run_dir)
+        b.stack.start()
+        for r in range(1, rounds + 1):
+            for text, s in zip(args, settings):
+                # What another setting set and this one does not name goes back
+                # to the stack's default.
+                b.stack.restart_instances(s, unset=keys - set(s))
+                res = b.sale(f"round {r}, {text}", conns, seconds)
+                cpu = res["cpuMsPerOrder"] or {}
+                runs[text].append({"ordersPerSec": res["ordersPerSec"], "cpuMsPerOrder": cpu,
+                                   "p99Ms": res["wrk"]["p99Ms"]})
+    except (bench.BenchError, bench.Interrupted) as e:
+        bench.log(f"error: {e}")
+        rc = 2
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        b.cleanup()
+    if b.violations:
+        rc = 1
+    summary = []
+    cols = ("seckill", "nginx", "postgres", "redis", "loadTool", "interrupts")
+    print(f"\n== make bench-ab: {rounds} round(s), {seconds} s sales at {conns} connections, medians\n")
+    print(f"{'setting':<48} {'orders/s':>9}  CPU ms per order: " + " ".join(f"{c[:8]:>8}" for c in cols)
+          + f" {'total':>7}")
+    for text in args:
+        rs = runs[text]
+        if not rs:
+            continue
+        med = {"ordersPerSec": statistics.median(x["ordersPerSec"] for x in rs),
+               "p99Ms": statistics.median(x["p99Ms"] for x in rs),
+               "cpuMsPerOrder": {c: statistics.median(x["cpuMsPerOrder"].get(c, 0) for x in rs)
+                                 for c in cols}}
+        med["cpuMsPerOrder"]["total"] = round(sum(med["cpuMsPerOrder"].values()), 3)
+        summary.append({"setting": text, "runs": rs, "median": med})
+        print(f"{text[:48]:<48} {med['ordersPerSec']:>9,.0f}  {'':17} "
+              + " ".join(f"{med['cpuMsPerOrder'][c]:>8.3f}" for c in cols)
+              + f" {med['cpuMsPerOrder']['total']:>7.3f}")
+    print(f"\ninvariants: {'VIOLATED' if b.violations else 'hold after every sale'}")
+    with open(out, "w") as f:
+        json.dump({"rounds": rounds, "seconds": seconds, "connections": conns,
+                   "settings": summary, "violations": b.violations}, f, indent=2)
+    print(f"results: {out}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
