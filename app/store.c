@@ -61,8 +61,12 @@ static const statement statements[] = {
      * synchronous_standby_names asks for it). A transactional logical message
      * is the smallest such write (no table, no row: no contention); without
      * a write Postgres would commit it asynchronously. Concurrent callers
-     * share one flush (Postgres's group commit). */
-    { "wait_durable", 0, "SELECT pg_logical_emit_message(true, 'seckill.durable', '')" },
+     * share one flush (Postgres's group commit). Only when order $1 exists:
+     * a refusal wrote nothing that needs waiting for, and then this writes
+     * nothing either and returns without a flush. */
+    { "wait_durable", 1,
+      "SELECT pg_logical_emit_message(true, 'seckill.durable', '')"
+      " WHERE EXISTS (SELECT 1 FROM tb_voucher_order WHERE id = $1)" },
 
     /* The step-by-step transaction of the seed notes (store_order_steps). */
     { "fence_advance", 2,
@@ -328,7 +332,8 @@ store_status store_order_send_early(PGconn *pg, const store_order *o, store_earl
      * order commits (without waiting for the flush) before the wait runs. */
     if (PQsendQueryPrepared(pg, "order_create", 6, p.vals, NULL, NULL, 0) && PQpipelineSync(pg)) {
         e->segments = 1;
-        if (PQsendQueryPrepared(pg, "wait_durable", 0, NULL, NULL, NULL, 0) && PQpipelineSync(pg))
+        if (PQsendQueryPrepared(pg, "wait_durable", 1, &p.vals[2], NULL, NULL, 0) &&
+            PQpipelineSync(pg))
             e->segments = 2;
     }
     if (e->segments == 0)
