@@ -44,7 +44,10 @@ static const option_def options[] = {
     { "REDIS_URL", "redis-url", OPT_STR, F(redis_url_text), 0, 0, "redis://127.0.0.1:6379",
       "redis://[[user]:password@]host[:port][/db]" },
     { "THREADS", "threads", OPT_INT, F(threads), 1, 256, "8",
-      "HTTP worker threads; each owns one Redis and one Postgres connection" },
+      "worker threads for requests that need Redis or Postgres; each owns one connection to each" },
+    { "IO_THREADS", "io-threads", OPT_INT, F(io_threads), 1, 64, "2",
+      "HTTP event threads: read requests, answer what memory can (sold out, bad input), "
+      "hand the rest to the workers" },
     { "MAX_CONNECTIONS", "max-connections", OPT_INT, F(max_connections), 1, 100000, "1024",
       "open HTTP connections at most" },
     { "CONN_TIMEOUT_S", "conn-timeout", OPT_INT, F(conn_timeout_s), 1, 3600, "15",

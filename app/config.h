@@ -27,7 +27,8 @@ typedef struct config {
     char pg_dsn[1024];          /* empty: libpq reads PGHOST, PGPORT, ... */
     char redis_url_text[512];
     redis_url redis;
-    int threads;                /* MHD worker threads, each with its own connections */
+    int threads;                /* worker threads, each with its own connections */
+    int io_threads;             /* libmicrohttpd event threads: never block on Redis/Postgres */
     int max_connections;
     int conn_timeout_s;         /* idle HTTP connection timeout */
     long max_body;              /* bytes; larger bodies get 413 */

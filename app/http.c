@@ -1,4 +1,5 @@
-/* http: libmicrohttpd daemon, body collection, routing, responses. */
+/* http: libmicrohttpd daemon, body collection, routing, responses, and the
+ * hand-off of blocking requests to the worker pool. */
 #include "http.h"
 #include "config.h"
 #include "log.h"
@@ -8,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,17 @@ static struct MHD_Daemon *daemon_handle;
 static const http_route *route_table;
 static size_t route_count;
 static _Atomic int in_flight;
+
+/* The work queue: requests suspended by the event threads, FIFO, taken by
+ * the workers. 'closing': answer what is still queued with 503 at once. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t ready;
+    http_req *head, *tail;
+    int closing, stop;
+    pthread_t *threads;
+    int nthreads;
+} wq = { .mu = PTHREAD_MUTEX_INITIALIZER, .ready = PTHREAD_COND_INITIALIZER };
 
 /* Bodies past the limit are drained (so the client reads our 413) up to this
  * many bytes; beyond it the connection is dropped. */
@@ -75,6 +88,16 @@ static enum MHD_Result queue(http_req *r, int status, struct MHD_Response *resp,
         char ra[16];
         snprintf(ra, sizeof ra, "%d", g_cfg.retry_after_s);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+    }
+    if (r->on_worker) {
+        /* The connection is suspended: its event thread queues this at resume. */
+        if (r->held != NULL) {
+            MHD_destroy_response(resp);    /* answered twice: the first one stands */
+            return MHD_NO;
+        }
+        r->status = status;
+        r->held = resp;
+        return MHD_YES;
     }
     r->status = status;
     ret = MHD_queue_response(r->conn, (unsigned)status, resp);
@@ -137,8 +160,6 @@ enum MHD_Result http_send_error(http_req *r, api_err e, const char *message)
 
 /* Matches 'path' against 'pattern' segment by segment; '*' takes one segment
  * (possibly empty) and is returned through arg/arg_len. */
-/* Matches 'path' against 'pattern' segment by segment; '*' takes one segment
- * (possibly empty) and is returned through arg/arg_len. */
 static int route_match(const char *pattern, const char *path, const char **arg, size_t *arg_len)
 {
     const char *p = pattern, *s = path;
@@ -195,6 +216,124 @@ int http_route_find(const http_route *routes, size_t n, const char *method, cons
     return found;
 }
 
+/* ---- the worker pool ---- */
+
+/* Suspends r's connection and queues r. Suspend first: a worker may resume
+ * it before this thread is back in MHD. -1 once the workers have stopped
+ * (a keep-alive request during shutdown): nothing was done. */
+static int wq_push(http_req *r)
+{
+    pthread_mutex_lock(&wq.mu);
+    if (wq.stop) {
+        pthread_mutex_unlock(&wq.mu);
+        return -1;
+    }
+    MHD_suspend_connection(r->conn);
+    r->next = NULL;
+    if (wq.tail != NULL)
+        wq.tail->next = r;
+    else
+        wq.head = r;
+    wq.tail = r;
+    pthread_cond_signal(&wq.ready);
+    pthread_mutex_unlock(&wq.mu);
+    return 0;
+}
+
+/* The next request, or NULL when the pool stops. *closing: answer 503. */
+static http_req *wq_pop(int *closing)
+{
+    http_req *r;
+
+    pthread_mutex_lock(&wq.mu);
+    while (wq.head == NULL && !wq.stop)
+        pthread_cond_wait(&wq.ready, &wq.mu);
+    r = wq.head;
+    if (r != NULL) {
+        wq.head = r->next;
+        if (wq.head == NULL)
+            wq.tail = NULL;
+    }
+    *closing = wq.closing;
+    pthread_mutex_unlock(&wq.mu);
+    return r;
+}
+
+static void *worker_main(void *arg)
+{
+    const http_route *rt;
+    http_req *r;
+    int closing;
+
+    (void)arg;
+    while ((r = wq_pop(&closing)) != NULL) {
+        r->on_worker = 1;
+        rt = &route_table[r->route];
+        if (closing)
+            r->worker_ret = http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
+        else
+            r->worker_ret = rt->fn(r, r->arg, r->arg_len);
+        r->on_worker = 0;
+        /* From here the request is the event thread's again: do not touch it. */
+        MHD_resume_connection(r->conn);
+    }
+    return NULL;
+}
+
+static int workers_start(int n)
+{
+    wq.threads = xcalloc((size_t)n, sizeof *wq.threads);
+    for (wq.nthreads = 0; wq.nthreads < n; wq.nthreads++) {
+        if (pthread_create(&wq.threads[wq.nthreads], NULL, worker_main, NULL) != 0) {
+            log_error("cannot start worker thread %d of %d", wq.nthreads + 1, n);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Lets the workers empty the queue (503 for what is left), then joins them. */
+static void workers_stop(void)
+{
+    pthread_mutex_lock(&wq.mu);
+    wq.closing = 1;
+    wq.stop = 1;
+    pthread_cond_broadcast(&wq.ready);
+    pthread_mutex_unlock(&wq.mu);
+    for (int i = 0; i < wq.nthreads; i++)
+        pthread_join(wq.threads[i], NULL);
+    free(wq.threads);
+    wq.threads = NULL;
+    wq.nthreads = 0;
+}
+
+/* Hands the request to a worker; its answer is queued when it resumes. */
+static enum MHD_Result defer(http_req *r, const char *arg, size_t arg_len)
+{
+    r->arg = arg;
+    r->arg_len = arg_len;
+    r->deferred = 1;
+    if (wq_push(r) != 0) {
+        r->deferred = 0;
+        return http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
+    }
+    return MHD_YES;
+}
+
+/* Back on the event thread after the worker: queue what it answered. */
+static enum MHD_Result resumed(http_req *r)
+{
+    struct MHD_Response *resp = r->held;
+    enum MHD_Result ret;
+
+    if (resp == NULL)
+        return MHD_NO;                       /* no answer could be made: close */
+    r->held = NULL;
+    ret = MHD_queue_response(r->conn, (unsigned)r->status, resp);
+    MHD_destroy_response(resp);
+    return r->worker_ret == MHD_NO ? MHD_NO : ret;
+}
+
 static enum MHD_Result dispatch(http_req *r)
 {
     char allow[64];
@@ -204,8 +343,16 @@ static enum MHD_Result dispatch(http_req *r)
                             sizeof allow);
 
     if (i >= 0) {
+        const http_route *rt = &route_table[i];
         r->route = i;
-        return route_table[i].fn(r, arg, arg_len);
+        if (rt->fast != NULL) {
+            enum MHD_Result ret = rt->fast(r, arg, arg_len);
+            if (ret == MHD_NO || r->status != 0)
+                return ret;
+        }
+        if (rt->fn == NULL)
+            return http_send_error(r, API_UNAVAILABLE, "the route left the request unanswered");
+        return defer(r, arg, arg_len);
     }
     if (i == HTTP_ROUTE_NONE)
         return http_send_error(r, API_NOT_FOUND, NULL);
@@ -323,6 +470,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;                   /* an endless body: drop the connection */
         return MHD_YES;
     }
+    if (r->deferred)
+        return resumed(r);
     if (r->status != 0)
         return MHD_YES;                      /* already answered */
     if (r->too_large)
@@ -354,6 +503,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
         log_debug("request %s %s ended without answer (termination %d)", r->method, r->url,
                   (int)toe);
     }
+    if (r->held != NULL)
+        MHD_destroy_response(r->held);
     free(r->body);
     free(r);
     *req_cls = NULL;
@@ -412,12 +563,17 @@ int http_start(const http_route *routes, size_t nroutes)
         log_error("invalid BIND address '%s' (IPv4 expected)", g_cfg.bind);
         return -1;
     }
+    if (workers_start(g_cfg.threads) != 0) {
+        workers_stop();
+        return -1;
+    }
     daemon_handle = MHD_start_daemon(
-        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG,
+        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG |
+            MHD_ALLOW_SUSPEND_RESUME,
         (uint16_t)g_cfg.port, NULL, NULL, on_request, NULL,
         MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)g_cfg.threads,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)g_cfg.io_threads,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)g_cfg.max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g_cfg.conn_timeout_s,
         /* Request line and headers must fit; nginx in front allows 4 x 8 KiB.
@@ -431,6 +587,7 @@ int http_start(const http_route *routes, size_t nroutes)
         MHD_OPTION_END);
     if (daemon_handle == NULL) {
         log_error("cannot listen on %s:%d (port in use?)", g_cfg.bind, g_cfg.port);
+        workers_stop();
         return -1;
     }
     return 0;
@@ -450,6 +607,13 @@ void http_stop(int grace_ms)
         nanosleep(&tick, NULL);
     if (atomic_load(&in_flight) > 0)
         log_warn("shutdown: %d requests still open after %d ms", atomic_load(&in_flight), grace_ms);
+    /* libmicrohttpd refuses to stop with a connection still suspended: every
+     * queued request is answered (503) and resumed before it is asked to. */
+    workers_stop();
+    /* The answers the workers made last are sent by the event threads. */
+    deadline = util_mono_us() + 1000 * 1000;
+    while (atomic_load(&in_flight) > 0 && util_mono_us() < deadline)
+        nanosleep(&tick, NULL);
     MHD_stop_daemon(daemon_handle);
     daemon_handle = NULL;
 }

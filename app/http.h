@@ -1,7 +1,12 @@
-/* http: the libmicrohttpd glue. A pool of worker threads (epoll), request
- * bodies collected up to a limit, a route table matched by path then method,
- * and JSON responses. Handlers run on the worker threads, so they may use
- * the thread's own connection set (conn.h) without locks. */
+/* http: the libmicrohttpd glue. A few event threads (IO_THREADS, epoll) read
+ * requests, collect bodies up to a limit and match a route table by path then
+ * method. A route's fast handler runs there and answers what memory alone can
+ * (bad input, a voucher known to be sold out); everything else is handed to a
+ * pool of worker threads (THREADS) while libmicrohttpd keeps the connection
+ * suspended. Workers may block on Redis and Postgres and use their own
+ * connection set (conn.h) without locks; event threads never block, so a
+ * crowd refused from memory is not queued behind buyers waiting for a commit.
+ */
 #ifndef SECKILL_HTTP_H
 #define SECKILL_HTTP_H
 
@@ -28,16 +33,29 @@ typedef struct http_req {
     int64_t voucher_id;       /* for the access log, when the handler knows them */
     int64_t user_id;
     int64_t order_id;
+    /* Worker hand-off (http.c's own). */
+    int deferred;             /* suspended and queued for a worker */
+    int on_worker;            /* responses are held, then queued at resume */
+    struct MHD_Response *held;
+    enum MHD_Result worker_ret;
+    const char *arg;          /* the route's '*' segment, inside url */
+    size_t arg_len;
+    struct http_req *next;    /* the work queue's link */
 } http_req;
 
 /* A handler answers with one of the http_send_* calls and returns its result.
  * 'arg' is the path segment matched by '*' in the route (may be empty). */
 typedef enum MHD_Result (*http_handler)(http_req *r, const char *arg, size_t arg_len);
 
+/* 'fast' (may be NULL) runs on the event thread and must not block: it
+ * answers, or returns MHD_YES without answering to pass the request to 'fn'
+ * on a worker (what it stored in the request, such as user_id, is kept).
+ * 'fn' NULL: 'fast' always answers. */
 typedef struct http_route {
     const char *method;       /* "GET", "POST"; GET routes also answer HEAD */
     const char *pattern;      /* "/voucher/ * /seckill" without spaces: '*' is one segment */
     http_handler fn;
+    http_handler fast;
 } http_route;
 
 /* The router, free of MHD state (and so fuzzable). Returns the index of the
@@ -50,12 +68,13 @@ typedef struct http_route {
 int http_route_find(const http_route *routes, size_t n, const char *method, const char *path,
                     const char **arg, size_t *arg_len, char *allow, size_t allow_len);
 
-/* Starts the daemon on g_cfg.bind:g_cfg.port with 'routes' (borrowed for the
- * daemon's lifetime). Returns 0 or -1. */
+/* Starts the workers and the daemon on g_cfg.bind:g_cfg.port with 'routes'
+ * (borrowed for the daemon's lifetime). Returns 0 or -1. */
 int http_start(const http_route *routes, size_t nroutes);
 
-/* Stops accepting, lets requests in flight finish (up to 'grace_ms'), then
- * closes every connection and joins the workers. */
+/* Stops accepting, lets requests in flight finish (up to 'grace_ms'; those
+ * still queued for a worker then get 503), joins the workers, then closes
+ * every connection. */
 void http_stop(int grace_ms);
 
 /* Request header value, or NULL. Borrowed from MHD. */

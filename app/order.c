@@ -248,6 +248,7 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
     int id_taken;
     held h;
     api_err err;
+    uint64_t gen = vcache_generation();
 
     *message = NULL;
     if ((pg = conn_pg(cs)) == NULL) {
@@ -330,7 +331,7 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
     case STORE_SOLD_OUT:
         /* The database said no stock is left: later buyers of this voucher
          * are refused from memory until a reset. */
-        vcache_mark_sold_out(voucher_id);
+        vcache_mark_sold_out(voucher_id, gen);
         break;
     case STORE_CONFLICT:
         /* Lost a compare-and-swap race: stock may remain, so no sold-out flag. */

@@ -1,5 +1,6 @@
-/* vcache: a per-thread cache of vouchers and their sold-out flags, so that a
- * request for a sold-out or unknown-window voucher touches no database.
+/* vcache: the process's cache of vouchers and their sold-out flags, so that a
+ * request for a sold-out or unknown-window voucher touches no database (and
+ * is refused on the event thread, see http.h).
  *
  * Entries live at most VCACHE_TTL_MS and all of them are dropped when the
  * process-wide generation moves (a reset on any instance, see bcast.h). The
@@ -18,13 +19,18 @@
 /* 1 and fills 'out' on a fresh hit; 0 on a miss. */
 int vcache_get(int64_t voucher_id, store_voucher *out);
 
-/* Remembers 'v' (as just read from Postgres) for this thread. */
-void vcache_put(const store_voucher *v);
+/* The generation now: read it before asking Postgres, and pass it to the
+ * calls below, which ignore an answer older than a reset. */
+uint64_t vcache_generation(void);
 
-/* The transaction found no stock: later requests are refused from memory. */
-void vcache_mark_sold_out(int64_t voucher_id);
+/* Remembers 'v', as read from Postgres since generation 'gen'. */
+void vcache_put(const store_voucher *v, uint64_t gen);
 
-/* Drops every entry of every thread (lazily, at each thread's next lookup). */
+/* A transaction begun in generation 'gen' found no stock: later requests
+ * are refused from memory. */
+void vcache_mark_sold_out(int64_t voucher_id, uint64_t gen);
+
+/* Drops every entry (lazily, at the next lookup). */
 void vcache_invalidate_all(void);
 
 #endif

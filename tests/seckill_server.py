@@ -196,7 +196,7 @@ class Server:
         })
         # Every other setting at its default unless the test overrides it.
         for k in ("ADMIN_TOKEN", "DEMO_RANDOM_USER", "SECKILL_LOCK", "SECKILL_STOCK",
-                  "THREADS", "MAX_CONNECTIONS", "CONN_TIMEOUT_S", "MAX_BODY",
+                  "THREADS", "IO_THREADS", "MAX_CONNECTIONS", "CONN_TIMEOUT_S", "MAX_BODY",
                   "LOCK_LEASE_MS", "REDIS_TIMEOUT_MS", "PG_CONNECT_TIMEOUT_S",
                   "PG_STATEMENT_TIMEOUT_MS", "ID_PREFIX", "RETRY_AFTER_S",
                   "DEMO_DELAY_MS", "DEMO_PAUSE_MS", "WATCHDOG_TIMEOUT_MS"):

@@ -264,9 +264,9 @@ def early_lock_release_frees_the_row_before_the_flush_and_answers_after_it():
         try:
             vid = create_voucher(srv, 10)
             base = 9_300_000 + 10 * int(early)
-            # Six buyers: libmicrohttpd binds a connection to one worker thread,
-            # and a buyer waiting for the flush holds its thread, so two buyers
-            # on one thread would queue; six on 8 threads reach at least two.
+            # Six buyers: a buyer waiting for the flush holds its worker, so
+            # with fewer workers free some would queue; six on 8 workers
+            # reach at least two.
             if early == "1" and srv.seckill(vid, base + 9).status != 200:
                 fail("EARLY_LOCK_RELEASE=1: the sale before the flush was blocked failed")
             with flush_blocked():
