@@ -2,10 +2,12 @@
 #include "batch.h"
 #include "config.h"
 #include "log.h"
+#include "stats.h"
 #include "util.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -14,10 +16,8 @@
 typedef struct waiter {
     const store_order *order;
     batch_unlock *unlock;     /* may be NULL */
-    store_status result;
-    int done;                 /* result is set */
-    int lead;                 /* this waiter settles the next batch */
-    pthread_cond_t wake;      /* its own: a settled batch wakes only its buyers */
+    batch_done_fn done;
+    void *arg;
     struct waiter *next;
 } waiter;
 
@@ -59,9 +59,8 @@ static queue *queue_of(int64_t voucher_id)
 }
 
 /* Releases the batch's user locks in one round trip on the leader's
- * connection, after the commit and before anyone is answered (the waiters'
- * items live on their stacks until they wake). A failure leaves each
- * buyer to retry its own. */
+ * connection, after the commit and before anyone is answered. A failure
+ * leaves each buyer's completion to retry its own. */
 static void unlock_all(conn_set *cs, waiter **batch, int n)
 {
     lock_release_item items[BATCH_LIMIT];
@@ -86,11 +85,12 @@ static void unlock_all(conn_set *cs, waiter **batch, int n)
         conn_redis_broken(cs);
 }
 
-/* Settles up to BATCH_MAX waiters taken from the head of 'q' (mu held on
- * entry and exit; released while Postgres works). */
+/* Settles up to BATCH_MAX waiters taken from the head of 'q' and answers
+ * them (mu held on entry and exit; released while Postgres, Redis and the
+ * answers run). */
 static void settle(conn_set *cs, queue *q)
 {
-    waiter *batch[BATCH_LIMIT];
+    waiter *batch[BATCH_LIMIT], *dups = NULL;
     store_order orders[BATCH_LIMIT];
     store_status results[BATCH_LIMIT];
     int n = 0;
@@ -107,9 +107,8 @@ static void settle(conn_set *cs, queue *q)
         for (int i = 0; i < n && !dup; i++)
             dup = orders[i].user_id == w->order->user_id;
         if (dup) {
-            w->result = STORE_DUPLICATE;
-            w->done = 1;
-            pthread_cond_signal(&w->wake);
+            w->next = dups;
+            dups = w;
             continue;
         }
         batch[n] = w;
@@ -120,62 +119,74 @@ static void settle(conn_set *cs, queue *q)
         q->tail = NULL;
     pthread_mutex_unlock(&mu);
 
-    pg = conn_pg(cs);
-    st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch(pg, orders, (size_t)n, results);
-    if (st == STORE_DUPLICATE || (st != STORE_OK && pg != NULL && PQstatus(pg) == CONNECTION_OK)) {
-        /* A unique violation (a lock lapsed) or a deadlock fails the whole
-         * statement: settle these buyers one by one so each gets its answer. */
-        log_warn("batch of %d failed as a whole; settling one by one", n);
-        for (int i = 0; i < n; i++)
-            results[i] = store_order_create(pg, &orders[i]);
-    } else if (st != STORE_OK) {
-        for (int i = 0; i < n; i++)
-            results[i] = st;
+    if (n > 0) {
+        stats_note_batch(n);
+        pg = conn_pg(cs);
+        st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch(pg, orders, (size_t)n, results);
+        if (st == STORE_DUPLICATE ||
+            (st != STORE_OK && pg != NULL && PQstatus(pg) == CONNECTION_OK)) {
+            /* A unique violation (a lock lapsed) or a deadlock fails the whole
+             * statement: settle these buyers one by one so each gets its answer. */
+            log_warn("batch of %d failed as a whole; settling one by one", n);
+            for (int i = 0; i < n; i++)
+                results[i] = store_order_create(pg, &orders[i]);
+        } else if (st != STORE_OK) {
+            for (int i = 0; i < n; i++)
+                results[i] = st;
+        }
+        unlock_all(cs, batch, n);
     }
 
-    unlock_all(cs, batch, n);
-
-    pthread_mutex_lock(&mu);
     for (int i = 0; i < n; i++) {
-        batch[i]->result = results[i];
-        batch[i]->done = 1;
-        pthread_cond_signal(&batch[i]->wake);
+        batch[i]->done(cs, batch[i]->arg, results[i]);
+        free(batch[i]);
     }
+    while (dups != NULL) {
+        waiter *w = dups;
+        dups = w->next;
+        w->done(cs, w->arg, STORE_DUPLICATE);
+        free(w);
+    }
+    pthread_mutex_lock(&mu);
 }
 
-store_status batch_settle(conn_set *cs, const store_order *o, batch_unlock *u)
+void batch_submit(conn_set *cs, const store_order *o, batch_unlock *u, batch_done_fn done,
+                  void *arg)
 {
-    waiter me = { .order = o, .unlock = u };
+    waiter *me = xcalloc(1, sizeof *me);
     queue *q;
 
+    me->order = o;
+    me->unlock = u;
+    me->done = done;
+    me->arg = arg;
     pthread_once(&once, init);
-    pthread_cond_init(&me.wake, NULL);
     pthread_mutex_lock(&mu);
     q = queue_of(o->voucher_id);
     if (q == NULL) {                          /* more hot vouchers than slots */
         pthread_mutex_unlock(&mu);
-        pthread_cond_destroy(&me.wake);
+        free(me);
         PGconn *pg = conn_pg(cs);
-        return pg == NULL ? STORE_UNAVAILABLE : store_order_create(pg, o);
+        done(cs, arg, pg == NULL ? STORE_UNAVAILABLE : store_order_create(pg, o));
+        return;
     }
     if (q->tail != NULL)
-        q->tail->next = &me;
+        q->tail->next = me;
     else
-        q->head = &me;
-    q->tail = &me;
+        q->head = me;
+    q->tail = me;
     q->n++;
-    if (!q->leader) {
-        q->leader = 1;
-        me.lead = 1;
-    } else if (q->n >= g_cfg.batch_max) {
-        pthread_cond_signal(&q->full);
+    if (q->leader) {
+        if (q->n >= g_cfg.batch_max)
+            pthread_cond_signal(&q->full);
+        pthread_mutex_unlock(&mu);
+        return;
     }
 
-    while (!me.done && !me.lead)
-        pthread_cond_wait(&me.wake, &mu);
-
-    if (!me.done) {
-        /* The leader gathers for the window, or until the batch is full. */
+    /* Lead: gather for the window, or until the batch is full, settle, and
+     * go on while buyers are queued (they were refused a leader of their own). */
+    q->leader = 1;
+    while (q->head != NULL) {
         struct timespec deadline;
         clock_gettime(CLOCK_REALTIME, &deadline);
         deadline.tv_nsec += (long)g_cfg.batch_window_us * 1000L;
@@ -185,15 +196,42 @@ store_status batch_settle(conn_set *cs, const store_order *o, batch_unlock *u)
                pthread_cond_timedwait(&q->full, &mu, &deadline) != ETIMEDOUT)
             ;
         settle(cs, q);
-        /* Hand over: the next queued buyer leads the next batch at once. */
-        if (q->head != NULL) {
-            q->head->lead = 1;
-            pthread_cond_signal(&q->head->wake);
-        } else {
-            q->leader = 0;
-        }
     }
+    q->leader = 0;
     pthread_mutex_unlock(&mu);
-    pthread_cond_destroy(&me.wake);
-    return me.result;
+}
+
+typedef struct sync_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    store_status st;
+} sync_wait;
+
+static void sync_done(conn_set *cs, void *arg, store_status st)
+{
+    sync_wait *w = arg;
+
+    (void)cs;
+    pthread_mutex_lock(&w->mu);
+    w->st = st;
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+store_status batch_settle(conn_set *cs, const store_order *o, batch_unlock *u)
+{
+    sync_wait w = { .done = 0 };
+
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    batch_submit(cs, o, u, sync_done, &w);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    return w.st;
 }

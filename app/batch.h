@@ -4,7 +4,10 @@
  * queue here; the first becomes the leader, gathers the others for at most
  * BATCH_WINDOW_US or BATCH_MAX buyers, and settles them all in one statement
  * (store_order_batch) on its own connection: one commit, one WAL flush, one
- * hold of the hot row for the whole batch. Each buyer gets its own answer. */
+ * hold of the hot row for the whole batch. Each buyer gets its own answer.
+ * No worker waits for a batch but its leader: a buyer's request stays
+ * suspended in libmicrohttpd, and its answer is sent by the leader, so a
+ * batch can hold more buyers than there are workers. */
 #ifndef SECKILL_BATCH_H
 #define SECKILL_BATCH_H
 
@@ -20,9 +23,21 @@ typedef struct batch_unlock {
     int done;
 } batch_unlock;
 
-/* Settles 'o' with the others queued for the same voucher. Blocks the
- * calling worker until its answer is known. 'u' (may be NULL) is released
- * by the leader when the batch settles; it stays the caller's. */
+/* A buyer's outcome, given on the worker that settled its batch, with that
+ * worker's connection set. */
+typedef void (*batch_done_fn)(conn_set *cs, void *arg, store_status st);
+
+/* Queues 'o' with the others of its voucher and returns; 'done' is called
+ * once with its outcome, after the commit and after 'u' (may be NULL) was
+ * released with the rest of the batch. The first buyer of an idle queue
+ * becomes its leader: its worker gathers and settles batches until the
+ * queue is empty, so it returns only then; the others return at once.
+ * 'o' and 'u' must stay valid until 'done' is called. */
+void batch_submit(conn_set *cs, const store_order *o, batch_unlock *u, batch_done_fn done,
+                  void *arg);
+
+/* batch_submit, waiting for the outcome (for a lock that only the thread
+ * that took it may release). */
 store_status batch_settle(conn_set *cs, const store_order *o, batch_unlock *u);
 
 #endif

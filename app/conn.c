@@ -60,6 +60,11 @@ conn_set *conn_get(void)
     return cs;
 }
 
+void conn_fresh_owner(char *buf, size_t n)
+{
+    snprintf(buf, n, "%s:%" PRIu64, g_cfg.instance_uuid, atomic_fetch_add(&next_thread_id, 1));
+}
+
 void conn_close_thread(void)
 {
     conn_set *cs = tls_set;

@@ -15,6 +15,7 @@ typedef struct conn_set {
     char owner[128];       /* "<instance uuid>:<thread_id>", the lock hash field */
     char orphan_lock[64];  /* a lock whose acquire reply was lost: released at the
                               next chance, in case Redis granted it after all */
+    char orphan_owner[128]; /* the owner that acquire was sent for */
 } conn_set;
 
 /* This thread's set, created on first call; freed when the thread exits
@@ -50,6 +51,12 @@ redisContext *conn_redis_open(char *err, size_t errlen);
 /* Opens a standalone Postgres connection (statements prepared). Caller frees
  * with PQfinish. NULL on failure, with the reason in 'err'. */
 PGconn *conn_pg_open(char *err, size_t errlen);
+
+/* A fresh owner id "<instance uuid>:<n>", n from the same never-reused
+ * counter as the threads': for a request whose lock stays held after its
+ * worker has moved on to other requests (batched), so that the worker's next
+ * request of the same user cannot take it again as its reentrant holder. */
+void conn_fresh_owner(char *buf, size_t n);
 
 /* Closes and frees the calling thread's set now (idempotent). */
 void conn_close_thread(void);

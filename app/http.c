@@ -259,23 +259,38 @@ static http_req *wq_pop(int *closing)
     return r;
 }
 
+/* Set by http_later on the worker running the handler. */
+static _Thread_local int handed_over;
+
+void http_later(http_req *r)
+{
+    (void)r;
+    handed_over = 1;
+}
+
+void http_finish(http_req *r)
+{
+    /* From here the request is its event thread's again. */
+    MHD_resume_connection(r->conn);
+}
+
 static void *worker_main(void *arg)
 {
-    const http_route *rt;
+    enum MHD_Result ret;
     http_req *r;
     int closing;
 
     (void)arg;
     while ((r = wq_pop(&closing)) != NULL) {
-        r->on_worker = 1;
-        rt = &route_table[r->route];
+        handed_over = 0;
         if (closing)
-            r->worker_ret = http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
+            ret = http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
         else
-            r->worker_ret = rt->fn(r, r->arg, r->arg_len);
-        r->on_worker = 0;
-        /* From here the request is the event thread's again: do not touch it. */
-        MHD_resume_connection(r->conn);
+            ret = route_table[r->route].fn(r, r->arg, r->arg_len);
+        if (handed_over)
+            continue;                        /* another thread answers and resumes it */
+        r->worker_ret = ret;
+        http_finish(r);
     }
     return NULL;
 }
@@ -313,8 +328,11 @@ static enum MHD_Result defer(http_req *r, const char *arg, size_t arg_len)
     r->arg = arg;
     r->arg_len = arg_len;
     r->deferred = 1;
+    r->on_worker = 1;
+    r->worker_ret = MHD_YES;
     if (wq_push(r) != 0) {
         r->deferred = 0;
+        r->on_worker = 0;
         return http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
     }
     return MHD_YES;
@@ -326,6 +344,7 @@ static enum MHD_Result resumed(http_req *r)
     struct MHD_Response *resp = r->held;
     enum MHD_Result ret;
 
+    r->on_worker = 0;
     if (resp == NULL)
         return MHD_NO;                       /* no answer could be made: close */
     r->held = NULL;

@@ -35,7 +35,7 @@ typedef struct http_req {
     int64_t order_id;
     /* Worker hand-off (http.c's own). */
     int deferred;             /* suspended and queued for a worker */
-    int on_worker;            /* responses are held, then queued at resume */
+    int on_worker;            /* suspended: responses are held, then queued at resume */
     struct MHD_Response *held;
     enum MHD_Result worker_ret;
     const char *arg;          /* the route's '*' segment, inside url */
@@ -76,6 +76,14 @@ int http_start(const http_route *routes, size_t nroutes);
  * still queued for a worker then get 503), joins the workers, then closes
  * every connection. */
 void http_stop(int grace_ms);
+
+/* For a handler on a worker that hands 'r' to another thread: the worker
+ * will not give the request back to its event thread when the handler
+ * returns. Whoever holds 'r' then answers with one http_send_* call and
+ * calls http_finish(r); 'r' must not be touched after that (it may be freed
+ * at once). Call before handing 'r' over. */
+void http_later(http_req *r);
+void http_finish(http_req *r);
 
 /* Request header value, or NULL. Borrowed from MHD. */
 const char *http_header(http_req *r, const char *name);

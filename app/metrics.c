@@ -194,6 +194,14 @@ void metrics_write(FILE *f, const cJSON *vouchers)
             inst, (double)lc.wake_us_sum / 1e6);
     write_counter(f, "seckill_lock_errors_total", "Redis failures inside lock calls.", inst,
                   lc.errors);
+    {
+        uint64_t nb, buyers, largest;
+        stats_batch_counts(&nb, &buyers, &largest);
+        write_counter(f, "seckill_batches_total", "Group commits settled (stock strategy batched).",
+                      inst, nb);
+        write_counter(f, "seckill_batch_buyers_total", "Buyers settled in group commits.", inst,
+                      buyers);
+    }
     write_counter(f, "seckill_stale_token_rejections_total",
                   "Order writes refused by Postgres: a newer lock holder already wrote.", inst,
                   stats_event_count(STATS_STALE_TOKEN));

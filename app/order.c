@@ -10,11 +10,13 @@
 #include "script.h"
 #include "stats.h"
 #include "store.h"
+#include "util.h"
 #include "vcache.h"
 
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -81,11 +83,23 @@ static store_status gated_order_create(conn_set *cs, PGconn *pg, const store_ord
 
 typedef struct held {
     char key[64];
+    char owner[128];          /* the worker's owner id, or this request's own (batched) */
     int kind;                 /* enum lock_strategy actually taken */
     lock_grant grant;
     lock_release_req rq;      /* reentrant: the release, kept across retries */
     batch_unlock unlock;      /* reentrant + batched: released by the batch's leader */
 } held;
+
+/* One order in flight: on the heap, since a batched order outlives the
+ * worker's call (its batch's leader finishes it). */
+typedef struct order_job {
+    store_order o;
+    held h;
+    uint64_t gen;             /* the voucher cache's, when the order began */
+    const char *message;
+    order_reply_fn reply;
+    void *arg;
+} order_job;
 
 /* The reentrant lock's attempt with the order id's INCR in the same round
  * trip: INCR first, so that the acquire is the last reply (its NOSCRIPT
@@ -131,9 +145,9 @@ static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h,
         long lease = g_cfg.lock_lease_ms > 0 ? g_cfg.lock_lease_ms : g_cfg.watchdog_timeout_ms;
         /* setnx: SET NX EX, whole seconds; owner: SET NX PX with our owner id. */
         if (h->kind == LOCKS_SETNX)
-            r = redisCommand(c, "SET %s %s NX EX %ld", h->key, cs->owner, (lease + 999) / 1000);
+            r = redisCommand(c, "SET %s %s NX EX %ld", h->key, h->owner, (lease + 999) / 1000);
         else
-            r = redisCommand(c, "SET %s %s NX PX %ld", h->key, cs->owner, lease);
+            r = redisCommand(c, "SET %s %s NX PX %ld", h->key, h->owner, lease);
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
             err = API_UNAVAILABLE;
         } else if (r->type == REDIS_REPLY_NIL) {
@@ -149,7 +163,7 @@ static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h,
         *id_taken = 1;
         lock_release_req_init(&h->rq);
         h->unlock.done = 0;
-        switch (take_with_id(c, h->key, cs->owner, &h->grant, is, order_id)) {
+        switch (take_with_id(c, h->key, h->owner, &h->grant, is, order_id)) {
         case LOCK_OK:
             break;
         case LOCK_BUSY:
@@ -158,8 +172,10 @@ static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h,
         default:
             /* A lost reply may hide a grant that Redis runs later: release it at
              * the next chance, or the user is locked out for a whole lease. */
-            if (c->err)
+            if (c->err) {
                 snprintf(cs->orphan_lock, sizeof cs->orphan_lock, "%s", h->key);
+                snprintf(cs->orphan_owner, sizeof cs->orphan_owner, "%s", h->owner);
+            }
             err = API_UNAVAILABLE;
             break;
         }
@@ -189,7 +205,7 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
         /* The bug on show: DEL without an owner check. The GET before it is
          * only there to count the deletes of another holder's lock. */
         r = redisCommand(c, "GET %s", h->key);
-        if (r != NULL && (r->type != REDIS_REPLY_STRING || strcmp(r->str, cs->owner) != 0))
+        if (r != NULL && (r->type != REDIS_REPLY_STRING || strcmp(r->str, h->owner) != 0))
             stats_note(STATS_DEMO_LOCK_NOT_OWNER);
         freeReplyObject(r);
         r = redisCommand(c, "DEL %s", h->key);
@@ -200,7 +216,7 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
         if (c == NULL)
             return;
         argv[0] = h->key;
-        argv[1] = cs->owner;
+        argv[1] = h->owner;
         r = script_run(c, SCRIPT_OWNER_RELEASE, 1, 2, argv, NULL);
         if (r != NULL && r->type == REDIS_REPLY_INTEGER)
             stats_note(r->integer == 1 ? STATS_DEMO_LOCK_RELEASED : STATS_DEMO_LOCK_NOT_OWNER);
@@ -218,13 +234,13 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
         if (ls == LOCK_ERR) {
             if (c == NULL)
                 return;
-            ls = lock_release_ex(c, h->key, cs->owner, g_cfg.lock_lease_ms, &h->rq, NULL);
+            ls = lock_release_ex(c, h->key, h->owner, g_cfg.lock_lease_ms, &h->rq, NULL);
         }
         if (ls == LOCK_ERR && c != NULL && c->err) {
             conn_redis_broken(cs);
             if ((c = conn_redis(cs)) == NULL)
                 return;                          /* the lease frees it */
-            ls = lock_release_ex(c, h->key, cs->owner, g_cfg.lock_lease_ms, &h->rq, NULL);
+            ls = lock_release_ex(c, h->key, h->owner, g_cfg.lock_lease_ms, &h->rq, NULL);
         }
         if (ls == LOCK_NOT_OWNER)
             log_warn("lock %s expired during the order (lease %ld ms too short?)", h->key,
@@ -237,50 +253,107 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
     freeReplyObject(r);
 }
 
-api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *order_id,
-                    const char **message)
+/* The end of every order: the lock released (if the batch's leader has not
+ * already), the outcome mapped, the buyer answered, the job freed. */
+static void finish(conn_set *cs, order_job *j, store_status st)
 {
+    /* 5. Release only now, after the commit or rollback: releasing earlier
+     *    lets a second request of the same user in before the order shows. */
+    give_back(cs, j->o.user_id, &j->h);
+
+    switch (st) {
+    case STORE_SOLD_OUT:
+        /* The database said no stock is left: later buyers of this voucher
+         * are refused from memory until a reset. */
+        vcache_mark_sold_out(j->o.voucher_id, j->gen);
+        break;
+    case STORE_CONFLICT:
+        /* Lost a compare-and-swap race: stock may remain, so no sold-out flag. */
+        j->message = "the stock changed while this order was placed (cas): try again";
+        break;
+    case STORE_STALE_TOKEN:
+        stats_note(STATS_STALE_TOKEN);
+        log_warn("stale fencing token %" PRId64 " for %s: write refused", j->o.fence_token,
+                 j->h.key);
+        j->message = "the order lock expired before the write (stale fencing token)";
+        break;
+    case STORE_UNAVAILABLE:
+        if (j->message == NULL)
+            j->message = "database unavailable, retry later";
+        break;
+    default:
+        break;
+    }
+    j->reply(j->arg, order_store_error(st), j->message, j->o.order_id);
+    free(j);
+}
+
+static void batch_done(conn_set *cs, void *arg, store_status st)
+{
+    finish(cs, arg, st);
+}
+
+/* Answers a buyer refused before anything was held. */
+static void refuse(order_job *j, api_err err, const char *message)
+{
+    j->reply(j->arg, err, message, 0);
+    free(j);
+}
+
+void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply_fn reply,
+                  void *arg)
+{
+    order_job *j = xcalloc(1, sizeof *j);
     redisContext *c;
     PGconn *pg;
-    store_order o = { 0 };
+    store_order *o = &j->o;
+    held *h = &j->h;
     store_status st;
     idw_status is = IDW_REDIS;
-    int id_taken;
-    held h;
+    int id_taken, batched = g_cfg.stock_strategy == STOCKS_BATCHED;
     api_err err;
-    uint64_t gen = vcache_generation();
 
-    *message = NULL;
+    j->gen = vcache_generation();
+    j->reply = reply;
+    j->arg = arg;
+    o->voucher_id = voucher_id;
+    o->user_id = user_id;
+    /* A batched order keeps its lock after this worker moves on: its own owner. */
+    if (batched && g_cfg.lock_strategy != LOCKS_LOCAL)
+        conn_fresh_owner(h->owner, sizeof h->owner);
+    else
+        snprintf(h->owner, sizeof h->owner, "%s", cs->owner);
+
     if ((pg = conn_pg(cs)) == NULL) {
-        *message = "database unavailable, retry later";
-        return API_UNAVAILABLE;
+        refuse(j, API_UNAVAILABLE, "database unavailable, retry later");
+        return;
     }
     if ((c = conn_redis(cs)) == NULL) {
-        *message = "redis unavailable, retry later";
-        return API_UNAVAILABLE;
+        refuse(j, API_UNAVAILABLE, "redis unavailable, retry later");
+        return;
     }
 
     if (cs->orphan_lock[0] != '\0') {
         /* Not ours (LOCK_NOT_OWNER) is the usual answer: nothing was granted. */
-        if (lock_release(c, cs->orphan_lock, cs->owner, g_cfg.lock_lease_ms, NULL) == LOCK_OK)
+        if (lock_release(c, cs->orphan_lock, cs->orphan_owner, g_cfg.lock_lease_ms, NULL) ==
+            LOCK_OK)
             log_warn("released %s, granted after its reply was lost", cs->orphan_lock);
         if (c->err) {
             conn_redis_broken(cs);
-            *message = "redis unavailable, retry later";
-            return API_UNAVAILABLE;
+            refuse(j, API_UNAVAILABLE, "redis unavailable, retry later");
+            return;
         }
         cs->orphan_lock[0] = '\0';
     }
 
     /* 3. The per-user lock, one attempt: busy means a concurrent request of
      *    the same user, so this one is the duplicate. */
-    err = take(cs, c, user_id, &h, &id_taken, &is, order_id);
+    err = take(cs, c, user_id, h, &id_taken, &is, &o->order_id);
     if (err != API_OK) {
         if (c->err)
             conn_redis_broken(cs);
-        if (err == API_UNAVAILABLE)
-            *message = "redis unavailable, retry later";
-        return err;
+        refuse(j, err, err == API_UNAVAILABLE ? "redis unavailable, retry later" : NULL);
+        return;
     }
 
     if (g_cfg.demo_pause_ms > 0) {           /* a holder stalled past its lease */
@@ -293,63 +366,40 @@ api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *
      *    answers; the reentrant lock took it in its round trip), then the
      *    transaction. */
     if (!id_taken)
-        is = idw_next(c, g_cfg.id_prefix, order_id);
+        is = idw_next(c, g_cfg.id_prefix, &o->order_id);
     if (is != IDW_OK) {
         if (is == IDW_REDIS && c->err)
             conn_redis_broken(cs);
         else if (is != IDW_REDIS)
             log_error("order id: %s", is == IDW_EXHAUSTED ? "today's counter is exhausted"
                                                           : "clock outside the id range");
-        st = STORE_UNAVAILABLE;
-        *message = "order ids unavailable, retry later";
-    } else {
-        o.order_id = *order_id;
-        o.voucher_id = voucher_id;
-        o.user_id = user_id;
-        if (h.kind == LOCKS_REENTRANT) {          /* only this lock hands out tokens */
-            o.fence_key = h.key;
-            o.fence_token = h.grant.token;
-        }
-        if (g_cfg.stock_strategy == STOCKS_BATCHED && h.kind == LOCKS_REENTRANT) {
-            h.unlock.item = (lock_release_item){ .key = h.key, .owner = cs->owner,
-                                                 .lease_ms = g_cfg.lock_lease_ms, .rq = &h.rq };
-            st = batch_settle(cs, &o, &h.unlock);
-        } else if (g_cfg.stock_strategy == STOCKS_BATCHED)
-            st = batch_settle(cs, &o, NULL);
-        else if (g_cfg.stock_strategy == STOCKS_OPTIMISTIC && g_cfg.demo_delay_ms == 0)
-            st = gated_order_create(cs, pg, &o);
-        else
-            st = store_order_steps(pg, &o, (enum stock_strategy)g_cfg.stock_strategy,
-                                   g_cfg.demo_delay_ms);
+        j->message = "order ids unavailable, retry later";
+        finish(cs, j, STORE_UNAVAILABLE);
+        return;
     }
-
-    /* 5. Release only now, after the commit or rollback: releasing earlier
-     *    lets a second request of the same user in before the order shows. */
-    give_back(cs, user_id, &h);
-
-    switch (st) {
-    case STORE_SOLD_OUT:
-        /* The database said no stock is left: later buyers of this voucher
-         * are refused from memory until a reset. */
-        vcache_mark_sold_out(voucher_id, gen);
-        break;
-    case STORE_CONFLICT:
-        /* Lost a compare-and-swap race: stock may remain, so no sold-out flag. */
-        *message = "the stock changed while this order was placed (cas): try again";
-        break;
-    case STORE_STALE_TOKEN:
-        stats_note(STATS_STALE_TOKEN);
-        log_warn("stale fencing token %" PRId64 " for %s: write refused", o.fence_token, h.key);
-        *message = "the order lock expired before the write (stale fencing token)";
-        break;
-    case STORE_UNAVAILABLE:
-        if (*message == NULL)
-            *message = "database unavailable, retry later";
-        break;
-    default:
-        break;
+    if (h->kind == LOCKS_REENTRANT) {          /* only this lock hands out tokens */
+        o->fence_key = h->key;
+        o->fence_token = h->grant.token;
     }
-    return order_store_error(st);
+    if (batched && h->kind == LOCKS_REENTRANT) {
+        /* Answered by the batch's leader, which also releases the lock. */
+        h->unlock.item = (lock_release_item){ .key = h->key, .owner = h->owner,
+                                              .lease_ms = g_cfg.lock_lease_ms, .rq = &h->rq };
+        batch_submit(cs, o, &h->unlock, batch_done, j);
+        return;
+    }
+    if (batched && h->kind != LOCKS_LOCAL) {
+        batch_submit(cs, o, NULL, batch_done, j);
+        return;
+    }
+    if (batched)
+        st = batch_settle(cs, o, NULL);      /* the mutex is this thread's to unlock */
+    else if (g_cfg.stock_strategy == STOCKS_OPTIMISTIC && g_cfg.demo_delay_ms == 0)
+        st = gated_order_create(cs, pg, o);
+    else
+        st = store_order_steps(pg, o, (enum stock_strategy)g_cfg.stock_strategy,
+                               g_cfg.demo_delay_ms);
+    finish(cs, j, st);
 }
 
 api_err order_store_error(store_status st)

@@ -15,10 +15,15 @@
  * API_UNAVAILABLE). */
 api_err order_store_error(store_status st);
 
-/* Places the order on the caller's connections. Returns API_OK with
- * '*order_id' set, or the error to answer with; '*message' (may stay NULL)
- * is a static human text for the answer. */
-api_err order_place(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t *order_id,
-                    const char **message);
+/* The buyer's answer: 'err' API_OK with 'order_id', or the error to answer
+ * with; 'message' (may be NULL) is a static human text. */
+typedef void (*order_reply_fn)(void *arg, api_err err, const char *message, int64_t order_id);
+
+/* Places the order and calls 'reply' exactly once: on the caller's thread
+ * before returning, or - stock strategy "batched" - on the worker that
+ * settles the order's batch, after its commit and the release of its lock.
+ * The caller's worker is free as soon as this returns. */
+void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply_fn reply,
+                  void *arg);
 
 #endif

@@ -22,6 +22,7 @@ static _Atomic uint64_t by_status[NSTATUS + 1];   /* last slot: any other status
 static _Atomic uint64_t by_error[API_ERR_COUNT];
 static _Atomic uint64_t total;
 static _Atomic uint64_t events[STATS_EVENT_COUNT];
+static _Atomic uint64_t batches, batch_buyers, batch_largest;
 static int64_t started_at;
 
 void stats_record(int status, api_err err)
@@ -108,10 +109,37 @@ static cJSON *lock_json(void)
     return o;
 }
 
+void stats_note_batch(int buyers)
+{
+    uint64_t n = (uint64_t)buyers, seen = atomic_load_explicit(&batch_largest, memory_order_relaxed);
+
+    atomic_fetch_add_explicit(&batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&batch_buyers, n, memory_order_relaxed);
+    while (n > seen && !atomic_compare_exchange_weak_explicit(&batch_largest, &seen, n,
+                                                              memory_order_relaxed,
+                                                              memory_order_relaxed))
+        ;
+}
+
+void stats_batch_counts(uint64_t *b, uint64_t *buyers, uint64_t *largest)
+{
+    *b = atomic_load_explicit(&batches, memory_order_relaxed);
+    *buyers = atomic_load_explicit(&batch_buyers, memory_order_relaxed);
+    *largest = atomic_load_explicit(&batch_largest, memory_order_relaxed);
+}
+
 void stats_self_json(cJSON *obj)
 {
+    cJSON *b = cJSON_CreateObject();
+    uint64_t n, buyers, largest;
+
     cJSON_AddItemToObject(obj, "requests", requests_json());
     cJSON_AddItemToObject(obj, "lock", lock_json());
+    stats_batch_counts(&n, &buyers, &largest);
+    cJSON_AddNumberToObject(b, "batches", (double)n);
+    cJSON_AddNumberToObject(b, "buyers", (double)buyers);
+    cJSON_AddNumberToObject(b, "largest", (double)largest);
+    cJSON_AddItemToObject(obj, "batch", b);
 }
 
 static cJSON *instance_json(void)

@@ -23,10 +23,15 @@ enum stats_event {
 void stats_note(enum stats_event ev);
 uint64_t stats_event_count(enum stats_event ev);
 
+/* Group commit ("batched"): one settled batch of 'buyers'. The figures show
+ * how well commits are shared (buyers / batches) and the largest batch. */
+void stats_note_batch(int buyers);
+void stats_batch_counts(uint64_t *batches, uint64_t *buyers, uint64_t *largest);
+
 /* Counts one answered request. Thread-safe, lock-free. */
 void stats_record(int status, api_err err);
 
-/* Adds this instance's "requests" and "lock" objects to 'obj'. */
+/* Adds this instance's "requests", "lock" and "batch" objects to 'obj'. */
 void stats_self_json(cJSON *obj);
 
 /* Appends one object per live instance (this one from memory, the others

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Event threads and workers (app/http.c).
+"""Event threads and workers (app/http.c), and batched buyers that hold none.
 
 libmicrohttpd's event threads (IO_THREADS) answer what memory can tell - bad
 input, a voucher the cache knows is sold out, /health - and hand everything
@@ -136,6 +136,89 @@ def sigterm_answers_every_queued_request_and_exits_cleanly():
             fail(f"the shutdown took {took:.1f}s")
     finally:
         srv.stop(15)
+
+
+def crowd_of(srv, vid, uids):
+    """One thread and one connection per buyer, all started together."""
+    answers, threads = [], []
+    go = threading.Event()
+
+    def buy(uid):
+        go.wait(5)
+        answers.append((uid, srv.seckill(vid, uid)))
+    for uid in uids:
+        t = threading.Thread(target=buy, args=(uid,), daemon=True)
+        t.start()
+        threads.append(t)
+    go.set()
+    for t in threads:
+        t.join(20)
+    return answers
+
+
+@test
+def batched_batch_holds_more_buyers_than_workers():
+    """SECKILL_STOCK=batched with THREADS=2: a buyer waiting for its batch
+    holds no worker (its connection stays suspended and the batch's leader
+    answers it), so 30 buyers arriving together share a few commits, the
+    largest batch far above 2; every one gets 200, Postgres has the 30
+    orders and no lock key is left."""
+    srv = ss.Server("workers-batch", {"ADMIN_TOKEN": TOKEN, "THREADS": 2,
+                                      "SECKILL_STOCK": "batched", "BATCH_MAX": 64,
+                                      "BATCH_WINDOW_US": 300000})
+    try:
+        vid = create_voucher(srv, 100)
+        uids = list(range(40_000, 40_030))
+        answers = crowd_of(srv, vid, uids)
+        bad = [(u, r.status, r.body) for u, r in answers if r.status != 200]
+        if len(answers) != 30 or bad:
+            fail(f"{len(answers)} answers, not 200: {bad}")
+        if orders_of(vid) != 30:
+            fail(f"orders in Postgres: {orders_of(vid)}, want 30")
+        b = srv.get("/stats").body["batch"]
+        if b["buyers"] != 30 or b["largest"] <= 2 or b["batches"] > 15:
+            fail(f"/stats batch {b}: want 30 buyers in batches larger than THREADS=2")
+        left = ss.redis(["--scan", "--pattern", "lock:order:400*"]).strip()
+        if left:
+            fail(f"lock keys left after the batches: {left.split()}")
+    finally:
+        srv.stop_ok(15)
+
+
+@test
+def batched_lock_is_the_request_s_own_not_its_worker_s():
+    """THREADS=2, batched: one worker leads a batch (it gathers for 400 ms);
+    the other queues user X's order in it and moves on, X's lock held, and
+    then takes X's second request. Redisson's owner is instance:thread, and
+    a worker that moved on must not re-enter the lock as that holder: the
+    second request is refused at the lock (contended +1), at once."""
+    srv = ss.Server("workers-owner", {"ADMIN_TOKEN": TOKEN, "THREADS": 2,
+                                      "SECKILL_STOCK": "batched", "BATCH_WINDOW_US": 400000})
+    try:
+        vid = create_voucher(srv, 10)
+        lock0 = srv.get("/stats").body["lock"]
+        leader, first = [], []
+        t0 = in_background(lambda: srv.seckill(vid, 41_001), leader)
+        time.sleep(0.1)                  # one worker now gathers the batch
+        t1 = in_background(lambda: srv.seckill(vid, 41_000), first)
+        time.sleep(0.1)                  # X queued in it; the other worker is free
+        r, took = timed(lambda: srv.seckill(vid, 41_000))
+        t0.join(10)
+        t1.join(10)
+        if (r.status, r.body.get("error")) != (409, "already_ordered"):
+            fail(f"the same user's second request: {r.status} {r.body}")
+        if [a[0].status for a in leader + first] != [200, 200]:
+            fail(f"the first two requests: {leader} {first}")
+        lock1 = srv.get("/stats").body["lock"]
+        if lock1["contended"] - lock0["contended"] != 1 or \
+                lock1["acquired"] - lock0["acquired"] != 2:
+            fail(f"lock figures {lock0} -> {lock1}: want two grants and one contended attempt")
+        if took > 0.3:
+            fail(f"the refusal took {took:.2f}s: it waited for the batch")
+        if orders_of(vid) != 2:
+            fail(f"orders in Postgres: {orders_of(vid)}, want 2")
+    finally:
+        srv.stop_ok(15)
 
 
 if __name__ == "__main__":
