@@ -45,8 +45,8 @@ Environment (all optional):
   BENCH_SALE_CONNECTIONS      wrk connections of the sales (64)
   BENCH_BATCH_CONNECTIONS     wrk connections of the batched sale (256)
   BENCH_THREADS        THREADS of the optimistic instances (default: the server's)
-  BENCH_BATCH_THREADS  THREADS of the batched instances (16: 16-24 measured best,
-                       48 spends half again the CPU per order in thread switches)
+  BENCH_BATCH_THREADS  THREADS of the batched instances (default 8, the server's:
+                       a queued buyer holds no worker, and 4, 8 and 16 measured alike)
   BENCH_SKIP           comma list of ceilings,optimistic,storm,soldout,long,batched
   BENCH_KEEP=1         leave the stack running at the end (make stop-bench stops it)
   SECKILL_BIN          server binary (default build/seckill)
@@ -343,7 +343,7 @@ class Bench:
         self.sale_conns = env_int("BENCH_SALE_CONNECTIONS", 64)
         self.batch_conns = env_int("BENCH_BATCH_CONNECTIONS", 256)
         self.threads = env_int("BENCH_THREADS", 0)
-        self.batch_threads = env_int("BENCH_BATCH_THREADS", 16)
+        self.batch_threads = env_int("BENCH_BATCH_THREADS", 8)
         self.skip = {s.strip() for s in os.environ.get("BENCH_SKIP", "").split(",") if s.strip()}
         self.keep = os.environ.get("BENCH_KEEP") == "1"
         self.bin = os.environ.get("SECKILL_BIN") or os.path.join(ROOT, "build", "seckill")

@@ -22,6 +22,9 @@ Environment (all optional):
   AB_CONNECTIONS   wrk connections (default 64)
   AB_STOCK         the stock strategy of every setting unless it names its own
                    (default optimistic)
+  AB_MODE          sale (default), or soldout: make bench's sold-out run instead
+                   of a sale (req/s, CPU ms per request, p99), after which the
+                   instances have served a sold-out voucher from memory
   AB_JSON          results file (default <repo>/build/bench-ab.json)
   BENCH_RUN_DIR    the stack's run directory (default <repo>/build/bench-ab-run)
 An invariant violation makes it exit 1.
@@ -58,6 +61,10 @@ def main():
     seconds = bench.env_int("AB_SECONDS", 6)
     conns = bench.env_int("AB_CONNECTIONS", 64)
     stock = os.environ.get("AB_STOCK", "optimistic")
+    mode = os.environ.get("AB_MODE", "sale")
+    if mode not in ("sale", "soldout"):
+        bench.log(f"error: AB_MODE={mode!r}: sale or soldout")
+        return 2
     out = os.environ.get("AB_JSON") or os.path.join(bench.ROOT, "build", "bench-ab.json")
     os.environ.setdefault("BENCH_RUN_DIR", os.path.join(bench.ROOT, "build", "bench-ab-run"))
     os.environ["BENCH_SECONDS"] = str(seconds)
@@ -93,6 +100,15 @@ def main():
                 # What another setting set and this one does not name goes back
                 # to the stack's default.
                 b.stack.restart_instances(s, unset=keys - set(s))
+                if mode == "soldout":
+                    w = b.sold_out()
+                    n = max(1, w["requests"])
+                    cpu = {k: v * 1000.0 / n for k, v in w["cpu"].items()
+                           if isinstance(v, (int, float)) and k not in ("busyPct", "wallSeconds",
+                                                                         "machineBusy")}
+                    runs[text].append({"ordersPerSec": w["rps"], "cpuMsPerOrder": cpu,
+                                       "p99Ms": w["p99Ms"], "pacedP99Ms": w["paced"]["p99Ms"]})
+                    continue
                 res = b.sale(f"round {r}, {text}", conns, seconds)
                 cpu = res["cpuMsPerOrder"] or {}
                 runs[text].append({"ordersPerSec": res["ordersPerSec"], "cpuMsPerOrder": cpu,
@@ -108,9 +124,12 @@ def main():
         rc = 1
     summary = []
     cols = ("seckill", "nginx", "postgres", "redis", "loadTool", "interrupts")
-    print(f"\n== make bench-ab: {rounds} round(s), {seconds} s sales at {conns} connections, medians\n")
-    print(f"{'setting':<48} {'orders/s':>9}  CPU ms per order: " + " ".join(f"{c[:8]:>8}" for c in cols)
-          + f" {'total':>7}")
+    unit = "req/s" if mode == "soldout" else "orders/s"
+    per = "request" if mode == "soldout" else "order"
+    what = "sold-out runs at 64" if mode == "soldout" else f"sales at {conns}"
+    print(f"\n== make bench-ab: {rounds} round(s), {seconds} s {what} connections, medians\n")
+    print(f"{'setting':<48} {unit:>9}  CPU ms per {per + ':':<8} " + " ".join(f"{c[:8]:>8}" for c in cols)
+          + f" {'total':>7} {'p99 ms':>7}")
     for text in args:
         rs = runs[text]
         if not rs:
@@ -121,12 +140,12 @@ def main():
                                  for c in cols}}
         med["cpuMsPerOrder"]["total"] = round(sum(med["cpuMsPerOrder"].values()), 3)
         summary.append({"setting": text, "runs": rs, "median": med})
-        print(f"{text[:48]:<48} {med['ordersPerSec']:>9,.0f}  {'':17} "
+        print(f"{text[:48]:<48} {med['ordersPerSec']:>9,.0f}  {'':22} "
               + " ".join(f"{med['cpuMsPerOrder'][c]:>8.3f}" for c in cols)
-              + f" {med['cpuMsPerOrder']['total']:>7.3f}")
+              + f" {med['cpuMsPerOrder']['total']:>7.3f} {med['p99Ms']:>7.1f}")
     print(f"\ninvariants: {'VIOLATED' if b.violations else 'hold after every sale'}")
     with open(out, "w") as f:
-        json.dump({"rounds": rounds, "seconds": seconds, "connections": conns,
+        json.dump({"mode": mode, "rounds": rounds, "seconds": seconds, "connections": conns,
                    "settings": summary, "violations": b.violations}, f, indent=2)
     print(f"results: {out}")
     return rc
