@@ -173,8 +173,9 @@ static api_err voucher_verdict(const store_voucher *v)
     return API_OK;
 }
 
-/* On the event thread: 1. validate, 2. refuse from the voucher cache. What
- * the cache cannot tell (a miss, stock left) goes on to h_seckill. */
+/* On the event thread: 1. validate, 2. refuse from the voucher cache (sold
+ * out, outside its window, or this user's order known). What the cache
+ * cannot tell (a miss, stock left) goes on to h_seckill. */
 static enum MHD_Result f_seckill(http_req *r, const char *arg, size_t arg_len)
 {
     const char *uid_text;
@@ -193,6 +194,8 @@ static enum MHD_Result f_seckill(http_req *r, const char *arg, size_t arg_len)
     r->user_id = user_id;
     if (vcache_get(voucher_id, &v) && (e = voucher_verdict(&v)) != API_OK)
         return http_send_error(r, e, NULL);
+    if (vcache_ordered(voucher_id, user_id))
+        return http_send_error(r, API_ALREADY_ORDERED, NULL);
     return MHD_YES;
 }
 

@@ -262,6 +262,15 @@ static void finish(conn_set *cs, order_job *j, store_status st)
     give_back(cs, j->o.user_id, &j->h);
 
     switch (st) {
+    case STORE_OK:
+        vcache_mark_ordered(j->o.voucher_id, j->o.user_id, j->gen);
+        break;
+    case STORE_DUPLICATE:
+        /* The database found the user's order. (A batch's own duplicate - the
+         * same user twice in one batch - proves nothing yet: not cached.) */
+        if (g_cfg.stock_strategy != STOCKS_BATCHED)
+            vcache_mark_ordered(j->o.voucher_id, j->o.user_id, j->gen);
+        break;
     case STORE_SOLD_OUT:
         /* The database said no stock is left: later buyers of this voucher
          * are refused from memory until a reset. */

@@ -30,6 +30,16 @@ void vcache_put(const store_voucher *v, uint64_t gen);
  * are refused from memory. */
 void vcache_mark_sold_out(int64_t voucher_id, uint64_t gen);
 
+/* A user's order for a voucher is known to exist (committed, or found by
+ * the database): a later attempt of that user is refused from memory, with
+ * no lock and no query - a crowd of repeat clicks costs an event thread
+ * only. Only a reset deletes orders, and it clears this too. Bounded: a
+ * pair lives VCACHE_TTL_MS like a voucher (a reset whose broadcast went
+ * astray cannot refuse a buyer for longer) and may be overwritten sooner;
+ * the database then answers again. */
+void vcache_mark_ordered(int64_t voucher_id, int64_t user_id, uint64_t gen);
+int vcache_ordered(int64_t voucher_id, int64_t user_id);
+
 /* Drops every entry (lazily, at the next lookup). */
 void vcache_invalidate_all(void);
 

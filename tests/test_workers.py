@@ -138,6 +138,61 @@ def sigterm_answers_every_queued_request_and_exits_cleanly():
         srv.stop(15)
 
 
+@test
+def repeat_buyer_is_refused_from_memory_while_every_worker_is_busy():
+    """THREADS=1: a user who just bought is refused (409 already_ordered) by
+    the event thread while the only worker sleeps in another transaction."""
+    srv = ss.Server("workers-repeat", {"ADMIN_TOKEN": TOKEN, "THREADS": 1, "IO_THREADS": 1,
+                                       "DEMO_DELAY_MS": DELAY_MS})
+    try:
+        vid = create_voucher(srv, 10)
+        if srv.seckill(vid, 50).status != 200:
+            fail("the first order failed")
+        other = []
+        t = in_background(lambda: srv.seckill(vid, 51), other)
+        time.sleep(0.15)
+        r, took = timed(lambda: srv.seckill(vid, 50))
+        if (r.status, r.body.get("error")) != (409, "already_ordered") or took > 0.5:
+            fail(f"the repeat buyer while the worker is busy: {r.status} {r.body} after "
+                 f"{took:.2f}s (want 409 already_ordered at once)")
+        if other:
+            fail(f"the other buyer was answered too soon: {other}")
+        t.join(15)
+        if orders_of(vid) != 2:
+            fail(f"orders in Postgres: {orders_of(vid)}, want 2")
+    finally:
+        srv.stop_ok(15)
+
+
+@test
+def a_reset_forgets_the_buyers_it_deleted():
+    """A repeat attempt is refused from memory, without the lock (no grant
+    counted); a reset deletes the voucher's orders and the memory with them:
+    the same user buys again at once (well within the cache's 1 s)."""
+    srv = ss.Server("workers-reset", {"ADMIN_TOKEN": TOKEN})
+    try:
+        vid = create_voucher(srv, 10)
+        if srv.seckill(vid, 60).status != 200:
+            fail("the first order failed")
+        lock0 = srv.get("/stats").body["lock"]
+        r = srv.seckill(vid, 60)
+        lock1 = srv.get("/stats").body["lock"]
+        if (r.status, r.body.get("error")) != (409, "already_ordered"):
+            fail(f"the repeat attempt: {r.status} {r.body}")
+        if lock1["acquired"] != lock0["acquired"] or lock1["contended"] != lock0["contended"]:
+            fail(f"the repeat attempt reached the lock: {lock0} -> {lock1}")
+        r = srv.post(f"/admin/vouchers/{vid}/reset", AUTH, {"stock": 10})
+        if r.status != 200:
+            fail(f"reset -> {r.status} {r.body}")
+        r = srv.seckill(vid, 60)
+        if r.status != 200:
+            fail(f"buying again after the reset: {r.status} {r.body}")
+        if orders_of(vid) != 1:
+            fail(f"orders in Postgres: {orders_of(vid)}, want 1")
+    finally:
+        srv.stop_ok(15)
+
+
 def crowd_of(srv, vid, uids):
     """One thread and one connection per buyer, all started together."""
     answers, threads = [], []
