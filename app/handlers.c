@@ -331,6 +331,7 @@ static enum MHD_Result h_metrics(http_req *r, const char *arg, size_t arg_len)
     cJSON *vouchers;
     char *buf = NULL;
     size_t len = 0;
+    int in_progress, queued;
     FILE *f;
 
     (void)arg;
@@ -341,7 +342,8 @@ static enum MHD_Result h_metrics(http_req *r, const char *arg, size_t arg_len)
         cJSON_Delete(vouchers);
         return http_send_error(r, API_UNAVAILABLE, "out of memory");
     }
-    metrics_write(f, vouchers);
+    http_load(&in_progress, &queued);
+    metrics_write(f, vouchers, in_progress, queued);
     fclose(f);
     cJSON_Delete(vouchers);
     return http_send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);

@@ -30,6 +30,7 @@ static struct {
     pthread_mutex_t mu;
     pthread_cond_t ready;
     http_req *head, *tail;
+    _Atomic int depth;        /* queued, not yet taken: read by /metrics */
     int closing, stop;
     pthread_t *threads;
     int nthreads;
@@ -66,6 +67,12 @@ static void set_request_id(http_req *r)
         tid = atomic_fetch_add(&next_tid, 1);
     snprintf(r->request_id, sizeof r->request_id, "%.48s-%u-%llu", g_cfg.instance_id, tid,
              (unsigned long long)++seq);
+}
+
+void http_load(int *in_progress, int *queued)
+{
+    *in_progress = atomic_load_explicit(&in_flight, memory_order_relaxed);
+    *queued = atomic_load_explicit(&wq.depth, memory_order_relaxed);
 }
 
 const char *http_header(http_req *r, const char *name)
@@ -235,6 +242,7 @@ static int wq_push(http_req *r)
     else
         wq.head = r;
     wq.tail = r;
+    atomic_fetch_add_explicit(&wq.depth, 1, memory_order_relaxed);
     pthread_cond_signal(&wq.ready);
     pthread_mutex_unlock(&wq.mu);
     return 0;
@@ -250,6 +258,7 @@ static http_req *wq_pop(int *closing)
         pthread_cond_wait(&wq.ready, &wq.mu);
     r = wq.head;
     if (r != NULL) {
+        atomic_fetch_sub_explicit(&wq.depth, 1, memory_order_relaxed);
         wq.head = r->next;
         if (wq.head == NULL)
             wq.tail = NULL;

@@ -85,6 +85,11 @@ void http_stop(int grace_ms);
 void http_later(http_req *r);
 void http_finish(http_req *r);
 
+/* Requests read and not yet answered, and those of them waiting for a
+ * worker (a steady queue means the workers, not the event threads, are the
+ * limit). */
+void http_load(int *in_progress, int *queued);
+
 /* Request header value, or NULL. Borrowed from MHD. */
 const char *http_header(http_req *r, const char *name);
 

@@ -117,13 +117,20 @@ static void write_counter(FILE *f, const char *name, const char *help, const cha
             name, name, inst, v);
 }
 
-void metrics_write(FILE *f, const cJSON *vouchers)
+void metrics_write(FILE *f, const cJSON *vouchers, int in_progress, int queued)
 {
     char inst[160], labels[512], title[600];
     lock_counters lc;
     const cJSON *v;
 
     metrics_escape(g_cfg.instance_id, inst, sizeof inst);
+
+    fprintf(f, "# HELP seckill_http_in_progress Requests read and not yet answered.\n"
+               "# TYPE seckill_http_in_progress gauge\nseckill_http_in_progress{instance=\"%s\"} %d\n",
+            inst, in_progress);
+    fprintf(f, "# HELP seckill_http_queued Requests waiting for a worker thread.\n"
+               "# TYPE seckill_http_queued gauge\nseckill_http_queued{instance=\"%s\"} %d\n",
+            inst, queued);
 
     fprintf(f, "# HELP seckill_http_requests_total HTTP requests answered, by route, status "
                "and error code.\n# TYPE seckill_http_requests_total counter\n");

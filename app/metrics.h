@@ -29,8 +29,9 @@ enum metrics_backend { METRICS_REDIS, METRICS_PG, METRICS_BACKEND_COUNT };
 void metrics_backend(enum metrics_backend b, int64_t latency_us, int ok);
 
 /* Writes the whole exposition to 'f'. 'vouchers' is store_stats's array
- * (may be NULL when Postgres is down: the gauges are left out). */
-void metrics_write(FILE *f, const cJSON *vouchers);
+ * (may be NULL when Postgres is down: the gauges are left out);
+ * 'in_progress' and 'queued' are http_load's. */
+void metrics_write(FILE *f, const cJSON *vouchers, int in_progress, int queued);
 
 /* Escapes a label value (backslash, double quote, newline) into 'buf'. */
 void metrics_escape(const char *in, char *buf, size_t n);

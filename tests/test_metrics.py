@@ -135,7 +135,9 @@ def metrics_parse_strictly_and_move_with_requests():
         for fam in ("seckill_http_requests_total", "seckill_http_request_duration_seconds",
                     "seckill_backend_call_duration_seconds", "seckill_backend_errors_total",
                     "seckill_lock_acquired_total", "seckill_voucher_stock",
-                    "seckill_voucher_oversold", "seckill_stale_token_rejections_total"):
+                    "seckill_voucher_oversold", "seckill_stale_token_rejections_total",
+                    "seckill_http_in_progress", "seckill_http_queued", "seckill_batches_total",
+                    "seckill_batch_buyers_total"):
             if fam not in fams:
                 fail(f"family {fam} missing")
         route = "/voucher/{id}/seckill"
@@ -158,8 +160,9 @@ def metrics_parse_strictly_and_move_with_requests():
             "seckill latency observations": delta("seckill_http_request_duration_seconds_count",
                                                   route=route),
         }
-        # The second buyer reaches the lock only if its worker thread cached the
-        # voucher before the first sale (vcache is per thread): 1 or 2 grants.
+        # The second buyer reaches the lock when the cached voucher still shows
+        # the stock the first one bought (it does, unless its 1 s ran out and a
+        # worker read stock 0): 2 grants, or 1.
         grants = delta("seckill_lock_acquired_total")
         if grants not in (1, 2):
             fail(f"lock grants moved by {grants}")
@@ -170,6 +173,10 @@ def metrics_parse_strictly_and_move_with_requests():
         if delta("seckill_backend_call_duration_seconds_count", backend="postgres") < 1 or \
                 delta("seckill_backend_call_duration_seconds_count", backend="redis") < 3:
             fail("backend call counts did not move (one order = Postgres + Redis calls)")
+        # Scraping is a request in progress itself; nothing else is.
+        if value(after, "seckill_http_in_progress") != 1 or value(after, "seckill_http_queued") != 0:
+            fail(f"in progress {value(after, 'seckill_http_in_progress')}, queued "
+                 f"{value(after, 'seckill_http_queued')}: want 1 and 0 while only /metrics runs")
         gauges = {n: v for n, l, v in after if l.get("voucher") == str(vid)}
         if gauges.get("seckill_voucher_stock") != 0 or gauges.get("seckill_voucher_orders") != 1 \
                 or gauges.get("seckill_voucher_oversold") != 0:
