@@ -27,7 +27,7 @@
 #   EXTERNAL_REDIS_URL use this Redis instead of starting one
 #   ADMIN_TOKEN        admin token (default: RUN_DIR/admin_token, random on first use)
 #   LOG_LEVEL          instances' log level (default warn: nginx logs every request)
-#   THREADS, DEMO_RANDOM_USER, SECKILL_*, MAX_BODY, ... passed to the instances as set
+#   THREADS, IO_THREADS, DEMO_RANDOM_USER, SECKILL_*, MAX_BODY, ... passed to the instances as set
 #   SECKILL_BIN        server binary (default <repo>/build/seckill)
 #   PG_BIN             Postgres server binaries (default newest /usr/lib/postgresql/*/bin)
 #   PG_DURABLE=1       keep fsync on (default off: a throwaway database)
@@ -427,6 +427,7 @@ instance_env() {
     printf 'LUA_DIR=%s\n' "$LUA_DIR_STACK"
     printf 'LOG_LEVEL=%s\n' "${LOG_LEVEL:-warn}"
     printf 'THREADS=%s\n' "${THREADS:-8}"
+    printf 'IO_THREADS=%s\n' "${IO_THREADS:-2}"
     printf 'DEMO_RANDOM_USER=%s\n' "${DEMO_RANDOM_USER:-0}"
 }
 

@@ -27,7 +27,7 @@ COMPOSE = os.path.join(ROOT, "docker-compose.yml")
 STACK = os.path.join(ROOT, "scripts", "stack.sh")
 
 # Variables that change what 'docker-compose config' and the launcher print.
-_SCRUB = ("ADMIN_TOKEN", "DEMO_RANDOM_USER", "LOG_LEVEL", "THREADS", "POSTGRES_PASSWORD",
+_SCRUB = ("ADMIN_TOKEN", "DEMO_RANDOM_USER", "LOG_LEVEL", "THREADS", "IO_THREADS", "POSTGRES_PASSWORD",
           "PG_HOST_PORT", "NGINX_PORT", "APP_PORT_BASE", "INSTANCES", "EXTERNAL_PG_DSN",
           "EXTERNAL_REDIS_URL", "LUA_DIR", "SECKILL_BIN", "COMPOSE_FILE", "COMPOSE_PROJECT_NAME")
 
