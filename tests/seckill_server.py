@@ -549,6 +549,15 @@ def voucher_body(title, stock, ahead=3600):
     return {"title": title, "stock": stock, "beginTime": iso(now - 60), "endTime": iso(now + ahead)}
 
 
+def new_voucher(srv, token, stock, title="test voucher"):
+    """Creates a voucher on sale now through srv's admin API; its id."""
+    r = srv.post("/admin/vouchers", {"Authorization": f"Bearer {token}"},
+                 voucher_body(title, stock))
+    if r.status != 201:
+        fail(f"create voucher -> {r.status} {r.body!r}")
+    return r.body["voucherId"]
+
+
 def raw_request(port, data, timeout=5.0):
     """Sends raw bytes and reads the answer (until Content-Length is satisfied
     or the server closes). Sending and reading are interleaved, so an answer

@@ -22,10 +22,7 @@ STOCK = 100          # crowd tests: items on sale
 
 
 def create_voucher(srv, stock):
-    r = srv.post("/admin/vouchers", AUTH, ss.voucher_body("strategy", stock))
-    if r.status != 201:
-        fail(f"create voucher -> {r.status} {r.body!r}")
-    return r.body["voucherId"]
+    return ss.new_voucher(srv, TOKEN, stock, "strategy")
 
 
 def db_state(vid):

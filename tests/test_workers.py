@@ -24,10 +24,7 @@ DELAY_MS = 2000      # one order holds the only worker this long
 
 
 def create_voucher(srv, stock):
-    r = srv.post("/admin/vouchers", AUTH, ss.voucher_body("workers", stock))
-    if r.status != 201:
-        fail(f"create voucher -> {r.status} {r.body!r}")
-    return r.body["voucherId"]
+    return ss.new_voucher(srv, TOKEN, stock, "workers")
 
 
 def orders_of(vid):
