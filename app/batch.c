@@ -1,6 +1,7 @@
 /* batch: leader/follower group commit per voucher. */
 #include "batch.h"
 #include "config.h"
+#include "idw.h"
 #include "log.h"
 #include "stats.h"
 #include "util.h"
@@ -14,7 +15,7 @@
 #define BATCH_LIMIT 1000      /* BATCH_MAX's upper bound (config.c) */
 
 typedef struct waiter {
-    const store_order *order;
+    store_order *order;
     batch_unlock *unlock;     /* may be NULL */
     batch_done_fn done;
     void *arg;
@@ -69,7 +70,8 @@ static void unlock_all(conn_set *cs, waiter **batch, int n)
     int k = 0;
 
     for (int i = 0; i < n; i++) {
-        if (batch[i]->unlock == NULL)
+        if (batch[i]->unlock == NULL ||
+            (batch[i]->unlock->acquire && batch[i]->unlock->taken != LOCK_OK))
             continue;
         owner[k] = batch[i]->unlock;
         items[k++] = batch[i]->unlock->item;
@@ -85,39 +87,101 @@ static void unlock_all(conn_set *cs, waiter **batch, int n)
         conn_redis_broken(cs);
 }
 
+/* Takes the locks the leader was asked to take, and their order ids, for
+ * the whole batch in one round trip: every INCR, then every acquire.
+ * Returns how many waiters go on to the statement (moved to the front of
+ * 'w'); the others are in 'refused' with their result in 'why'. */
+static int lock_all(conn_set *cs, waiter **w, int n, waiter **refused, store_status *why,
+                    int *nrefused)
+{
+    lock_acquire_op ops[BATCH_LIMIT];
+    idw_op iops[BATCH_LIMIT];
+    lock_grant g[BATCH_LIMIT];
+    lock_status st[BATCH_LIMIT];
+    int idx[BATCH_LIMIT], k = 0, kept = 0;
+    int64_t now = (int64_t)time(NULL);
+    redisContext *c = NULL;
+
+    for (int i = 0; i < n; i++)
+        if (w[i]->unlock != NULL && w[i]->unlock->acquire)
+            idx[k++] = i;
+    if (k > 0 && (c = conn_redis(cs)) != NULL) {
+        for (int j = 0; j < k; j++)
+            idw_send(c, g_cfg.id_prefix, now, &iops[j]);
+        for (int j = 0; j < k; j++) {
+            lock_release_item *it = &w[idx[j]]->unlock->item;
+            lock_acquire_send(c, &ops[j], it->key, it->owner, it->lease_ms);
+        }
+        for (int j = 0; j < k; j++)
+            w[idx[j]]->unlock->id_failed =
+                idw_recv(c, &iops[j], &w[idx[j]]->order->order_id) != IDW_OK;
+        lock_acquire_recv_many(c, ops, (size_t)k, g, st);
+        if (c->err)
+            conn_redis_broken(cs);
+    } else {
+        for (int j = 0; j < k; j++)
+            st[j] = LOCK_ERR;
+    }
+    for (int j = 0; j < k; j++) {
+        batch_unlock *u = w[idx[j]]->unlock;
+        u->taken = st[j];
+        if (st[j] == LOCK_OK)
+            w[idx[j]]->order->fence_token = g[j].token;
+    }
+    for (int i = 0; i < n; i++) {
+        batch_unlock *u = w[i]->unlock;
+        store_status r = STORE_OK;
+        if (u != NULL && u->acquire)
+            r = u->taken == LOCK_BUSY ? STORE_DUPLICATE
+                : u->taken != LOCK_OK || u->id_failed ? STORE_UNAVAILABLE : STORE_OK;
+        if (r == STORE_OK) {
+            w[kept++] = w[i];
+        } else {
+            refused[*nrefused] = w[i];
+            why[(*nrefused)++] = r;
+        }
+    }
+    return kept;
+}
+
 /* Settles up to BATCH_MAX waiters taken from the head of 'q' and answers
  * them (mu held on entry and exit; released while Postgres, Redis and the
  * answers run). */
 static void settle(conn_set *cs, queue *q)
 {
-    waiter *batch[BATCH_LIMIT], *dups = NULL;
+    waiter *taken[BATCH_LIMIT], *batch[BATCH_LIMIT], *refused[BATCH_LIMIT];
     store_order orders[BATCH_LIMIT];
-    store_status results[BATCH_LIMIT];
-    int n = 0;
+    store_status results[BATCH_LIMIT], why[BATCH_LIMIT];
+    int nt = 0, n = 0, nr = 0;
     PGconn *pg;
     store_status st;
 
-    while (q->head != NULL && n < g_cfg.batch_max) {
-        waiter *w = q->head;
-        q->head = w->next;
+    while (q->head != NULL && nt < g_cfg.batch_max) {
+        taken[nt++] = q->head;
+        q->head = q->head->next;
         q->n--;
+    }
+    if (q->head == NULL)
+        q->tail = NULL;
+    pthread_mutex_unlock(&mu);
+
+    nt = lock_all(cs, taken, nt, refused, why, &nr);
+    for (int t = 0; t < nt; t++) {
+        waiter *w = taken[t];
         /* The same user twice in one batch means a concurrent request of that
          * user (its lock lapsed): the later one is the duplicate. */
         int dup = 0;
         for (int i = 0; i < n && !dup; i++)
             dup = orders[i].user_id == w->order->user_id;
         if (dup) {
-            w->next = dups;
-            dups = w;
+            refused[nr] = w;
+            why[nr++] = STORE_DUPLICATE;
             continue;
         }
         batch[n] = w;
         orders[n] = *w->order;
         n++;
     }
-    if (q->head == NULL)
-        q->tail = NULL;
-    pthread_mutex_unlock(&mu);
 
     if (n > 0) {
         stats_note_batch(n);
@@ -141,17 +205,14 @@ static void settle(conn_set *cs, queue *q)
         batch[i]->done(cs, batch[i]->arg, results[i]);
         free(batch[i]);
     }
-    while (dups != NULL) {
-        waiter *w = dups;
-        dups = w->next;
-        w->done(cs, w->arg, STORE_DUPLICATE);
-        free(w);
+    for (int i = 0; i < nr; i++) {
+        refused[i]->done(cs, refused[i]->arg, why[i]);
+        free(refused[i]);
     }
     pthread_mutex_lock(&mu);
 }
 
-void batch_submit(conn_set *cs, const store_order *o, batch_unlock *u, batch_done_fn done,
-                  void *arg)
+void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
 {
     waiter *me = xcalloc(1, sizeof *me);
     queue *q;
@@ -164,10 +225,16 @@ void batch_submit(conn_set *cs, const store_order *o, batch_unlock *u, batch_don
     pthread_mutex_lock(&mu);
     q = queue_of(o->voucher_id);
     if (q == NULL) {                          /* more hot vouchers than slots */
+        waiter *one[1] = { me }, *refused[1];
+        store_status why = STORE_UNAVAILABLE;
+        int nr = 0;
+        PGconn *pg;
+
         pthread_mutex_unlock(&mu);
+        if (lock_all(cs, one, 1, refused, &why, &nr) == 1)
+            why = (pg = conn_pg(cs)) == NULL ? STORE_UNAVAILABLE : store_order_create(pg, o);
         free(me);
-        PGconn *pg = conn_pg(cs);
-        done(cs, arg, pg == NULL ? STORE_UNAVAILABLE : store_order_create(pg, o));
+        done(cs, arg, why);                   /* a held lock is released by its owner */
         return;
     }
     if (q->tail != NULL)
@@ -220,7 +287,7 @@ static void sync_done(conn_set *cs, void *arg, store_status st)
     pthread_mutex_unlock(&w->mu);
 }
 
-store_status batch_settle(conn_set *cs, const store_order *o, batch_unlock *u)
+store_status batch_settle(conn_set *cs, store_order *o, batch_unlock *u)
 {
     sync_wait w = { .done = 0 };
 

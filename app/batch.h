@@ -17,10 +17,20 @@
 
 /* A buyer's user lock, released by the leader right after the batch's
  * commit, with the others of the batch in one round trip. 'done' 1: it was
- * sent, and item.st is the outcome (LOCK_ERR: retry with item.rq). */
+ * sent, and item.st is the outcome (LOCK_ERR: retry with item.rq).
+ * 'acquire' 1: the leader also takes it (item.key for item.owner, lease
+ * item.lease_ms), with the order's id, for the whole batch in one round
+ * trip before the statement, and fills the order's order_id and
+ * fence_token; 'taken' then says what came of it: LOCK_OK (held, released
+ * as above), LOCK_BUSY (another request of the user holds it: the buyer's
+ * result is STORE_DUPLICATE) or LOCK_ERR (STORE_UNAVAILABLE; 'id_failed'
+ * when it was the id). */
 typedef struct batch_unlock {
     lock_release_item item;
     int done;
+    int acquire;
+    lock_status taken;
+    int id_failed;
 } batch_unlock;
 
 /* A buyer's outcome, given on the worker that settled its batch, with that
@@ -33,11 +43,10 @@ typedef void (*batch_done_fn)(conn_set *cs, void *arg, store_status st);
  * becomes its leader: its worker gathers and settles batches until the
  * queue is empty, so it returns only then; the others return at once.
  * 'o' and 'u' must stay valid until 'done' is called. */
-void batch_submit(conn_set *cs, const store_order *o, batch_unlock *u, batch_done_fn done,
-                  void *arg);
+void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn done, void *arg);
 
 /* batch_submit, waiting for the outcome (for a lock that only the thread
  * that took it may release). */
-store_status batch_settle(conn_set *cs, const store_order *o, batch_unlock *u);
+store_status batch_settle(conn_set *cs, store_order *o, batch_unlock *u);
 
 #endif

@@ -163,25 +163,34 @@ lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *
     return LOCK_OK;
 }
 
-lock_status lock_acquire_recv(redisContext *c, lock_acquire_op *op, lock_grant *g)
+/* Is 'r' the acquire script's "your deadline has passed" answer? Then
+ * Redis's clock runs ahead of ours (we got the reply in time). */
+static int acquire_clock_ahead(const redisReply *r)
+{
+    return r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+           r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == -2;
+}
+
+static redisReply *acquire_without_deadline(redisContext *c, lock_acquire_op *op,
+                                            redisReply *r)
+{
+    log_warn("lock acquire %s: Redis's clock is ahead of ours by more than %d ms; "
+             "acquiring without a deadline", op->key,
+             g_cfg.redis_timeout_ms + DEADLINE_SLACK_MS);
+    freeReplyObject(r);
+    return script_run(c, SCRIPT_LOCK_ACQUIRE, 2, 4, op->argv, NULL);
+}
+
+/* Reads the attempt's outcome from its reply 'r' (taken; NULL: none came)
+ * and releases the op. */
+static lock_status acquire_finish(redisContext *c, lock_acquire_op *op, redisReply *r,
+                                  lock_grant *g)
 {
     lock_status st = LOCK_ERR;
-    redisReply *r = NULL;
     long long first, second;
 
     if (!op->sent)
         goto cleanup;
-    r = script_recv(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL, 1);
-    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-        r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == -2) {
-        /* We did get the reply in time, so the server's clock runs ahead of
-         * ours: say so, and ask again without a deadline. */
-        log_warn("lock acquire %s: Redis's clock is ahead of ours by more than %d ms; "
-                 "acquiring without a deadline", op->key,
-                 g_cfg.redis_timeout_ms + DEADLINE_SLACK_MS);
-        freeReplyObject(r);
-        r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, 4, op->argv, NULL);
-    }
     metrics_backend(METRICS_REDIS, util_mono_us() - op->t0, r != NULL);
     if (r == NULL) {
         log_warn("lock acquire %s: redis: %s", op->key, c->errstr);
@@ -234,6 +243,54 @@ cleanup:
     op->watchdog = 0;
     op->sent = 0;
     return st;
+}
+
+lock_status lock_acquire_recv(redisContext *c, lock_acquire_op *op, lock_grant *g)
+{
+    redisReply *r = NULL;
+
+    if (op->sent) {
+        r = script_recv(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL, 1);
+        if (acquire_clock_ahead(r))
+            r = acquire_without_deadline(c, op, r);
+    }
+    return acquire_finish(c, op, r, g);
+}
+
+void lock_acquire_recv_many(redisContext *c, lock_acquire_op *ops, size_t n, lock_grant *g,
+                            lock_status *st)
+{
+    redisReply **again = xcalloc(n ? n : 1, sizeof *again);
+    unsigned char *redo = xcalloc(n ? n : 1, 1);
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        redisReply *r = NULL;
+        if (ops[i].sent) {
+            r = script_recv(c, SCRIPT_LOCK_ACQUIRE, 2, ops[i].argc, ops[i].argv, NULL, 0);
+            /* Neither may be re-sent while later replies are pending. */
+            if (script_is_noscript(r) || acquire_clock_ahead(r)) {
+                again[i] = r;
+                redo[i] = 1;
+                continue;
+            }
+        }
+        st[i] = acquire_finish(c, &ops[i], r, &g[i]);
+    }
+    for (i = 0; i < n; i++) {
+        redisReply *r;
+        if (!redo[i])
+            continue;
+        if (acquire_clock_ahead(again[i])) {
+            r = acquire_without_deadline(c, &ops[i], again[i]);
+        } else {
+            freeReplyObject(again[i]);        /* NOSCRIPT: it did not run */
+            r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, ops[i].argc, ops[i].argv, NULL);
+        }
+        st[i] = acquire_finish(c, &ops[i], r, &g[i]);
+    }
+    free(redo);
+    free(again);
 }
 
 lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner,

@@ -70,6 +70,13 @@ lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *
                               const char *owner, long lease_ms);
 lock_status lock_acquire_recv(redisContext *c, lock_acquire_op *op, lock_grant *g);
 
+/* 'n' attempts in one round trip (a batch's buyers): lock_acquire_send for
+ * each, then this once, after every reply appended before them is read.
+ * Outcomes go to st[i] and g[i] as for lock_acquire_recv; an attempt
+ * answered NOSCRIPT is re-sent alone once every reply is in. */
+void lock_acquire_recv_many(redisContext *c, lock_acquire_op *ops, size_t n, lock_grant *g,
+                            lock_status *st);
+
 /* Redisson's tryLock(waitTime, leaseTime): 'wait_ms' 0 is one attempt;
  * > 0 waits up to 'wait_ms' for the holder's release message, retrying
  * after each wake-up and at least once per holder TTL (no polling). After

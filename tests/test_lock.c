@@ -694,6 +694,58 @@ static void test_release_many(void)
     del_lock(k3);
 }
 
+/* A batch's attempts in one round trip behind their ids' INCRs: each its
+ * own outcome (a grant with its token, a busy key, the same key twice: the
+ * second owner is refused), also with an empty script cache, and the
+ * connection stays in step. */
+static void test_acquire_many(void)
+{
+    char k1[256], k2[256];
+    lock_acquire_op ops[3];
+    lock_grant g[3];
+    lock_status st[3];
+    idw_op iop[3];
+    int64_t ids[3];
+    key_for("amany1", k1, sizeof k1);
+    key_for("amany2", k2, sizeof k2);
+
+    for (int flush = 0; flush < 2; flush++) {
+        T_EQ_I64(lock_try_acquire(rc, k2, OWNER_C, LEASE, NULL), LOCK_OK);   /* busy */
+        if (flush) {
+            redisReply *r = T_CMD(rc, "SCRIPT FLUSH");
+            freeReplyObject(r);
+        }
+        for (int i = 0; i < 3; i++)
+            T_EQ_I64(idw_send(rc, "tlockmany", (int64_t)time(NULL), &iop[i]), IDW_OK);
+        T_EQ_I64(lock_acquire_send(rc, &ops[0], k1, OWNER_A, LEASE), LOCK_OK);
+        T_EQ_I64(lock_acquire_send(rc, &ops[1], k2, OWNER_A, LEASE), LOCK_OK);
+        T_EQ_I64(lock_acquire_send(rc, &ops[2], k1, OWNER_B, LEASE), LOCK_OK);
+        for (int i = 0; i < 3; i++)
+            T_EQ_I64(idw_recv(rc, &iop[i], &ids[i]), IDW_OK);
+        T_ASSERT(ids[0] < ids[1] && ids[1] < ids[2]);
+        lock_acquire_recv_many(rc, ops, 3, g, st);
+        T_EQ_I64(st[0], LOCK_OK);
+        T_ASSERT(g[0].token >= 1);
+        T_EQ_I64(st[1], LOCK_BUSY);
+        T_ASSERT(g[1].ttl_ms > 0 && g[1].ttl_ms <= LEASE);
+        T_EQ_I64(st[2], LOCK_BUSY);
+        T_EQ_I64(hget_count(k1, OWNER_A), 1);
+        T_EQ_I64(hget_count(k2, OWNER_C), 1);
+        redisReply *r = T_CMD(rc, "PING");
+        T_ASSERT(r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0);
+        freeReplyObject(r);
+        T_EQ_I64(lock_release(rc, k1, OWNER_A, LEASE, NULL), LOCK_OK);
+        T_EQ_I64(lock_release(rc, k2, OWNER_C, LEASE, NULL), LOCK_OK);
+    }
+    lock_acquire_recv_many(rc, ops, 0, g, st);     /* nothing to do, nothing read */
+    del_lock(k1);
+    del_lock(k2);
+    char icr[64];
+    idw_key("tlockmany", (int64_t)time(NULL), icr, sizeof icr);
+    redisReply *r = T_CMD(rc, "DEL %s", icr);
+    freeReplyObject(r);
+}
+
 int main(void)
 {
     char err[256];
@@ -720,6 +772,7 @@ int main(void)
     T_RUN(test_release_retry_after_lost_reply);
     T_RUN(test_pipelined_acquire_with_id);
     T_RUN(test_release_many);
+    T_RUN(test_acquire_many);
     redisFree(rc);
     return t_done();
 }

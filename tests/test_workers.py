@@ -239,11 +239,12 @@ def batched_batch_holds_more_buyers_than_workers():
 
 @test
 def batched_lock_is_the_request_s_own_not_its_worker_s():
-    """THREADS=2, batched: one worker leads a batch (it gathers for 400 ms);
-    the other queues user X's order in it and moves on, X's lock held, and
-    then takes X's second request. Redisson's owner is instance:thread, and
-    a worker that moved on must not re-enter the lock as that holder: the
-    second request is refused at the lock (contended +1), at once."""
+    """THREADS=2, batched: one worker leads a batch (it gathers for 400 ms)
+    while the other queues user X's request in it, then X's second request.
+    The leader takes the batch's locks in one round trip, each for its
+    request's own owner id: Redisson's owner is instance:thread, and two
+    requests queued by one worker must not both get the lock as one
+    reentrant holder. One is refused at the lock (contended +1)."""
     srv = ss.Server("workers-owner", {"ADMIN_TOKEN": TOKEN, "THREADS": 2,
                                       "SECKILL_STOCK": "batched", "BATCH_WINDOW_US": 400000})
     try:
@@ -265,8 +266,8 @@ def batched_lock_is_the_request_s_own_not_its_worker_s():
         if lock1["contended"] - lock0["contended"] != 1 or \
                 lock1["acquired"] - lock0["acquired"] != 2:
             fail(f"lock figures {lock0} -> {lock1}: want two grants and one contended attempt")
-        if took > 0.3:
-            fail(f"the refusal took {took:.2f}s: it waited for the batch")
+        if took > 1.5:
+            fail(f"the refusal took {took:.2f}s")
         if orders_of(vid) != 2:
             fail(f"orders in Postgres: {orders_of(vid)}, want 2")
     finally:
