@@ -345,6 +345,22 @@ void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply
     else
         snprintf(h->owner, sizeof h->owner, "%s", cs->owner);
 
+    if (batched && g_cfg.lock_strategy == LOCKS_REENTRANT && g_cfg.demo_pause_ms == 0) {
+        /* 3-5 by the batch's leader: the lock and the id with the rest of
+         * the batch's in one round trip, the statement, the releases in one
+         * more, the answers (app/batch.c). This worker touches neither
+         * Redis nor Postgres: an outage is the leader's to answer. */
+        h->kind = LOCKS_REENTRANT;
+        snprintf(h->key, sizeof h->key, LOCK_KEY_PREFIX "%" PRId64, user_id);
+        lock_release_req_init(&h->rq);
+        h->unlock = (batch_unlock){ .item = { .key = h->key, .owner = h->owner,
+                                              .lease_ms = g_cfg.lock_lease_ms, .rq = &h->rq },
+                                    .acquire = 1 };
+        o->fence_key = h->key;
+        batch_submit(cs, o, &h->unlock, batch_done, j);
+        return;
+    }
+
     if ((pg = conn_pg(cs)) == NULL) {
         refuse(j, API_UNAVAILABLE, "database unavailable, retry later");
         return;
@@ -365,21 +381,6 @@ void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply
             return;
         }
         cs->orphan_lock[0] = '\0';
-    }
-
-    if (batched && g_cfg.lock_strategy == LOCKS_REENTRANT && g_cfg.demo_pause_ms == 0) {
-        /* 3-5 by the batch's leader: the lock and the id with the rest of
-         * the batch's in one round trip, the statement, the releases in one
-         * more, the answers (app/batch.c). */
-        h->kind = LOCKS_REENTRANT;
-        snprintf(h->key, sizeof h->key, LOCK_KEY_PREFIX "%" PRId64, user_id);
-        lock_release_req_init(&h->rq);
-        h->unlock = (batch_unlock){ .item = { .key = h->key, .owner = h->owner,
-                                              .lease_ms = g_cfg.lock_lease_ms, .rq = &h->rq },
-                                    .acquire = 1 };
-        o->fence_key = h->key;
-        batch_submit(cs, o, &h->unlock, batch_done, j);
-        return;
     }
 
     /* 3. The per-user lock, one attempt: busy means a concurrent request of

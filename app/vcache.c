@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define VCACHE_SLOTS 64   /* direct-mapped: a sale has a handful of hot vouchers */
-#define BUYER_SLOTS 4096  /* direct-mapped (voucher, user) pairs with an order: 64 KiB */
+#define BUYER_SLOTS 4096  /* direct-mapped (voucher, user) pairs with an order: 96 KiB */
 
 typedef struct slot {
     store_voucher v;      /* v.voucher_id == 0: empty */

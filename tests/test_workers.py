@@ -274,5 +274,26 @@ def batched_lock_is_the_request_s_own_not_its_worker_s():
         srv.stop_ok(15)
 
 
+@test
+def batched_redis_down_is_the_leaders_503():
+    """Batched with Redis unreachable: the worker hands the buyer to the
+    batch without touching Redis; the leader cannot take the lock and
+    answers 503 unavailable, with no order and the stock untouched."""
+    srv = ss.Server("workers-batch-noredis", {
+        "ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "batched",
+        "REDIS_URL": f"redis://127.0.0.1:{ss.dead_port()}/0"})
+    try:
+        vid = create_voucher(srv, 5)
+        r, took = timed(lambda: srv.seckill(vid, 42_000))
+        if (r.status, r.body.get("error")) != (503, "unavailable") or "redis" not in \
+                r.body.get("message", "") or took > 5:
+            fail(f"batched buyer with Redis down: {r.status} {r.body} after {took:.2f}s")
+        stock = int(psql_value(f"SELECT stock FROM tb_voucher WHERE voucher_id = {vid}"))
+        if orders_of(vid) != 0 or stock != 5:
+            fail(f"Redis down, yet Postgres changed: orders {orders_of(vid)}, stock {stock}")
+    finally:
+        srv.stop_ok(15)
+
+
 if __name__ == "__main__":
     ss.main()
