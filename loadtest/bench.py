@@ -681,7 +681,7 @@ class Bench:
         if bad:
             raise BenchError(f"the ceiling nginx answered {bad} requests with another status than 200: {r['statuses']}")
         r["connections"] = 64
-        r["upstream"] = "a second server block in the same nginx (return 200), upstream keepalive 64"
+        r["upstream"] = "a second server block in the same nginx (return 200), upstream keepalive as nginx/nginx.conf.tmpl"
         log(f"wrk nginx -> keep-alive upstream: {r['rps']:.0f} req/s")
         return r
 

@@ -204,7 +204,7 @@ def generated_config_has_the_required_directives():
     if p.returncode != 0:
         fail(p.stderr)
     conf = re.sub(r"#.*", "", p.stdout)
-    for needle in ("proxy_http_version 1.1;", 'proxy_set_header Connection "";', "keepalive 64;",
+    for needle in ("proxy_http_version 1.1;", 'proxy_set_header Connection "";', "keepalive 512;",
                    "proxy_next_upstream error timeout;", "client_max_body_size",
                    "client_header_timeout", "client_body_timeout", "proxy_connect_timeout",
                    "proxy_read_timeout", "proxy_send_timeout", "$upstream_addr",
