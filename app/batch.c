@@ -212,6 +212,36 @@ static void settle(conn_set *cs, queue *q)
     pthread_mutex_lock(&mu);
 }
 
+int batch_join(store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
+{
+    waiter *me;
+    queue *q;
+
+    pthread_once(&once, init);
+    pthread_mutex_lock(&mu);
+    for (q = queues; q < queues + NQUEUES; q++)
+        if (q->voucher_id == o->voucher_id && q->leader)
+            break;
+    if (q == queues + NQUEUES) {
+        pthread_mutex_unlock(&mu);
+        return 0;
+    }
+    me = xcalloc(1, sizeof *me);
+    me->order = o;
+    me->unlock = u;
+    me->done = done;
+    me->arg = arg;
+    if (q->tail != NULL)
+        q->tail->next = me;
+    else
+        q->head = me;
+    q->tail = me;
+    if (++q->n >= g_cfg.batch_max)
+        pthread_cond_signal(&q->full);
+    pthread_mutex_unlock(&mu);
+    return 1;
+}
+
 void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
 {
     waiter *me = xcalloc(1, sizeof *me);

@@ -45,6 +45,13 @@ typedef void (*batch_done_fn)(conn_set *cs, void *arg, store_status st);
  * 'o' and 'u' must stay valid until 'done' is called. */
 void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn done, void *arg);
 
+/* For an event thread, which must not block nor lead: queues 'o' as
+ * batch_submit does when the voucher's queue has a leader at work (it will
+ * settle 'o' before it stops), and returns 1; else returns 0 and does
+ * nothing (call batch_submit on a worker). Never touches Redis or Postgres.
+ * An xcalloc the size of a few pointers is its only cost beyond the mutex. */
+int batch_join(store_order *o, batch_unlock *u, batch_done_fn done, void *arg);
+
 /* batch_submit, waiting for the outcome (for a lock that only the thread
  * that took it may release). */
 store_status batch_settle(conn_set *cs, store_order *o, batch_unlock *u);

@@ -173,15 +173,20 @@ static api_err voucher_verdict(const store_voucher *v)
     return API_OK;
 }
 
+static void seckill_reply(void *arg, api_err err, const char *message, int64_t order_id);
+
 /* On the event thread: 1. validate, 2. refuse from the voucher cache (sold
  * out, outside its window, or this user's order known). What the cache
- * cannot tell (a miss, stock left) goes on to h_seckill. */
+ * cannot tell (a miss, stock left) goes on to h_seckill, or, batched, to
+ * the voucher's batch when one is at work. */
+
 static enum MHD_Result f_seckill(http_req *r, const char *arg, size_t arg_len)
 {
     const char *uid_text;
     store_voucher v;
     int64_t voucher_id, user_id;
     api_err e;
+    int cached;
 
     if (util_parse_id(arg, arg_len, &voucher_id) != 0)
         return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
@@ -192,11 +197,17 @@ static enum MHD_Result f_seckill(http_req *r, const char *arg, size_t arg_len)
         return http_send_error(r, API_INVALID_USER_ID, NULL);
     r->voucher_id = voucher_id;
     r->user_id = user_id;
-    if (vcache_get(voucher_id, &v) && (e = voucher_verdict(&v)) != API_OK)
+    cached = vcache_get(voucher_id, &v);
+    if (cached && (e = voucher_verdict(&v)) != API_OK)
         return http_send_error(r, e, NULL);
     if (vcache_ordered(voucher_id, user_id))
         return http_send_error(r, API_ALREADY_ORDERED, NULL);
-    return MHD_YES;
+    /* Batched, with a batch of this voucher at work: straight into it,
+     * without a worker's turn. Parked first: its leader may answer at once. */
+    if (cached && order_joinable() && http_park(r, arg, arg_len) == 0 &&
+        !order_join(voucher_id, user_id, seckill_reply, r))
+        http_unpark(r);
+    return MHD_YES;                          /* else to h_seckill on a worker */
 }
 
 /* 6. The answer to a buyer who reached the order, on whichever worker

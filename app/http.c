@@ -228,14 +228,15 @@ int http_route_find(const http_route *routes, size_t n, const char *method, cons
 /* Suspends r's connection and queues r. Suspend first: a worker may resume
  * it before this thread is back in MHD. -1 once the workers have stopped
  * (a keep-alive request during shutdown): nothing was done. */
-static int wq_push(http_req *r)
+static int wq_push(http_req *r, int suspended)
 {
     pthread_mutex_lock(&wq.mu);
     if (wq.stop) {
         pthread_mutex_unlock(&wq.mu);
         return -1;
     }
-    MHD_suspend_connection(r->conn);
+    if (!suspended)
+        MHD_suspend_connection(r->conn);
     r->next = NULL;
     if (wq.tail != NULL)
         wq.tail->next = r;
@@ -339,12 +340,39 @@ static enum MHD_Result defer(http_req *r, const char *arg, size_t arg_len)
     r->deferred = 1;
     r->on_worker = 1;
     r->worker_ret = MHD_YES;
-    if (wq_push(r) != 0) {
+    if (wq_push(r, 0) != 0) {
         r->deferred = 0;
         r->on_worker = 0;
         return http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
     }
     return MHD_YES;
+}
+
+int http_park(http_req *r, const char *arg, size_t arg_len)
+{
+    int ret = -1;
+
+    pthread_mutex_lock(&wq.mu);
+    if (!wq.stop) {
+        MHD_suspend_connection(r->conn);
+        r->arg = arg;
+        r->arg_len = arg_len;
+        r->deferred = 1;
+        r->on_worker = 1;
+        r->worker_ret = MHD_YES;
+        ret = 0;
+    }
+    pthread_mutex_unlock(&wq.mu);
+    return ret;
+}
+
+void http_unpark(http_req *r)
+{
+    if (wq_push(r, 1) == 0)
+        return;
+    /* The workers stopped since http_park: answered here, sent at resume. */
+    http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
+    http_finish(r);
 }
 
 /* Back on the event thread after the worker: queue what it answered. */
@@ -375,6 +403,8 @@ static enum MHD_Result dispatch(http_req *r)
         r->route = i;
         if (rt->fast != NULL) {
             enum MHD_Result ret = rt->fast(r, arg, arg_len);
+            if (r->deferred)
+                return MHD_YES;              /* parked: r may be answered already */
             if (ret == MHD_NO || r->status != 0)
                 return ret;
         }

@@ -85,6 +85,16 @@ void http_stop(int grace_ms);
 void http_later(http_req *r);
 void http_finish(http_req *r);
 
+/* For a 'fast' handler that hands 'r' to another thread without a worker:
+ * suspends its connection; from then on, as after http_later, whoever holds
+ * 'r' answers it and calls http_finish(r), and the handler returns MHD_YES
+ * without touching 'r' again. If no one took it after all, http_unpark(r)
+ * passes it to the route's 'fn' on a worker (answered 503 if the workers
+ * have stopped meanwhile). http_park returns -1, having done nothing, once
+ * the workers have stopped; 'arg' is what 'fn' will get. */
+int http_park(http_req *r, const char *arg, size_t arg_len);
+void http_unpark(http_req *r);
+
 /* Requests read and not yet answered, and those of them waiting for a
  * worker (a steady queue means the workers, not the event threads, are the
  * limit). */

@@ -321,10 +321,61 @@ static void refuse(order_job *j, api_err err, const char *message)
     free(j);
 }
 
+static order_job *job_new(int64_t voucher_id, int64_t user_id, order_reply_fn reply, void *arg)
+{
+    order_job *j = xcalloc(1, sizeof *j);
+
+    j->gen = vcache_generation();
+    j->reply = reply;
+    j->arg = arg;
+    j->o.voucher_id = voucher_id;
+    j->o.user_id = user_id;
+    return j;
+}
+
+/* Batched with the reentrant lock (no demo pause): the batch's leader takes the lock and the
+ * id with the rest of the batch's in one round trip, runs the statement,
+ * releases in one more round trip and answers (app/batch.c). */
+int order_joinable(void)
+{
+    return g_cfg.stock_strategy == STOCKS_BATCHED && g_cfg.lock_strategy == LOCKS_REENTRANT &&
+           g_cfg.demo_pause_ms == 0;
+}
+
+/* The lock the leader will take for 'j', under the request's own owner id:
+ * the worker may take the same user's next request meanwhile. */
+static void leader_lock_init(order_job *j)
+{
+    held *h = &j->h;
+
+    conn_fresh_owner(h->owner, sizeof h->owner);
+    h->kind = LOCKS_REENTRANT;
+    snprintf(h->key, sizeof h->key, LOCK_KEY_PREFIX "%" PRId64, j->o.user_id);
+    lock_release_req_init(&h->rq);
+    h->unlock = (batch_unlock){ .item = { .key = h->key, .owner = h->owner,
+                                          .lease_ms = g_cfg.lock_lease_ms, .rq = &h->rq },
+                                .acquire = 1 };
+    j->o.fence_key = h->key;
+}
+
+int order_join(int64_t voucher_id, int64_t user_id, order_reply_fn reply, void *arg)
+{
+    order_job *j;
+
+    if (!order_joinable())
+        return 0;
+    j = job_new(voucher_id, user_id, reply, arg);
+    leader_lock_init(j);
+    if (batch_join(&j->o, &j->h.unlock, batch_done, j))
+        return 1;
+    free(j);
+    return 0;
+}
+
 void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply_fn reply,
                   void *arg)
 {
-    order_job *j = xcalloc(1, sizeof *j);
+    order_job *j = job_new(voucher_id, user_id, reply, arg);
     redisContext *c;
     PGconn *pg;
     store_order *o = &j->o;
@@ -334,32 +385,18 @@ void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply
     int id_taken, batched = g_cfg.stock_strategy == STOCKS_BATCHED;
     api_err err;
 
-    j->gen = vcache_generation();
-    j->reply = reply;
-    j->arg = arg;
-    o->voucher_id = voucher_id;
-    o->user_id = user_id;
+    if (order_joinable()) {
+        /* This worker touches neither Redis nor Postgres: an outage is the
+         * leader's to answer. */
+        leader_lock_init(j);
+        batch_submit(cs, o, &h->unlock, batch_done, j);
+        return;
+    }
     /* A batched order keeps its lock after this worker moves on: its own owner. */
     if (batched && g_cfg.lock_strategy != LOCKS_LOCAL)
         conn_fresh_owner(h->owner, sizeof h->owner);
     else
         snprintf(h->owner, sizeof h->owner, "%s", cs->owner);
-
-    if (batched && g_cfg.lock_strategy == LOCKS_REENTRANT && g_cfg.demo_pause_ms == 0) {
-        /* 3-5 by the batch's leader: the lock and the id with the rest of
-         * the batch's in one round trip, the statement, the releases in one
-         * more, the answers (app/batch.c). This worker touches neither
-         * Redis nor Postgres: an outage is the leader's to answer. */
-        h->kind = LOCKS_REENTRANT;
-        snprintf(h->key, sizeof h->key, LOCK_KEY_PREFIX "%" PRId64, user_id);
-        lock_release_req_init(&h->rq);
-        h->unlock = (batch_unlock){ .item = { .key = h->key, .owner = h->owner,
-                                              .lease_ms = g_cfg.lock_lease_ms, .rq = &h->rq },
-                                    .acquire = 1 };
-        o->fence_key = h->key;
-        batch_submit(cs, o, &h->unlock, batch_done, j);
-        return;
-    }
 
     if ((pg = conn_pg(cs)) == NULL) {
         refuse(j, API_UNAVAILABLE, "database unavailable, retry later");

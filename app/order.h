@@ -26,4 +26,14 @@ typedef void (*order_reply_fn)(void *arg, api_err err, const char *message, int6
 void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply_fn reply,
                   void *arg);
 
+/* For an event thread: when the stock strategy is "batched" with the
+ * reentrant lock and a batch of this voucher has a leader at work, hands
+ * the order to it and returns 1; 'reply' is then called once, on the
+ * leader's worker, as with order_submit. Returns 0 otherwise, having done
+ * nothing: call order_submit on a worker. Never blocks. */
+int order_join(int64_t voucher_id, int64_t user_id, order_reply_fn reply, void *arg);
+
+/* 1 when the strategies in force are those order_join serves. */
+int order_joinable(void);
+
 #endif

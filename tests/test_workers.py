@@ -238,13 +238,44 @@ def batched_batch_holds_more_buyers_than_workers():
 
 
 @test
+def batched_buyers_join_the_batch_at_work_without_a_worker():
+    """THREADS=1, batched, a 500 ms window: the only worker leads the first
+    buyer's batch; the nine buyers who arrive while it gathers are put in
+    that batch by the event threads, without a worker's turn. One batch of
+    ten, every buyer 200, in about one window. (Through the worker, each
+    would wait for the leader to finish and then lead a batch of its own:
+    ten batches, ten windows.)"""
+    srv = ss.Server("workers-join", {"ADMIN_TOKEN": TOKEN, "THREADS": 1, "IO_THREADS": 1,
+                                     "SECKILL_STOCK": "batched", "BATCH_WINDOW_US": 500000})
+    try:
+        vid = create_voucher(srv, 100)
+        first = []
+        t0 = in_background(lambda: srv.seckill(vid, 43_000), first)
+        time.sleep(0.15)                 # the worker now gathers the batch
+        answers, took = timed(lambda: crowd_of(srv, vid, range(43_001, 43_010)))
+        t0.join(10)
+        statuses = sorted(r.status for _, r in answers) + [a[0].status for a in first]
+        if statuses != [200] * 10:
+            fail(f"answers: {statuses}")
+        b = srv.get("/stats").body["batch"]
+        if (b["batches"], b["buyers"], b["largest"]) != (1, 10, 10):
+            fail(f"/stats batch {b}: want the ten buyers in one batch")
+        if took > 1.5:
+            fail(f"the nine buyers took {took:.2f}s: they waited for the worker")
+        if orders_of(vid) != 10:
+            fail(f"orders in Postgres: {orders_of(vid)}, want 10")
+    finally:
+        srv.stop_ok(15)
+
+
+@test
 def batched_lock_is_the_request_s_own_not_its_worker_s():
     """THREADS=2, batched: one worker leads a batch (it gathers for 400 ms)
-    while the other queues user X's request in it, then X's second request.
-    The leader takes the batch's locks in one round trip, each for its
-    request's own owner id: Redisson's owner is instance:thread, and two
-    requests queued by one worker must not both get the lock as one
-    reentrant holder. One is refused at the lock (contended +1)."""
+    while user X's request joins it, then X's second request. The leader
+    takes the batch's locks in one round trip, each for its request's own
+    owner id: Redisson's owner is instance:thread, and two requests queued
+    by one thread (an event thread or a worker) must not both get the lock
+    as one reentrant holder. One is refused at the lock (contended +1)."""
     srv = ss.Server("workers-owner", {"ADMIN_TOKEN": TOKEN, "THREADS": 2,
                                       "SECKILL_STOCK": "batched", "BATCH_WINDOW_US": 400000})
     try:
