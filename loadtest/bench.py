@@ -420,7 +420,7 @@ class Bench:
         env.update({"WRK_USER_BASE": str(self.next_user_base()), "WRK_SUMMARY": summary,
                     "WRK_IDS_FILE": ids_file if ids else "",
                     "WRK_DELAY_MS": str(delay_ms) if delay_ms else ""})
-        cmd = ["wrk", "-t", "2", "-c", str(conns), "-d", f"{seconds}s", "--timeout", timeout_s,
+        cmd = ["wrk", "-t", str(min(2, conns)), "-c", str(conns), "-d", f"{seconds}s", "--timeout", timeout_s,
                "--latency", "-s", WRK_LUA, url]
         p = run(cmd, seconds + 60, env=env)
         with open(summary) as f:
