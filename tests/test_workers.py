@@ -269,6 +269,39 @@ def batched_buyers_join_the_batch_at_work_without_a_worker():
 
 
 @test
+def sigterm_answers_the_buyers_parked_in_a_batch():
+    """Batched, THREADS=1, a 1 s window: the only worker leads a batch and
+    five buyers join it from the event threads; SIGTERM meanwhile. The
+    leader settles its batch within the grace and answers all six (200),
+    the process exits 0, and Postgres holds the six orders."""
+    srv = ss.Server("workers-stop-batch", {"ADMIN_TOKEN": TOKEN, "THREADS": 1,
+                                           "SECKILL_STOCK": "batched",
+                                           "BATCH_WINDOW_US": 1000000})
+    answers, threads = [], []
+    try:
+        vid = create_voucher(srv, 10)
+        threads.append(in_background(lambda: srv.seckill(vid, 44_000), answers))
+        time.sleep(0.15)                 # the worker now gathers the batch
+        for uid in range(44_001, 44_006):
+            threads.append(in_background(lambda uid=uid: srv.seckill(vid, uid), answers))
+        time.sleep(0.2)
+        rc, took = srv.stop(15)
+        for t in threads:
+            t.join(5)
+        if rc != 0:
+            fail(f"exit status {rc} after SIGTERM with buyers in a batch:\n{srv.log_tail()}")
+        got = sorted(r.status if not isinstance(r, Exception) else repr(r) for r, _ in answers)
+        if got != [200] * 6:
+            fail(f"answers {got}: want six 200s")
+        if orders_of(vid) != 6:
+            fail(f"Postgres holds {orders_of(vid)} orders, want 6")
+        if took > 5:
+            fail(f"the shutdown took {took:.1f}s")
+    finally:
+        srv.stop(15)
+
+
+@test
 def batched_lock_is_the_request_s_own_not_its_worker_s():
     """THREADS=2, batched: one worker leads a batch (it gathers for 400 ms)
     while user X's request joins it, then X's second request. The leader
