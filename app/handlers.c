@@ -179,7 +179,6 @@ static void seckill_reply(void *arg, api_err err, const char *message, int64_t o
  * out, outside its window, or this user's order known). What the cache
  * cannot tell (a miss, stock left) goes on to h_seckill, or, batched, to
  * the voucher's batch when one is at work. */
-
 static enum MHD_Result f_seckill(http_req *r, const char *arg, size_t arg_len)
 {
     const char *uid_text;

@@ -225,8 +225,8 @@ int http_route_find(const http_route *routes, size_t n, const char *method, cons
 
 /* ---- the worker pool ---- */
 
-/* Suspends r's connection and queues r. Suspend first: a worker may resume
- * it before this thread is back in MHD. -1 once the workers have stopped
+/* Suspends r's connection (unless http_park already did) and queues r.
+ * Suspend first: a worker may resume it before this thread is back in MHD. -1 once the workers have stopped
  * (a keep-alive request during shutdown): nothing was done. */
 static int wq_push(http_req *r, int suspended)
 {

@@ -333,9 +333,9 @@ static order_job *job_new(int64_t voucher_id, int64_t user_id, order_reply_fn re
     return j;
 }
 
-/* Batched with the reentrant lock (no demo pause): the batch's leader takes the lock and the
- * id with the rest of the batch's in one round trip, runs the statement,
- * releases in one more round trip and answers (app/batch.c). */
+/* Batched with the reentrant lock (no demo pause): the batch's leader
+ * takes the lock and the id with the rest of the batch's in one round
+ * trip, runs the statement, releases in one more and answers (app/batch.c). */
 int order_joinable(void)
 {
     return g_cfg.stock_strategy == STOCKS_BATCHED && g_cfg.lock_strategy == LOCKS_REENTRANT &&
