@@ -31,6 +31,24 @@ def orders_of(vid):
     return int(psql_value(f"SELECT count(*) FROM tb_voucher_order WHERE voucher_id = {vid}"))
 
 
+def sigterm_with(srv, threads, what):
+    """SIGTERM while 'threads' (buyers) wait; joins them, fails unless the
+    server exits 0. Returns how long the shutdown took."""
+    rc, took = srv.stop(15)
+    for t in threads:
+        t.join(5)
+    if rc != 0:
+        fail(f"exit status {rc} after SIGTERM with {what}:\n{srv.log_tail()}")
+    return took
+
+
+def want_orders(vid, n, why=""):
+    """Fails unless Postgres holds exactly n orders of the voucher."""
+    have = orders_of(vid)
+    if have != n:
+        fail(f"orders in Postgres: {have}, want {n}{why}")
+
+
 def timed(fn):
     t0 = time.monotonic()
     r = fn()
@@ -91,8 +109,7 @@ def event_threads_refuse_from_memory_while_every_worker_is_busy():
         # The second waited for the first's transaction, then ran its own.
         if d2 < 1.5 * DELAY_MS / 1000:
             fail(f"the second buyer took {d2:.2f}s: it did not queue for the only worker")
-        if orders_of(vid) != 2:
-            fail(f"orders in Postgres: {orders_of(vid)}, want 2")
+        want_orders(vid, 2)
     finally:
         srv.stop_ok(15)
 
@@ -112,11 +129,7 @@ def sigterm_answers_every_queued_request_and_exits_cleanly():
             threads.append(in_background(lambda uid=uid: srv.seckill(vid, uid), answers))
             time.sleep(0.05)
         time.sleep(0.3)
-        rc, took = srv.stop(15)
-        for t in threads:
-            t.join(5)
-        if rc != 0:
-            fail(f"exit status {rc} after SIGTERM with requests queued:\n{srv.log_tail()}")
+        took = sigterm_with(srv, threads, "requests queued")
         bad = [r for r, _ in answers if isinstance(r, Exception)]
         if len(answers) != 6 or bad:
             fail(f"{len(answers)} of 6 buyers answered, errors {bad}")
@@ -127,8 +140,7 @@ def sigterm_answers_every_queued_request_and_exits_cleanly():
                  f"served within the grace (at least 3) and 503 for the rest")
         if any(r.body.get("error") != "unavailable" for r in refused):
             fail(f"503 bodies: {[r.body for r in refused]}")
-        if orders_of(vid) != sold:
-            fail(f"Postgres holds {orders_of(vid)} orders, {sold} buyers were answered 200")
+        want_orders(vid, sold, " (the buyers answered 200)")
         if took > 10:
             fail(f"the shutdown took {took:.1f}s")
     finally:
@@ -155,8 +167,7 @@ def repeat_buyer_is_refused_from_memory_while_every_worker_is_busy():
         if other:
             fail(f"the other buyer was answered too soon: {other}")
         t.join(15)
-        if orders_of(vid) != 2:
-            fail(f"orders in Postgres: {orders_of(vid)}, want 2")
+        want_orders(vid, 2)
     finally:
         srv.stop_ok(15)
 
@@ -184,8 +195,7 @@ def a_reset_forgets_the_buyers_it_deleted():
         r = srv.seckill(vid, 60)
         if r.status != 200:
             fail(f"buying again after the reset: {r.status} {r.body}")
-        if orders_of(vid) != 1:
-            fail(f"orders in Postgres: {orders_of(vid)}, want 1")
+        want_orders(vid, 1)
     finally:
         srv.stop_ok(15)
 
@@ -225,8 +235,7 @@ def batched_batch_holds_more_buyers_than_workers():
         bad = [(u, r.status, r.body) for u, r in answers if r.status != 200]
         if len(answers) != 30 or bad:
             fail(f"{len(answers)} answers, not 200: {bad}")
-        if orders_of(vid) != 30:
-            fail(f"orders in Postgres: {orders_of(vid)}, want 30")
+        want_orders(vid, 30)
         b = srv.get("/stats").body["batch"]
         if b["buyers"] != 30 or b["largest"] <= 2 or b["batches"] > 15:
             fail(f"/stats batch {b}: want 30 buyers in batches larger than THREADS=2")
@@ -262,8 +271,7 @@ def batched_buyers_join_the_batch_at_work_without_a_worker():
             fail(f"/stats batch {b}: want the ten buyers in one batch")
         if took > 1.5:
             fail(f"the nine buyers took {took:.2f}s: they waited for the worker")
-        if orders_of(vid) != 10:
-            fail(f"orders in Postgres: {orders_of(vid)}, want 10")
+        want_orders(vid, 10)
     finally:
         srv.stop_ok(15)
 
@@ -285,16 +293,11 @@ def sigterm_answers_the_buyers_parked_in_a_batch():
         for uid in range(44_001, 44_006):
             threads.append(in_background(lambda uid=uid: srv.seckill(vid, uid), answers))
         time.sleep(0.2)
-        rc, took = srv.stop(15)
-        for t in threads:
-            t.join(5)
-        if rc != 0:
-            fail(f"exit status {rc} after SIGTERM with buyers in a batch:\n{srv.log_tail()}")
+        took = sigterm_with(srv, threads, "buyers in a batch")
         got = sorted(r.status if not isinstance(r, Exception) else repr(r) for r, _ in answers)
         if got != [200] * 6:
             fail(f"answers {got}: want six 200s")
-        if orders_of(vid) != 6:
-            fail(f"Postgres holds {orders_of(vid)} orders, want 6")
+        want_orders(vid, 6)
         if took > 5:
             fail(f"the shutdown took {took:.1f}s")
     finally:
@@ -332,8 +335,7 @@ def batched_lock_is_the_request_s_own_not_its_worker_s():
             fail(f"lock figures {lock0} -> {lock1}: want two grants and one contended attempt")
         if took > 1.5:
             fail(f"the refusal took {took:.2f}s")
-        if orders_of(vid) != 2:
-            fail(f"orders in Postgres: {orders_of(vid)}, want 2")
+        want_orders(vid, 2)
     finally:
         srv.stop_ok(15)
 
