@@ -212,9 +212,32 @@ static void settle(conn_set *cs, queue *q)
     pthread_mutex_lock(&mu);
 }
 
+static waiter *waiter_new(store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
+{
+    waiter *me = xcalloc(1, sizeof *me);
+
+    me->order = o;
+    me->unlock = u;
+    me->done = done;
+    me->arg = arg;
+    return me;
+}
+
+/* Appends 'me' to 'q' (mu held); a full batch wakes its leader. */
+static void enqueue(queue *q, waiter *me)
+{
+    if (q->tail != NULL)
+        q->tail->next = me;
+    else
+        q->head = me;
+    q->tail = me;
+    if (++q->n >= g_cfg.batch_max)
+        pthread_cond_signal(&q->full);
+}
+
 int batch_join(store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
 {
-    waiter *me;
+    waiter *me = waiter_new(o, u, done, arg);
     queue *q;
 
     pthread_once(&once, init);
@@ -224,33 +247,19 @@ int batch_join(store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
             break;
     if (q == queues + NQUEUES) {
         pthread_mutex_unlock(&mu);
+        free(me);
         return 0;
     }
-    me = xcalloc(1, sizeof *me);
-    me->order = o;
-    me->unlock = u;
-    me->done = done;
-    me->arg = arg;
-    if (q->tail != NULL)
-        q->tail->next = me;
-    else
-        q->head = me;
-    q->tail = me;
-    if (++q->n >= g_cfg.batch_max)
-        pthread_cond_signal(&q->full);
+    enqueue(q, me);
     pthread_mutex_unlock(&mu);
     return 1;
 }
 
 void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
 {
-    waiter *me = xcalloc(1, sizeof *me);
+    waiter *me = waiter_new(o, u, done, arg);
     queue *q;
 
-    me->order = o;
-    me->unlock = u;
-    me->done = done;
-    me->arg = arg;
     pthread_once(&once, init);
     pthread_mutex_lock(&mu);
     q = queue_of(o->voucher_id);
@@ -267,15 +276,8 @@ void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn d
         done(cs, arg, why);                   /* a held lock is released by its owner */
         return;
     }
-    if (q->tail != NULL)
-        q->tail->next = me;
-    else
-        q->head = me;
-    q->tail = me;
-    q->n++;
+    enqueue(q, me);
     if (q->leader) {
-        if (q->n >= g_cfg.batch_max)
-            pthread_cond_signal(&q->full);
         pthread_mutex_unlock(&mu);
         return;
     }

@@ -48,8 +48,8 @@ void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn d
 /* For an event thread, which must not block nor lead: queues 'o' as
  * batch_submit does when the voucher's queue has a leader at work (it will
  * settle 'o' before it stops), and returns 1; else returns 0 and does
- * nothing (call batch_submit on a worker). Never touches Redis or Postgres.
- * An xcalloc the size of a few pointers is its only cost beyond the mutex. */
+ * nothing (call batch_submit on a worker). Never touches Redis or Postgres;
+ * the batches' mutex is never held across I/O. */
 int batch_join(store_order *o, batch_unlock *u, batch_done_fn done, void *arg);
 
 /* batch_submit, waiting for the outcome (for a lock that only the thread
