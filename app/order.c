@@ -343,7 +343,8 @@ int order_joinable(void)
 }
 
 /* The lock the leader will take for 'j', under the request's own owner id:
- * the worker may take the same user's next request meanwhile. */
+ * the thread that queued it (a worker or an event thread) moves on and may
+ * queue the same user's next request in the same batch. */
 static void leader_lock_init(order_job *j)
 {
     held *h = &j->h;
