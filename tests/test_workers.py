@@ -42,6 +42,26 @@ def sigterm_with(srv, threads, what):
     return took
 
 
+def one_slow_worker(name):
+    """A server whose only worker sleeps DELAY_MS inside each order's
+    transaction, with one event thread."""
+    return ss.Server(name, {"ADMIN_TOKEN": TOKEN, "THREADS": 1, "IO_THREADS": 1,
+                            "DEMO_DELAY_MS": DELAY_MS})
+
+
+def at_once(fn, status, error, what):
+    """Fails unless fn() answers 'status' ('error', unless None) within 0.5 s."""
+    r, took = timed(fn)
+    if r.status != status or (error is not None and r.body.get("error") != error) or took > 0.5:
+        fail(f"{what}: {r.status} {r.body} after {took:.2f}s (want {status} {error or ''} at once)")
+
+
+def must_buy(srv, vid, uid, what):
+    r = srv.seckill(vid, uid)
+    if r.status != 200:
+        fail(f"{what}: {r.status} {r.body}")
+
+
 def want_orders(vid, n, why=""):
     """Fails unless Postgres holds exactly n orders of the voucher."""
     have = orders_of(vid)
@@ -73,12 +93,10 @@ def event_threads_refuse_from_memory_while_every_worker_is_busy():
     """THREADS=1: while the worker sleeps inside a buyer's transaction, a
     voucher known to be sold out, a bad user id and /health are answered at
     once by the event threads; a second buyer waits for the worker."""
-    srv = ss.Server("workers-busy", {"ADMIN_TOKEN": TOKEN, "THREADS": 1, "IO_THREADS": 1,
-                                     "DEMO_DELAY_MS": DELAY_MS})
+    srv = one_slow_worker("workers-busy")
     try:
         gone = create_voucher(srv, 1)
-        if srv.seckill(gone, 1).status != 200:
-            fail("the only item of the first voucher was not sold")
+        must_buy(srv, gone, 1, "the only item of the first voucher")
         r = srv.seckill(gone, 2)                 # the worker reads stock 0: cached
         if (r.status, r.body.get("error")) != (409, "sold_out"):
             fail(f"second buyer of a sold-out voucher: {r.status} {r.body}")
@@ -88,17 +106,11 @@ def event_threads_refuse_from_memory_while_every_worker_is_busy():
         time.sleep(0.2)                          # the worker is now in the transaction
         t2 = in_background(lambda: srv.seckill(vid, 11), second)
         time.sleep(0.1)
-        r, took = timed(lambda: srv.seckill(gone, 3))
-        if (r.status, r.body.get("error")) != (409, "sold_out") or took > 0.5:
-            fail(f"sold out, from memory, while the worker is busy: {r.status} {r.body} "
-                 f"after {took:.2f}s (want 409 sold_out at once)")
-        r, took = timed(lambda: srv.request("POST", f"/voucher/{vid}/seckill",
-                                            {"X-User-Id": "abc"}))
-        if (r.status, r.body.get("error")) != (400, "invalid_user_id") or took > 0.5:
-            fail(f"bad user id while the worker is busy: {r.status} {r.body} after {took:.2f}s")
-        r, took = timed(lambda: srv.get("/health"))
-        if r.status != 200 or took > 0.5:
-            fail(f"/health while the worker is busy: {r.status} after {took:.2f}s")
+        at_once(lambda: srv.seckill(gone, 3), 409, "sold_out",
+                "sold out, from memory, while the worker is busy")
+        at_once(lambda: srv.request("POST", f"/voucher/{vid}/seckill", {"X-User-Id": "abc"}),
+                400, "invalid_user_id", "bad user id while the worker is busy")
+        at_once(lambda: srv.get("/health"), 200, None, "/health while the worker is busy")
         if first or second:
             fail(f"a buyer was answered before the worker could have finished: {first} {second}")
         t1.join(15)
@@ -151,19 +163,15 @@ def sigterm_answers_every_queued_request_and_exits_cleanly():
 def repeat_buyer_is_refused_from_memory_while_every_worker_is_busy():
     """THREADS=1: a user who just bought is refused (409 already_ordered) by
     the event thread while the only worker sleeps in another transaction."""
-    srv = ss.Server("workers-repeat", {"ADMIN_TOKEN": TOKEN, "THREADS": 1, "IO_THREADS": 1,
-                                       "DEMO_DELAY_MS": DELAY_MS})
+    srv = one_slow_worker("workers-repeat")
     try:
         vid = create_voucher(srv, 10)
-        if srv.seckill(vid, 50).status != 200:
-            fail("the first order failed")
+        must_buy(srv, vid, 50, "the first order")
         other = []
         t = in_background(lambda: srv.seckill(vid, 51), other)
         time.sleep(0.15)
-        r, took = timed(lambda: srv.seckill(vid, 50))
-        if (r.status, r.body.get("error")) != (409, "already_ordered") or took > 0.5:
-            fail(f"the repeat buyer while the worker is busy: {r.status} {r.body} after "
-                 f"{took:.2f}s (want 409 already_ordered at once)")
+        at_once(lambda: srv.seckill(vid, 50), 409, "already_ordered",
+                "the repeat buyer while the worker is busy")
         if other:
             fail(f"the other buyer was answered too soon: {other}")
         t.join(15)
@@ -180,8 +188,7 @@ def a_reset_forgets_the_buyers_it_deleted():
     srv = ss.Server("workers-reset", {"ADMIN_TOKEN": TOKEN})
     try:
         vid = create_voucher(srv, 10)
-        if srv.seckill(vid, 60).status != 200:
-            fail("the first order failed")
+        must_buy(srv, vid, 60, "the first order")
         lock0 = srv.get("/stats").body["lock"]
         r = srv.seckill(vid, 60)
         lock1 = srv.get("/stats").body["lock"]
@@ -192,9 +199,7 @@ def a_reset_forgets_the_buyers_it_deleted():
         r = srv.post(f"/admin/vouchers/{vid}/reset", AUTH, {"stock": 10})
         if r.status != 200:
             fail(f"reset -> {r.status} {r.body}")
-        r = srv.seckill(vid, 60)
-        if r.status != 200:
-            fail(f"buying again after the reset: {r.status} {r.body}")
+        must_buy(srv, vid, 60, "buying again after the reset")
         want_orders(vid, 1)
     finally:
         srv.stop_ok(15)
