@@ -9,7 +9,8 @@
 --   WRK_USER_BASE  first user id block (default 1000000000)
 --   WRK_IDS_FILE   write the orderId of every 200 answer there, one a line
 --   WRK_SUMMARY    write a JSON summary there (statuses, latency percentiles, ...)
---   WRK_DELAY_MS   pace: wait this long between an answer and the next request
+--   WRK_DELAY_MS   pace: wait this long on average (exponential) between an
+--                  answer and the next request
 -- The summary line "wrk-statuses: 200=N 409=M ..." is printed in any case.
 
 local threads = {}
@@ -27,15 +28,22 @@ function init(args)
    statuses = {}
    ids = {}
    bad_bodies = 0
+   -- each thread its own sequence of waits
+   math.randomseed(os.time() * 1000 + thread_index)
 end
 
--- WRK_DELAY_MS: each connection waits this long after an answer before its
--- next request: a paced, moderate load, to read latency without the queue of
--- a saturated closed loop (wrk leaves the wait out of the latency).
+-- WRK_DELAY_MS: each connection waits a random time, WRK_DELAY_MS on
+-- average, after an answer before its next request: a paced, moderate load,
+-- to read latency without the queue of a saturated closed loop (wrk leaves
+-- the wait out of the latency). The wait is exponential, not fixed: with a
+-- fixed wait the connections, started together and answered alike, stay in
+-- step, and the "paced" load arrives as one burst of every connection at
+-- once, whose last request waits for all the others.
 local pace = tonumber(os.getenv("WRK_DELAY_MS") or "")
 if pace and pace > 0 then
    function delay()
-      return pace
+      -- wrk takes whole milliseconds: round, so the mean stays the pace.
+      return math.floor(-pace * math.log(1 - math.random()) + 0.5)
    end
 end
 
