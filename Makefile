@@ -47,7 +47,13 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJS)
 	@echo "  CC    $<"
 	$(Q)$(CC) $(CFLAGS) -Iapp -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
 
-tests-bin: $(BUILD)/seckill $(TEST_BINS)
+# make bench's stand-in for an instance (loadtest/upstream200.c)
+$(BUILD)/upstream200: loadtest/upstream200.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -pthread
+
+tests-bin: $(BUILD)/seckill $(TEST_BINS) $(BUILD)/upstream200
 
 test: tests-bin
 	BUILD=$(BUILD) tests/run.sh

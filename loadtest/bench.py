@@ -17,7 +17,10 @@ Redis, 2 instances at LOG_LEVEL=warn, nginx; every port picked free on
                  keys (-r), 50 clients
     nginx        wrk through an nginx made from nginx/nginx.conf.tmpl (the
                  same proxy settings) to a keep-alive upstream that answers
-                 200 at once, 64 connections
+                 200 at once, 64 connections; then the same nginx in front of
+                 two build/upstream200 processes (loadtest/upstream200.c), the
+                 least a separate upstream costs: not a target, a yardstick
+                 for what the instances add beyond being processes
   the service through nginx (2 instances)
     sale         wrk, a new user per request, a stock that does not run out:
                  orders/s from the first to the last order in Postgres
@@ -324,6 +327,7 @@ class CpuMeter:
         out["machineBusy"] = round(busy, 2)
         out["wallSeconds"] = round(wall, 2)
         out["busyPct"] = round(100.0 * busy / (wall * os.cpu_count()), 1) if wall > 0 else None
+        out["stealPct"] = round(100.0 * (m1[2] - m0[2]) / (m1[3] - m0[3]), 1) if m1[3] > m0[3] else None
         return out
 
 
@@ -353,6 +357,7 @@ class Bench:
         self.max_conn = max(100, 2 * (threads_max + 4) + self.pg_clients + 40)
         self.stack = Stack(self.run_dir, self.bin, self.threads, self.max_conn)
         self.ceiling_nginx_pid = None
+        self.stand_ins = []         # build/upstream200 processes behind the second ceiling nginx
         self.pace_ms = 20           # set from the nginx ceiling when it is measured
         self.ceiling_dir = os.path.join(self.run_dir, "ceiling-nginx")
         self.tmp = None
@@ -444,6 +449,17 @@ class Bench:
             raise BenchError(f"wrk exited {p.returncode}")
         return r
 
+    def paced(self, url):
+        """wrk at self.pace_ms, and the share of the machine the hypervisor
+        took meanwhile (steal): on a shared VM a p99 of a few ms is mostly
+        that. Returns (wrk's result, the summary kept in the JSON)."""
+        m0 = machine_cpu()
+        p = self.wrk(url, 64, self.seconds, delay_ms=self.pace_ms)
+        m1 = machine_cpu()
+        total = m1[3] - m0[3]
+        p["stealPct"] = round(100.0 * (m1[2] - m0[2]) / total, 1) if total > 0 else None
+        return p, {k: p[k] for k in ("rps", "p50Ms", "p90Ms", "p99Ms", "maxMs", "stealPct", "tool")}
+
     def check(self, what, voucher, ids=None, ok=None, unknown=0, expect=None):
         cmd = [sys.executable, CHECK, "--dsn", self.stack.dsn, "--voucher", str(voucher)]
         if ids:
@@ -471,6 +487,8 @@ class Bench:
                   "postgres": [self.stack.pid("postgres")], "redis": [self.stack.pid("redis")]}
         if self.ceiling_nginx_pid:
             groups["ceilingNginx"] = [self.ceiling_nginx_pid]
+        if self.stand_ins:
+            groups["standIn"] = [p.pid for p in self.stand_ins]
         return CpuMeter(groups)
 
     def order_span(self, voucher):
@@ -596,21 +614,51 @@ class Bench:
         log(f"redis-benchmark EVALSHA lock_acquire: {r['opsPerSec']:.0f} ops/s")
         return r
 
-    def start_ceiling_nginx(self):
-        front, up = free_ports(2)
+    def start_stand_ins(self):
+        """Two build/upstream200 processes (IO_THREADS threads each, as an
+        instance has): the least a separate upstream process costs."""
+        binary = os.environ.get("BENCH_UPSTREAM200") or os.path.join(ROOT, "build", "upstream200")
+        if not os.access(binary, os.X_OK):
+            raise BenchError(f"{binary} is missing (make bench builds it: make build/upstream200)")
+        threads = os.environ.get("IO_THREADS") or "2"
+        ports = free_ports(2)
+        for port in ports:
+            with open(os.path.join(self.ceiling_dir, f"upstream200-{port}.log"), "w") as err:
+                self.stand_ins.append(subprocess.Popen([binary, str(port), threads],
+                                                       stdin=subprocess.DEVNULL, stderr=err))
+        for port in ports:
+            for _ in range(50):
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                raise BenchError(f"upstream200 on port {port} did not start")
+        return ports
+
+    def start_ceiling_nginx(self, separate=False):
+        """nginx from nginx/nginx.conf.tmpl in front of a stand-in upstream:
+        a server block in the same nginx, or (separate) two upstream200
+        processes. Returns the port wrk talks to."""
         d = self.ceiling_dir
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
+        front, up = free_ports(2)
+        ups = self.start_stand_ins() if separate else [up]
         conf = os.path.join(d, "nginx.conf")
-        run([os.path.join(ROOT, "nginx", "gen-conf.sh"), "--prefix", d, "--listen", f"127.0.0.1:{front}",
-             "--upstream", f"127.0.0.1:{up}", "-o", conf], 30)
+        gen = [os.path.join(ROOT, "nginx", "gen-conf.sh"), "--prefix", d, "--listen", f"127.0.0.1:{front}", "-o", conf]
+        for u in ups:
+            gen += ["--upstream", f"127.0.0.1:{u}"]
+        run(gen, 30)
         with open(conf) as f:
             text = f.read().rstrip()
         if not text.endswith("}"):
             raise BenchError(f"{conf} does not end with the http block's '}}'")
-        # The stand-in upstream: a second server in the same nginx, answering
-        # at once with a body the size of the service's sold-out answer.
-        text = text[:-1] + f"""
+        if not separate:
+            # The stand-in upstream: a second server in the same nginx, answering
+            # at once with a body the size of the service's sold-out answer.
+            text = text[:-1] + f"""
     # make bench: the stand-in for the instances, answers 200 at once.
     server {{
         listen 127.0.0.1:{up} backlog=4096;
@@ -624,7 +672,7 @@ class Bench:
 }}
 """
         with open(conf, "w") as f:
-            f.write(text)
+            f.write(text + "\n")
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         run([nginx, "-t", "-q", "-p", d, "-c", conf, "-e", os.path.join(d, "error.log")], 30)
         run([nginx, "-p", d, "-c", conf, "-e", os.path.join(d, "error.log"), "-g", "daemon on;"], 30)
@@ -642,6 +690,15 @@ class Bench:
         return front
 
     def stop_ceiling_nginx(self):
+        for p in self.stand_ins:
+            p.terminate()
+        for p in self.stand_ins:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.stand_ins = []
         pid = self.ceiling_nginx_pid
         if not pid:
             return
@@ -661,9 +718,9 @@ class Bench:
             time.sleep(0.1)
         os.kill(pid, signal.SIGKILL)
 
-    def ceiling_nginx(self):
-        port = self.start_ceiling_nginx()
+    def ceiling_nginx(self, separate=False):
         try:
+            port = self.start_ceiling_nginx(separate)
             url = f"http://127.0.0.1:{port}/voucher/1/seckill"
             self.wrk(url, 64, self.warmup)
             meter = self.cpu_meter()
@@ -671,18 +728,24 @@ class Bench:
             r = self.wrk(url, 64, self.seconds)
             r["cpu"] = meter.stop()
             # The same connections paced to a quarter of that rate: latency
-            # without a saturated queue (the sold-out path is read the same way).
-            self.pace_ms = max(1, round(64 * 1000.0 / (PACED_SHARE * r["rps"]))) if r["rps"] else 20
-            p = self.wrk(url, 64, self.seconds, delay_ms=self.pace_ms)
-            r["paced"] = {k: p[k] for k in ("rps", "p50Ms", "p90Ms", "p99Ms", "maxMs", "tool")}
+            # without a saturated queue (the sold-out path is read the same
+            # way, at the same pace).
+            if not separate:
+                self.pace_ms = max(1, round(64 * 1000.0 / (PACED_SHARE * r["rps"]))) if r["rps"] else 20
+            _, r["paced"] = self.paced(url)
         finally:
             self.stop_ceiling_nginx()
         bad = sum(v for k, v in r["statuses"].items() if k != "200")
         if bad:
             raise BenchError(f"the ceiling nginx answered {bad} requests with another status than 200: {r['statuses']}")
         r["connections"] = 64
-        r["upstream"] = "a second server block in the same nginx (return 200), upstream keepalive as nginx/nginx.conf.tmpl"
-        log(f"wrk nginx -> keep-alive upstream: {r['rps']:.0f} req/s")
+        if separate:
+            r["upstream"] = ("two build/upstream200 processes (loadtest/upstream200.c, IO_THREADS threads each),"
+                             " upstream keepalive as nginx/nginx.conf.tmpl")
+            log(f"wrk nginx -> 2 upstream200 processes: {r['rps']:.0f} req/s")
+        else:
+            r["upstream"] = "a second server block in the same nginx (return 200), upstream keepalive as nginx/nginx.conf.tmpl"
+            log(f"wrk nginx -> keep-alive upstream: {r['rps']:.0f} req/s")
         return r
 
     # -------------------------------------------------------------- service
@@ -777,8 +840,7 @@ class Bench:
         meter.start()
         w = self.wrk(url, 64, self.seconds)
         w["cpu"] = meter.stop()
-        p = self.wrk(url, 64, self.seconds, delay_ms=self.pace_ms)
-        w["paced"] = {k: p[k] for k in ("rps", "p50Ms", "p90Ms", "p99Ms", "maxMs", "tool")}
+        p, w["paced"] = self.paced(url)
         logged = self.logged(off, v)
         both = {"statuses": {k: w0["statuses"].get(k, 0) + w["statuses"].get(k, 0) + p["statuses"].get(k, 0)
                              for k in set(w0["statuses"]) | set(w["statuses"]) | set(p["statuses"])},
@@ -892,6 +954,7 @@ class Bench:
             fig["pgTxn"] = self.ceiling_pg_txn()
             fig["redisEvalsha"] = self.ceiling_redis()
             fig["nginx"] = self.ceiling_nginx()
+            fig["nginxProc"] = self.ceiling_nginx(separate=True)
         if "optimistic" not in self.skip:
             if self.strategy != "optimistic":
                 self.switch("optimistic")
@@ -1014,6 +1077,14 @@ class Bench:
             "soldOutPacedRps": med(["soldOut", "paced", "rps"]),
             "soldOutPacedP50Ms": med(["soldOut", "paced", "p50Ms"]),
             "soldOutPacedP99Ms": med(["soldOut", "paced", "p99Ms"]),
+            "nginxProcRps": med(["nginxProc", "rps"]),
+            "nginxProcP50Ms": med(["nginxProc", "p50Ms"]),
+            "nginxProcP99Ms": med(["nginxProc", "p99Ms"]),
+            "nginxProcPacedP50Ms": med(["nginxProc", "paced", "p50Ms"]),
+            "nginxProcPacedP99Ms": med(["nginxProc", "paced", "p99Ms"]),
+            "nginxPacedStealPct": med(["nginx", "paced", "stealPct"]),
+            "nginxProcPacedStealPct": med(["nginxProc", "paced", "stealPct"]),
+            "soldOutPacedStealPct": med(["soldOut", "paced", "stealPct"]),
             "stormRps": med(["storm", "rps"]),
             "batchedOrdersPerSec": med(["batchedSale", "ordersPerSec"]),
             "batchedP50Ms": med(["batchedSale", "wrk", "p50Ms"]),
@@ -1022,6 +1093,7 @@ class Bench:
         ranges = {k: spread(p) for k, p in {
             "pgOneRowTps": ["pgOneRow", "tps"], "pgTxnTps": ["pgTxn", "tps"],
             "redisEvalshaOps": ["redisEvalsha", "opsPerSec"], "nginxRps": ["nginx", "rps"],
+            "nginxProcRps": ["nginxProc", "rps"],
             "saleOrdersPerSec": ["sale", "ordersPerSec"], "soldOutRps": ["soldOut", "rps"],
             "soldOutP99Ms": ["soldOut", "p99Ms"], "stormRps": ["storm", "rps"],
             "batchedOrdersPerSec": ["batchedSale", "ordersPerSec"]}.items()}
@@ -1039,6 +1111,8 @@ class Bench:
             "batchedVsOneRow": ratio_med(g("batchedSale", "ordersPerSec"), g("pgOneRow", "tps")),
             "optimisticVsTxn": ratio_med(g("sale", "ordersPerSec"), g("pgTxn", "tps")),
             "soldOutVsNginx": ratio_med(g("soldOut", "rps"), g("nginx", "rps")),
+            "soldOutVsNginxProc": ratio_med(g("soldOut", "rps"), g("nginxProc", "rps")),
+            "nginxProcVsNginx": ratio_med(g("nginxProc", "rps"), g("nginx", "rps")),
             "stormVsRedis": ratio_med(g("storm", "rps"), g("redisEvalsha", "opsPerSec")),
         }
         # RSS: per instance, the median over the rounds (or runs).
@@ -1122,6 +1196,8 @@ class Bench:
         ceil_row("pgbench BEGIN; SELECT; UPDATE; INSERT; COMMIT, 16 c", f["pgTxnTps"], "tps", REFERENCE["pgTxn"])
         ceil_row("redis-benchmark EVALSHA lock_acquire.lua, 50 c", f["redisEvalshaOps"], "ops/s", REFERENCE["redisEvalsha"])
         ceil_row("wrk > nginx > keep-alive upstream return 200, 64 c", f["nginxRps"], "req/s", REFERENCE["nginx"])
+        if f["nginxProcRps"] is not None:
+            ceil_row("  the same to 2 upstream200 processes (a floor's cost)", f["nginxProcRps"], "req/s", None)
         w("")
         w(f"{'the service through nginx, 2 instances':<{L}} {'measured':>11}  {'compared with':<28} {'ratio':>5}  {'target':<8} result")
         if f["saleOrdersPerSec"] is not None:
@@ -1142,15 +1218,27 @@ class Bench:
         if f["soldOutRps"] is not None:
             row("sold-out req/s, 64 c", f["soldOutRps"], "nginx ceiling", f["nginxRps"],
                 ratios["soldOutVsNginx"], ">= 0.9", res_of("soldOutVsNginx"))
+            proc = f["nginxProcRps"] is not None
+            if proc:
+                row("", "", "2 upstream200 procs", f["nginxProcRps"], ratios["soldOutVsNginxProc"])
             row("  sold-out p50 / p99 ms", f"{f['soldOutP50Ms']:.2f} / {f['soldOutP99Ms']:.2f}",
                 f"nginx ceil. {f['nginxP50Ms']:.2f} / {f['nginxP99Ms']:.2f}", None, None, "p99 < 2",
                 res_of("soldOutP99Ms"))
+            if proc:
+                row("", "", f"upstream200 {f['nginxProcP50Ms']:.2f} / {f['nginxProcP99Ms']:.2f}")
             if f["soldOutPacedP99Ms"] is not None:
                 row(f"  paced, {f['soldOutPacedRps']:,.0f} req/s: p50 / p99 ms",
                     f"{f['soldOutPacedP50Ms']:.2f} / {f['soldOutPacedP99Ms']:.2f}",
                     f"nginx ceil. {f['nginxPacedP50Ms']:.2f} / {f['nginxPacedP99Ms']:.2f}"
                     if f["nginxPacedP99Ms"] is not None else "", None, None, "p99 < 2",
                     res_of("soldOutPacedP99Ms"))
+                if f["nginxProcPacedP99Ms"] is not None:
+                    row("", "", f"upstream200 {f['nginxProcPacedP50Ms']:.2f} / {f['nginxProcPacedP99Ms']:.2f}")
+                steal = [(n, f[k]) for n, k in (("sold-out", "soldOutPacedStealPct"), ("ceiling", "nginxPacedStealPct"),
+                                                ("upstream200", "nginxProcPacedStealPct")) if f[k] is not None]
+                if steal:
+                    w("  steal while paced: " + ", ".join(f"{n} {x:.1f} %" for n, x in steal)
+                      + " (the hypervisor's share; the paced p99s rise with it)")
         if f["stormRps"] is not None:
             row("single-user storm req/s, ab -k, 64 c", f["stormRps"], "redis EVALSHA", f["redisEvalshaOps"],
                 ratios["stormVsRedis"])
@@ -1173,6 +1261,7 @@ class Bench:
         for key, label, per in (("pgOneRow", "pgbench one-row (per txn)", "transactions"),
                                 ("pgTxn", "pgbench seckill txn (per txn)", "transactions"),
                                 ("nginx", "nginx ceiling (per request)", "requests"),
+                                ("nginxProc", "nginx to 2 upstream200 (per request)", "requests"),
                                 ("sale", "sale, optimistic (per order)", "orders"),
                                 ("batchedSale", "sale, batched (per order)", "orders"),
                                 ("soldOut", "sold-out (per request)", "requests"),
@@ -1183,20 +1272,22 @@ class Bench:
                 if not x or not x.get("cpu") or not x.get(per):
                     continue
                 vals.append({k: 1000.0 * v / x[per] for k, v in x["cpu"].items()
-                             if k not in ("wallSeconds", "busyPct")} | {"busyPct": x["cpu"].get("busyPct") or 0})
+                             if k not in ("wallSeconds", "busyPct", "stealPct")}
+                            | {"busyPct": x["cpu"].get("busyPct") or 0, "stealPct": x["cpu"].get("stealPct") or 0})
             if vals:
                 cpu_rows.append((label, {k: statistics.median(v[k] for v in vals if k in v)
                                          for k in vals[0]}))
         if cpu_rows:
             w("")
             w(f"{'CPU ms per unit, by process (2 CPUs in all)':<{L - 12}} {'seckill':>7} {'nginx':>6} {'postgres':>8}"
-              f" {'redis':>6} {'client':>6} {'softirq':>7} {'others':>6} {'busy':>5}")
+              f" {'redis':>6} {'client':>6} {'softirq':>7} {'others':>6} {'busy':>5} {'steal':>5}")
             for label, v in cpu_rows:
                 ng = v.get("nginx", 0) + v.get("ceilingNginx", 0)
-                w(f"{'  ' + label:<{L - 12}} {v.get('seckill', 0):>7.3f} {ng:>6.3f} {v.get('postgres', 0):>8.3f}"
+                w(f"{'  ' + label:<{L - 12}} {v.get('seckill', 0) + v.get('standIn', 0):>7.3f} {ng:>6.3f} {v.get('postgres', 0):>8.3f}"
                   f" {v.get('redis', 0):>6.3f} {v.get('loadTool', 0):>6.3f} {v.get('interrupts', 0):>7.3f}"
-                  f" {v.get('other', 0):>6.3f} {v.get('busyPct', 0):>4.0f}%")
-            w("  (others: programs outside this benchmark, i.e. noise; busy: share of both CPUs in use)")
+                  f" {v.get('other', 0):>6.3f} {v.get('busyPct', 0):>4.0f}% {v.get('stealPct', 0):>4.1f}%")
+            w("  (others: programs outside this benchmark, i.e. noise; busy: share of both CPUs in use;"
+              " steal: share the hypervisor took; seckill: upstream200 in its row)")
         w("")
         if self.violations:
             w(f"INVARIANTS: VIOLATED in {len(self.violations)} run(s) (see the FAIL lines above)")

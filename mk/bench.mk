@@ -20,7 +20,7 @@ BENCH_RUN_DIR ?= $(abspath $(BUILD))/bench-run
 
 .PHONY: bench stop-bench bench-ab
 
-bench: all
+bench: all $(BUILD)/upstream200
 	@BENCH_RUN_DIR=$(BENCH_RUN_DIR) BENCH_JSON=$${BENCH_JSON:-$(abspath $(BUILD))/bench.json} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench.py
 

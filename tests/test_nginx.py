@@ -9,7 +9,9 @@ small Python HTTP servers behind it that answer, hang up, or hang:
   - nginx's own errors (400, 413, 414, 502, 504) carry the JSON error body, with
     Retry-After on 502/504; the instances' own error answers pass untouched;
   - X-Request-Id is passed (made up when absent), keep-alive to the upstreams,
-    the access log names the upstream, nothing is written outside the prefix.
+    the access log names the upstream, nothing is written outside the prefix;
+  - make bench's stand-in upstream (loadtest/upstream200.c) frames requests as
+    nginx expects and keeps its connections.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
@@ -17,6 +19,7 @@ import json
 import os
 import re
 import signal
+import socket
 import socketserver
 import subprocess
 import sys
@@ -163,10 +166,17 @@ def upstream(mode="ok"):
 
 
 def teardown():
+    """Stops everything, then raises the first complaint an upstream made."""
+    first = None
     while _nginxes:
         _nginxes.pop().stop()
     while _upstreams:
-        _upstreams.pop().close()
+        try:
+            _upstreams.pop().close()
+        except AssertionError as e:
+            first = first or e
+    if first:
+        raise first
 
 
 def nginx_test(fn):
@@ -369,6 +379,125 @@ def keepalive_to_upstream():
     line = [l for l in log.splitlines() if "POST /voucher/1/seckill" in l][-1]
     if not re.search(rf"up={re.escape(app.addr)} us=200 rt=[\d.]+ urt=[\d.]+", line):
         fail(f"access log line lacks upstream address/status/times: {line}")
+
+
+# ---------------------------------------------------------------- upstream200
+# make bench's yardstick (loadtest/upstream200.c): the least a separate
+# upstream process costs. Its figure is only worth something if it frames
+# HTTP the way nginx expects and keeps its connections.
+
+UPSTREAM200 = os.path.join(os.path.dirname(ss.SECKILL_BIN), "upstream200")
+
+
+class Upstream200:
+    def __init__(self, threads=2):
+        self.port = ss.free_port()
+        self.proc = subprocess.Popen([UPSTREAM200, str(self.port), str(threads)],
+                                     stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        ss.register_pid(self.proc.pid)
+        self.addr = f"127.0.0.1:{self.port}"
+        _upstreams.append(self)
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    fail(f"upstream200 did not start: {self.proc.stderr.read()!r}")
+                time.sleep(0.05)
+
+    def close(self):
+        """Stops it; fails if it wrote anything (a sanitizer's report)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(10)
+        err = self.proc.stderr.read()
+        self.proc.stderr.close()
+        ss.unregister_pid(self.proc.pid)
+        if err:
+            fail(f"upstream200 wrote: {err[-600:]!r}")
+
+
+def read_answers(sock, n, timeout=5):
+    """n whole answers from sock, each checked: 200 and a Content-Length that
+    is the body's length exactly (what nginx needs to keep the connection)."""
+    buf, answers = b"", []
+    sock.settimeout(timeout)
+    while len(answers) < n:
+        parsed = ss._parse_raw(buf)
+        if parsed and parsed[3]:
+            status, items, body, _ = parsed
+            head_len = buf.index(b"\r\n\r\n") + 4
+            buf = buf[head_len + len(body):]
+            answers.append((status, dict((k.lower(), v) for k, v in items), body))
+            continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            fail(f"closed after {len(answers)} of {n} answers; unread {buf[:120]!r}")
+        buf += chunk
+    if buf:
+        fail(f"more bytes than {n} answers: {buf[:120]!r}")
+    for status, headers, body in answers:
+        if status != 200 or int(headers["content-length"]) != len(body):
+            fail(f"answer {status} {headers} {body!r}")
+    return answers
+
+
+@nginx_test
+def upstream200_answers_pipelined_requests_and_keeps_the_connection():
+    u = Upstream200()
+    with socket.create_connection(("127.0.0.1", u.port), timeout=5) as s:
+        # A body holding a blank line must be skipped, not taken for a request.
+        s.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+                  b"POST /x HTTP/1.1\r\nContent-Length: 11\r\n\r\nab\r\n\r\nGET /"
+                  b"POST /y HTTP/1.1\r\ncontent-length:0\r\n\r\n")
+        read_answers(s, 3)
+        # The same connection, a request split across two writes.
+        s.sendall(b"POST /z HTTP/1.1\r\nContent-Le")
+        time.sleep(0.05)
+        s.sendall(b"ngth: 3\r\n\r\nxyz")
+        read_answers(s, 1)
+
+
+@nginx_test
+def upstream200_closes_what_it_cannot_frame():
+    u = Upstream200()
+    for what, data in (("chunked", b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"),
+                       ("9 KiB of headers", b"GET / HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n"),
+                       ("a bad Content-Length", b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n")):
+        if ss.raw_request(u.port, data) is not None:
+            fail(f"{what}: answered instead of closing")
+    # and it still serves
+    with socket.create_connection(("127.0.0.1", u.port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        read_answers(s, 1)
+
+
+@nginx_test
+def upstream200_behind_nginx_keeps_its_upstream_connections():
+    u = Upstream200(threads=1)
+    n = Nginx([u.addr])
+    c = ss.Client(n.port)
+    try:
+        for _ in range(50):
+            r = c.request("POST", "/voucher/1/seckill", {"X-User-Id": "1"})
+            if r.status != 200 or r.body.get("error") != "sold_out":
+                fail(f"{r.status} {r.raw[:200]!r}")
+    finally:
+        c.close()
+    err = open(os.path.join(n.dir, "error.log")).read()
+    if "upstream" in err:
+        fail(f"nginx complained about upstream200: {err[-400:]}")
+    # Sockets toward upstream200 in any state (TIME_WAIT included): one
+    # when nginx kept the connection, about 50 when it closed each.
+    toward = 0
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            if int(line.split()[2].split(":")[1], 16) == u.port:
+                toward += 1
+    if toward > 2:
+        fail(f"50 requests used {toward} connections to upstream200")
 
 
 if __name__ == "__main__":
