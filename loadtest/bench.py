@@ -80,6 +80,7 @@ CHECK = os.path.join(HERE, "check_invariants.py")
 
 # The reference figures (a 2-core machine, durable Postgres).
 REFERENCE = {"pgOneRow": 3600, "pgTxn": 2100, "redisEvalsha": 80000, "nginx": 42000}
+STEAL_WARN_PCT = 5     # a run with more steal than this is flagged in the table
 PACED_SHARE = 0.25   # paced latency runs offer this share of the nginx ceiling's rate
 TARGETS = {"optimisticVsOneRow": 0.9, "batchedVsOneRow": 3.0, "soldOutVsNginx": 0.9,
            "soldOutP99Ms": 2.0, "rssMb": 20.0}
@@ -1288,6 +1289,11 @@ class Bench:
                   f" {v.get('other', 0):>6.3f} {v.get('busyPct', 0):>4.0f}% {v.get('stealPct', 0):>4.1f}%")
             w("  (others: programs outside this benchmark, i.e. noise; busy: share of both CPUs in use;"
               " steal: share the hypervisor took; seckill: upstream200 in its row)")
+            stolen = [f"{label.split(' (')[0]} {v['stealPct']:.0f} %" for label, v in cpu_rows
+                      if v.get("stealPct", 0) > STEAL_WARN_PCT]
+            if stolen:
+                w(f"  disturbed: the hypervisor took more than {STEAL_WARN_PCT} % of the machine during "
+                  + ", ".join(stolen) + ": those figures read low; a ratio to a disturbed ceiling reads high")
         w("")
         if self.violations:
             w(f"INVARIANTS: VIOLATED in {len(self.violations)} run(s) (see the FAIL lines above)")
