@@ -2,7 +2,8 @@
 #
 #   make bench        build, start a private stack (build/bench-run: durable
 #                     Postgres, Redis, 2 instances, nginx), measure the
-#                     ceilings (pgbench, redis-benchmark, wrk -> nginx) and the
+#                     ceilings (pgbench, redis-benchmark, wrk -> nginx; and
+#                     nginx -> build/upstream200 as a yardstick) and the
 #                     service (sale, sold-out, storm, 60 s sale, batched),
 #                     print the table with ratios, write build/bench.json, stop
 #                     everything. Exit 1 on an invariant violation only.
