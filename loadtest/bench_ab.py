@@ -23,7 +23,8 @@ Environment (all optional):
   AB_STOCK         the stock strategy of every setting unless it names its own
                    (default optimistic)
   AB_MODE          sale (default), or soldout: make bench's sold-out run instead
-                   of a sale (req/s, CPU ms per request, p99), after which the
+                   of a sale (req/s, CPU ms per request, p99, and the p99 and steal
+                   of its paced run at 20 ms per connection), after which the
                    instances have served a sold-out voucher from memory
   AB_JSON          results file (default <repo>/build/bench-ab.json)
   BENCH_RUN_DIR    the stack's run directory (default <repo>/build/bench-ab-run)
@@ -105,9 +106,10 @@ def main():
                     n = max(1, w["requests"])
                     cpu = {k: v * 1000.0 / n for k, v in w["cpu"].items()
                            if isinstance(v, (int, float)) and k not in ("busyPct", "wallSeconds",
-                                                                         "machineBusy")}
+                                                                         "machineBusy", "stealPct")}
                     runs[text].append({"ordersPerSec": w["rps"], "cpuMsPerOrder": cpu,
-                                       "p99Ms": w["p99Ms"], "pacedP99Ms": w["paced"]["p99Ms"]})
+                                       "p99Ms": w["p99Ms"], "pacedP99Ms": w["paced"]["p99Ms"],
+                                       "pacedStealPct": w["paced"]["stealPct"]})
                     continue
                 res = b.sale(f"round {r}, {text}", conns, seconds)
                 cpu = res["cpuMsPerOrder"] or {}
@@ -129,7 +131,8 @@ def main():
     what = "sold-out runs at 64" if mode == "soldout" else f"sales at {conns}"
     print(f"\n== make bench-ab: {rounds} round(s), {seconds} s {what} connections, medians\n")
     print(f"{'setting':<48} {unit:>9}  CPU ms per {per + ':':<8} " + " ".join(f"{c[:8]:>8}" for c in cols)
-          + f" {'total':>7} {'p99 ms':>7}")
+          + f" {'total':>7} {'p99 ms':>7}"
+          + (f" {'paced p99':>9} {'its steal':>9}" if mode == "soldout" else ""))
     for text in args:
         rs = runs[text]
         if not rs:
@@ -139,10 +142,15 @@ def main():
                "cpuMsPerOrder": {c: statistics.median(x["cpuMsPerOrder"].get(c, 0) for x in rs)
                                  for c in cols}}
         med["cpuMsPerOrder"]["total"] = round(sum(med["cpuMsPerOrder"].values()), 3)
+        paced = ""
+        if mode == "soldout":
+            med["pacedP99Ms"] = statistics.median(x["pacedP99Ms"] for x in rs)
+            med["pacedStealPct"] = statistics.median(x["pacedStealPct"] or 0 for x in rs)
+            paced = f" {med['pacedP99Ms']:>9.2f} {med['pacedStealPct']:>8.1f}%"
         summary.append({"setting": text, "runs": rs, "median": med})
         print(f"{text[:48]:<48} {med['ordersPerSec']:>9,.0f}  {'':22} "
               + " ".join(f"{med['cpuMsPerOrder'][c]:>8.3f}" for c in cols)
-              + f" {med['cpuMsPerOrder']['total']:>7.3f} {med['p99Ms']:>7.1f}")
+              + f" {med['cpuMsPerOrder']['total']:>7.3f} {med['p99Ms']:>7.1f}" + paced)
     print(f"\ninvariants: {'VIOLATED' if b.violations else 'hold after every sale'}")
     with open(out, "w") as f:
         json.dump({"mode": mode, "rounds": rounds, "seconds": seconds, "connections": conns,
