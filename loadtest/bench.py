@@ -18,9 +18,9 @@ Redis, 2 instances at LOG_LEVEL=warn, nginx; every port picked free on
     nginx        wrk through an nginx made from nginx/nginx.conf.tmpl (the
                  same proxy settings) to a keep-alive upstream that answers
                  200 at once, 64 connections; then the same nginx in front of
-                 two build/upstream200 processes (loadtest/upstream200.c), the
-                 least a separate upstream costs: not a target, a yardstick
-                 for what the instances add beyond being processes
+                 two build/upstream200 processes (loadtest/upstream200.c), a
+                 separate upstream that does no work: not a target, a
+                 yardstick for how much of the chain's cost is the upstream's
   the service through nginx (2 instances)
     sale         wrk, a new user per request, a stock that does not run out:
                  orders/s from the first to the last order in Postgres
@@ -617,7 +617,7 @@ class Bench:
 
     def start_stand_ins(self):
         """Two build/upstream200 processes (IO_THREADS threads each, as an
-        instance has): the least a separate upstream process costs."""
+        instance has): separate upstreams that do no work."""
         binary = os.environ.get("BENCH_UPSTREAM200") or os.path.join(ROOT, "build", "upstream200")
         if not os.access(binary, os.X_OK):
             raise BenchError(f"{binary} is missing (make bench builds it: make build/upstream200)")
@@ -1198,7 +1198,7 @@ class Bench:
         ceil_row("redis-benchmark EVALSHA lock_acquire.lua, 50 c", f["redisEvalshaOps"], "ops/s", REFERENCE["redisEvalsha"])
         ceil_row("wrk > nginx > keep-alive upstream return 200, 64 c", f["nginxRps"], "req/s", REFERENCE["nginx"])
         if f["nginxProcRps"] is not None:
-            ceil_row("  the same to 2 upstream200 processes (a floor's cost)", f["nginxProcRps"], "req/s", None)
+            ceil_row("  the same to 2 upstream200 processes (no work)", f["nginxProcRps"], "req/s", None)
         w("")
         w(f"{'the service through nginx, 2 instances':<{L}} {'measured':>11}  {'compared with':<28} {'ratio':>5}  {'target':<8} result")
         if f["saleOrdersPerSec"] is not None:

@@ -382,9 +382,9 @@ def keepalive_to_upstream():
 
 
 # ---------------------------------------------------------------- upstream200
-# make bench's yardstick (loadtest/upstream200.c): the least a separate
-# upstream process costs. Its figure is only worth something if it frames
-# HTTP the way nginx expects and keeps its connections.
+# make bench's yardstick (loadtest/upstream200.c): a separate upstream that
+# does no work. Its figure is only worth something if it frames HTTP the way
+# nginx expects and keeps its connections.
 
 UPSTREAM200 = os.path.join(os.path.dirname(ss.SECKILL_BIN), "upstream200")
 
