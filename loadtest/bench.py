@@ -1289,7 +1289,7 @@ class Bench:
                   f" {v.get('other', 0):>6.3f} {v.get('busyPct', 0):>4.0f}% {v.get('stealPct', 0):>4.1f}%")
             w("  (others: programs outside this benchmark, i.e. noise; busy: share of both CPUs in use;"
               " steal: share the hypervisor took; seckill: upstream200 in its row)")
-            stolen = [f"{label.split(' (')[0]} {v['stealPct']:.0f} %" for label, v in cpu_rows
+            stolen = [f"{label.split(' (')[0]} {v['stealPct']:.1f} %" for label, v in cpu_rows
                       if v.get("stealPct", 0) > STEAL_WARN_PCT]
             if stolen:
                 w(f"  disturbed: the hypervisor took more than {STEAL_WARN_PCT} % of the machine during "
