@@ -403,8 +403,12 @@ class Upstream200:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 return
             except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    fail(f"upstream200 did not start: {self.proc.stderr.read()!r}")
+                # stderr is read only once it has exited (teardown stops it
+                # otherwise): a read of a live process's pipe would hang.
+                if self.proc.poll() is not None:
+                    fail(f"upstream200 exited: {self.proc.stderr.read()!r}")
+                if time.monotonic() > deadline:
+                    fail(f"upstream200 did not listen on {self.port} within 5 s")
                 time.sleep(0.05)
 
     def close(self):
