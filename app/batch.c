@@ -3,7 +3,7 @@
 #include "config.h"
 #include "idw.h"
 #include "log.h"
-#include "stats.h"
+#include "rec.h"
 #include "util.h"
 
 #include <errno.h>
@@ -184,7 +184,7 @@ static void settle(conn_set *cs, queue *q)
     }
 
     if (n > 0) {
-        stats_note_batch(n);
+        rec_batch(n);
         pg = conn_pg(cs);
         st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch(pg, orders, (size_t)n, results);
         if (st == STORE_DUPLICATE ||

@@ -8,8 +8,8 @@
 #include "order.h"
 #include "payload.h"
 #include "log.h"
-#include "metrics.h"
-#include "stats.h"
+#include "expo.h"
+#include "peers.h"
 #include "store.h"
 #include "util.h"
 #include "vcache.h"
@@ -293,10 +293,10 @@ static enum MHD_Result h_stats(http_req *r, const char *arg, size_t arg_len)
         cJSON_Delete(o);
         return send_store_error(r, STORE_UNAVAILABLE);
     }
-    stats_self_json(o);
+    expo_counters_json(o);
     instances = cJSON_AddArrayToObject(o, "instances");
     cluster = cJSON_AddObjectToObject(o, "cluster");
-    if (stats_cluster_json(c, instances, cluster) != 0) {
+    if (peers_json(c, instances, cluster) != 0) {
         if (c->err)
             conn_redis_broken(cs);
         cJSON_Delete(o);
@@ -341,7 +341,6 @@ static enum MHD_Result h_metrics(http_req *r, const char *arg, size_t arg_len)
     cJSON *vouchers;
     char *buf = NULL;
     size_t len = 0;
-    int in_progress, queued;
     FILE *f;
 
     (void)arg;
@@ -352,8 +351,7 @@ static enum MHD_Result h_metrics(http_req *r, const char *arg, size_t arg_len)
         cJSON_Delete(vouchers);
         return http_send_error(r, API_UNAVAILABLE, "out of memory");
     }
-    http_load(&in_progress, &queued);
-    metrics_write(f, vouchers, in_progress, queued);
+    expo_metrics(f, vouchers);
     fclose(f);
     cJSON_Delete(vouchers);
     return http_send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);

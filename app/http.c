@@ -3,8 +3,7 @@
 #include "http.h"
 #include "config.h"
 #include "log.h"
-#include "metrics.h"
-#include "stats.h"
+#include "rec.h"
 #include "util.h"
 
 #include <arpa/inet.h>
@@ -495,7 +494,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->method = method;
         r->url = url;
         r->start_us = util_mono_us();
-        r->route = METRICS_NO_ROUTE;
+        r->route = REC_NO_ROUTE;
         set_request_id(r);
         *req_cls = r;
         atomic_fetch_add(&in_flight, 1);
@@ -554,8 +553,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
             .error = r->err != API_OK ? api_err_code(r->err) : NULL,
             .voucher_id = r->voucher_id, .user_id = r->user_id, .order_id = r->order_id,
         };
-        stats_record(r->status, r->err);
-        metrics_request(r->route, r->status, r->err, us);
+        rec_request(r->route, r->status, r->err, us);
         log_access(&a);
     } else {
         log_debug("request %s %s ended without answer (termination %d)", r->method, r->url,
@@ -582,12 +580,12 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 }
 
 /* "/voucher/ * /seckill" (no spaces) -> "/voucher/{id}/seckill" for metrics labels. */
-static char route_label_buf[METRICS_MAX_ROUTES][64];
-static const char *route_labels[METRICS_MAX_ROUTES];
+static char route_label_buf[REC_MAX_ROUTES][64];
+static const char *route_labels[REC_MAX_ROUTES];
 
 static void set_route_labels(void)
 {
-    size_t n = route_count < METRICS_MAX_ROUTES ? route_count : METRICS_MAX_ROUTES;
+    size_t n = route_count < REC_MAX_ROUTES ? route_count : REC_MAX_ROUTES;
 
     for (size_t i = 0; i < n; i++) {
         char *o = route_label_buf[i];
@@ -604,7 +602,11 @@ static void set_route_labels(void)
         o[used] = '\0';
         route_labels[i] = o;
     }
-    metrics_set_routes(route_labels, (int)n);
+}
+
+const char *http_route_label(int i)
+{
+    return i >= 0 && i < REC_MAX_ROUTES ? route_labels[i] : NULL;
 }
 
 int http_start(const http_route *routes, size_t nroutes)

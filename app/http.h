@@ -100,6 +100,10 @@ void http_unpark(http_req *r);
  * limit). */
 void http_load(int *in_progress, int *queued);
 
+/* The metrics label of route 'i' ("/voucher/{id}/seckill"), or NULL when
+ * there is no such route. Static, set by http_start. */
+const char *http_route_label(int i);
+
 /* Request header value, or NULL. Borrowed from MHD. */
 const char *http_header(http_req *r, const char *name);
 

@@ -9,7 +9,7 @@
 #include "config.h"
 #include "lockwait.h"
 #include "log.h"
-#include "metrics.h"
+#include "rec.h"
 #include "script.h"
 #include "util.h"
 #include "watchdog.h"
@@ -191,7 +191,7 @@ static lock_status acquire_finish(redisContext *c, lock_acquire_op *op, redisRep
 
     if (!op->sent)
         goto cleanup;
-    metrics_backend(METRICS_REDIS, util_mono_us() - op->t0, r != NULL);
+    rec_backend(REC_REDIS, util_mono_us() - op->t0, r != NULL);
     if (r == NULL) {
         log_warn("lock acquire %s: redis: %s", op->key, c->errstr);
         goto cleanup;
@@ -513,7 +513,7 @@ void lock_release_many(redisContext *c, lock_release_item *items, size_t n)
         }
         items[i].st = release_parse(c, items[i].key, items[i].owner, r, NULL);
     }
-    metrics_backend(METRICS_REDIS, util_mono_us() - t0, c->err == 0);
+    rec_backend(REC_REDIS, util_mono_us() - t0, c->err == 0);
     for (i = 0; i < n; i++) {
         if (rc[i].noscript)
             items[i].st = release_parse(c, items[i].key, items[i].owner,

@@ -7,7 +7,7 @@
 #include "lock.h"
 #include "log.h"
 #include "script.h"
-#include "stats.h"
+#include "peers.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -42,23 +42,23 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (stats_publisher_start() != 0) {
+    if (peers_start() != 0) {
         log_error("cannot start the stats publisher thread");
         return 1;
     }
     if (lock_runtime_start() != 0) {
         log_error("cannot start the lock subscriber and renewal threads");
-        stats_publisher_stop();
+        peers_stop();
         return 1;
     }
     if (bcast_start() != 0) {
         log_error("cannot start the broadcast subscriber thread");
-        stats_publisher_stop();
+        peers_stop();
         return 1;
     }
     if (http_start(handlers_routes, handlers_route_count) != 0) {
         bcast_stop();
-        stats_publisher_stop();
+        peers_stop();
         return 1;
     }
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
@@ -81,7 +81,7 @@ int main(int argc, char **argv)
     http_stop(SHUTDOWN_GRACE_MS);
     bcast_stop();
     lock_runtime_stop();
-    stats_publisher_stop();
+    peers_stop();
     log_info("stopped");
     return EXIT_SUCCESS;
 }

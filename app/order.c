@@ -8,7 +8,7 @@
 #include "lock.h"
 #include "log.h"
 #include "script.h"
-#include "stats.h"
+#include "rec.h"
 #include "store.h"
 #include "util.h"
 #include "vcache.h"
@@ -137,7 +137,7 @@ static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h,
         /* Blocking, like Java's synchronized: the second request of the user
          * waits, then finds the first one's order. */
         pthread_mutex_lock(local_lock_of(user_id));
-        stats_note(STATS_DEMO_LOCK_ACQUIRED);
+        rec_note(REC_DEMO_LOCK_ACQUIRED);
         break;
     case LOCKS_SETNX:
     case LOCKS_OWNER: {
@@ -151,10 +151,10 @@ static api_err take(conn_set *cs, redisContext *c, int64_t user_id, held *h,
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
             err = API_UNAVAILABLE;
         } else if (r->type == REDIS_REPLY_NIL) {
-            stats_note(STATS_DEMO_LOCK_CONTENDED);
+            rec_note(REC_DEMO_LOCK_CONTENDED);
             err = API_ALREADY_ORDERED;
         } else {
-            stats_note(STATS_DEMO_LOCK_ACQUIRED);
+            rec_note(REC_DEMO_LOCK_ACQUIRED);
         }
         break;
     }
@@ -197,7 +197,7 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
         return;
     case LOCKS_LOCAL:
         pthread_mutex_unlock(local_lock_of(user_id));
-        stats_note(STATS_DEMO_LOCK_RELEASED);
+        rec_note(REC_DEMO_LOCK_RELEASED);
         return;
     case LOCKS_SETNX:
         if (c == NULL)
@@ -206,11 +206,11 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
          * only there to count the deletes of another holder's lock. */
         r = redisCommand(c, "GET %s", h->key);
         if (r != NULL && (r->type != REDIS_REPLY_STRING || strcmp(r->str, h->owner) != 0))
-            stats_note(STATS_DEMO_LOCK_NOT_OWNER);
+            rec_note(REC_DEMO_LOCK_NOT_OWNER);
         freeReplyObject(r);
         r = redisCommand(c, "DEL %s", h->key);
         if (r != NULL && r->type == REDIS_REPLY_INTEGER)
-            stats_note(STATS_DEMO_LOCK_RELEASED);
+            rec_note(REC_DEMO_LOCK_RELEASED);
         break;
     case LOCKS_OWNER:
         if (c == NULL)
@@ -219,7 +219,7 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
         argv[1] = h->owner;
         r = script_run(c, SCRIPT_OWNER_RELEASE, 1, 2, argv, NULL);
         if (r != NULL && r->type == REDIS_REPLY_INTEGER)
-            stats_note(r->integer == 1 ? STATS_DEMO_LOCK_RELEASED : STATS_DEMO_LOCK_NOT_OWNER);
+            rec_note(r->integer == 1 ? REC_DEMO_LOCK_RELEASED : REC_DEMO_LOCK_NOT_OWNER);
         break;
     case LOCKS_REENTRANT:
     default: {
@@ -281,7 +281,7 @@ static void finish(conn_set *cs, order_job *j, store_status st)
         j->message = "the stock changed while this order was placed (cas): try again";
         break;
     case STORE_STALE_TOKEN:
-        stats_note(STATS_STALE_TOKEN);
+        rec_note(REC_STALE_TOKEN);
         log_warn("stale fencing token %" PRId64 " for %s: write refused", j->o.fence_token,
                  j->h.key);
         j->message = "the order lock expired before the write (stale fencing token)";

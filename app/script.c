@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "metrics.h"
+#include "rec.h"
 #include "util.h"
 
 /* File base names under the script dir, indexed by enum script_id. */
@@ -312,6 +312,6 @@ redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
 
     if (script_append(c, id, nkeys, argc, argv, argvlen) == 0)
         r = script_recv(c, id, nkeys, argc, argv, argvlen, 1);
-    metrics_backend(METRICS_REDIS, util_mono_us() - t0, r != NULL);
+    rec_backend(REC_REDIS, util_mono_us() - t0, r != NULL);
     return r;
 }

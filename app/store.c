@@ -1,7 +1,7 @@
 /* store: Postgres access through prepared statements. */
 #include "store.h"
 #include "log.h"
-#include "metrics.h"
+#include "rec.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -190,7 +190,7 @@ static store_status result_error(PGconn *pg, PGresult *res, const char *what)
 /* Every call goes through here or timed_exec, for the backend metrics. */
 static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)
 {
-    metrics_backend(METRICS_PG, util_mono_us() - t0, res != NULL && PQstatus(pg) == CONNECTION_OK);
+    rec_backend(REC_PG, util_mono_us() - t0, res != NULL && PQstatus(pg) == CONNECTION_OK);
     return res;
 }
 
@@ -340,7 +340,7 @@ store_status store_order_send_early(PGconn *pg, const store_order *o, store_earl
         return result_error(pg, NULL, "order_create (pipeline)");
     res = segment_read(pg, &synced);
     e->read = 1;
-    metrics_backend(METRICS_PG, util_mono_us() - e->t0, synced);
+    rec_backend(REC_PG, util_mono_us() - e->t0, synced);
     st = synced ? order_result(pg, res) : result_error(pg, res, "order_create");
     PQclear(res);
     return st;
@@ -354,7 +354,7 @@ store_status store_order_finish_early(PGconn *pg, store_early *e, store_status s
 
     if (e->segments == 2 && e->read == 1) {
         res = segment_read(pg, &synced);
-        metrics_backend(METRICS_PG, util_mono_us() - t0, synced);
+        rec_backend(REC_PG, util_mono_us() - t0, synced);
         if (st == STORE_OK && (!synced || PQresultStatus(res) != PGRES_TUPLES_OK))
             st = result_error(pg, res, "wait_durable");
         PQclear(res);
