@@ -2,11 +2,13 @@
  * scripts, the stats publisher, the HTTP daemon, and a clean shutdown. */
 #include "bcast.h"
 #include "config.h"
+#include "conn.h"
 #include "handlers.h"
 #include "http.h"
 #include "lock.h"
 #include "log.h"
 #include "script.h"
+#include "store.h"
 #include "peers.h"
 
 #include <pthread.h>
@@ -33,6 +35,8 @@ int main(int argc, char **argv)
         log_error("lua scripts: %s (set LUA_DIR)", err);
         return 2;
     }
+
+    conn_set_pg_init(store_prepare);
 
     /* Block the signals in every thread; main alone takes them with sigwait. */
     sigemptyset(&sigs);
