@@ -7,6 +7,8 @@
 #include "http.h"
 #include "lock.h"
 #include "log.h"
+#include "order.h"
+#include "rec.h"
 #include "script.h"
 #include "store.h"
 #include "peers.h"
@@ -35,6 +37,10 @@ int main(int argc, char **argv)
         log_error("lua scripts: %s (set LUA_DIR)", err);
         return 2;
     }
+    if (order_init(err, sizeof err) != 0) {
+        log_error("lua scripts: %s (set LUA_DIR)", err);
+        return 2;
+    }
 
     conn_set_pg_init(store_prepare);
 
@@ -50,7 +56,13 @@ int main(int argc, char **argv)
         log_error("cannot start the stats publisher thread");
         return 1;
     }
-    if (lock_runtime_start() != 0) {
+    lock_options lo = {
+        .connect = conn_redis_open,
+        .command_timeout_ms = g_cfg.redis_timeout_ms,
+        .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
+        .observe = rec_redis_call,
+    };
+    if (lock_runtime_start(&lo) != 0) {
         log_error("cannot start the lock subscriber and renewal threads");
         peers_stop();
         return 1;

@@ -22,6 +22,14 @@
 
 #define LOCK_KEY_PREFIX "lock:order:"
 
+/* "owner": lua/owner_release.lua, loaded by order_init. */
+static script_file owner_release;
+
+int order_init(char *err, size_t errlen)
+{
+    return script_file_load(&owner_release, g_cfg.lua_dir, "owner_release", err, errlen);
+}
+
 /* "local": an in-process mutex per user, striped. Correct on one instance,
  * useless across two behind nginx: that is what it is here to show. */
 #define LOCAL_STRIPES 1024
@@ -217,7 +225,7 @@ static void give_back(conn_set *cs, int64_t user_id, held *h)
             return;
         argv[0] = h->key;
         argv[1] = h->owner;
-        r = script_run(c, SCRIPT_OWNER_RELEASE, 1, 2, argv, NULL);
+        r = script_file_run(c, &owner_release, 1, 2, argv, NULL);
         if (r != NULL && r->type == REDIS_REPLY_INTEGER)
             rec_note(r->integer == 1 ? REC_DEMO_LOCK_RELEASED : REC_DEMO_LOCK_NOT_OWNER);
         break;

@@ -4,11 +4,16 @@
 #ifndef SECKILL_ORDER_H
 #define SECKILL_ORDER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "api.h"
 #include "conn.h"
 #include "store.h"
+
+/* Loads what the strategies in force need. Call once before serving.
+ * Returns 0, or -1 with the reason in 'err'. */
+int order_init(char *err, size_t errlen);
 
 /* The API's answer to a Postgres outcome: the one mapping, used by every
  * handler (STORE_OK is API_OK; every failure of the database itself is
