@@ -13,9 +13,6 @@ typedef struct conn_set {
     PGconn *pg;            /* NULL until connected, or after conn_pg_broken */
     uint64_t thread_id;    /* process-unique, never reused (lock owner id) */
     char owner[128];       /* "<instance uuid>:<thread_id>", the lock hash field */
-    char orphan_lock[64];  /* a lock whose acquire reply was lost: released at the
-                              next chance, in case Redis granted it after all */
-    char orphan_owner[128]; /* the owner that acquire was sent for */
 } conn_set;
 
 /* A new Postgres session's set-up (preparing the statements the caller

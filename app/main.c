@@ -1,5 +1,7 @@
 /* seckill: a flash-sale service. main wires the modules together: config,
- * scripts, the stats publisher, the HTTP daemon, and a clean shutdown. */
+ * scripts, the strategies, the lock library (given its connect function and
+ * observer here), the stats publisher, the HTTP daemon, and a clean
+ * shutdown. */
 #include "bcast.h"
 #include "config.h"
 #include "conn.h"
@@ -37,8 +39,8 @@ int main(int argc, char **argv)
         log_error("lua scripts: %s (set LUA_DIR)", err);
         return 2;
     }
-    if (order_init(err, sizeof err) != 0) {
-        log_error("lua scripts: %s (set LUA_DIR)", err);
+    if (order_start(err, sizeof err) != 0) {
+        log_error("lock strategy %s: %s", config_lock_name(g_cfg.lock_strategy), err);
         return 2;
     }
 
@@ -52,9 +54,11 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* Started in this order, stopped in the reverse one. */
+    rc = 1;
     if (peers_start() != 0) {
         log_error("cannot start the stats publisher thread");
-        return 1;
+        goto out_order;
     }
     lock_options lo = {
         .connect = conn_redis_open,
@@ -63,20 +67,15 @@ int main(int argc, char **argv)
         .observe = rec_redis_call,
     };
     if (lock_runtime_start(&lo) != 0) {
-        log_error("cannot start the lock subscriber and renewal threads");
-        peers_stop();
-        return 1;
+        log_error("cannot start the lock renewal thread");
+        goto out_peers;
     }
     if (bcast_start() != 0) {
         log_error("cannot start the broadcast subscriber thread");
-        peers_stop();
-        return 1;
+        goto out_lock;
     }
-    if (http_start(handlers_routes, handlers_route_count) != 0) {
-        bcast_stop();
-        peers_stop();
-        return 1;
-    }
+    if (http_start(handlers_routes, handlers_route_count) != 0)
+        goto out_bcast;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
@@ -95,9 +94,16 @@ int main(int argc, char **argv)
     } while (sig == SIGHUP);
     log_info("signal %d: finishing requests in flight, then stopping", sig);
     http_stop(SHUTDOWN_GRACE_MS);
+    rc = EXIT_SUCCESS;
+out_bcast:
     bcast_stop();
+out_lock:
     lock_runtime_stop();
+out_peers:
     peers_stop();
-    log_info("stopped");
-    return EXIT_SUCCESS;
+out_order:
+    order_stop();
+    if (rc == EXIT_SUCCESS)
+        log_info("stopped");
+    return rc;
 }
