@@ -23,7 +23,7 @@
 
 /* ---- small helpers ---- */
 
-static enum MHD_Result send_store_error(http_req *r, store_status st)
+static http_outcome send_store_error(http_req *r, store_status st)
 {
     api_err e = order_store_error(st);
     return http_send_error(r, e, e == API_UNAVAILABLE ? "database unavailable, retry later" : NULL);
@@ -85,7 +85,7 @@ static void add_voucher_fields(cJSON *o, const store_voucher *v)
 
 /* ---- GET /health, /ready ---- */
 
-static enum MHD_Result h_health(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_health(http_req *r, const char *arg, size_t arg_len)
 {
     cJSON *o = cJSON_CreateObject();
 
@@ -96,7 +96,7 @@ static enum MHD_Result h_health(http_req *r, const char *arg, size_t arg_len)
     return http_send_json(r, 200, o);
 }
 
-static enum MHD_Result h_ready(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_ready(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs = conn_get();
     PGconn *pg = conn_pg(cs);
@@ -134,7 +134,7 @@ static enum MHD_Result h_ready(http_req *r, const char *arg, size_t arg_len)
 
 /* ---- GET /voucher/{id} ---- */
 
-static enum MHD_Result h_voucher_get(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_voucher_get(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs;
     PGconn *pg;
@@ -147,7 +147,7 @@ static enum MHD_Result h_voucher_get(http_req *r, const char *arg, size_t arg_le
         return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
     cs = conn_get();
     if ((pg = pg_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     st = store_voucher_get(pg, id, &v);
     if (st != STORE_OK)
         return send_store_error(r, st);
@@ -179,7 +179,7 @@ static void seckill_reply(void *arg, api_err err, const char *message, int64_t o
  * out, outside its window, or this user's order known). What the cache
  * cannot tell (a miss, stock left) goes on to h_seckill, or, batched, to
  * the voucher's batch when one is at work. */
-static enum MHD_Result f_seckill(http_req *r, const char *arg, size_t arg_len)
+static http_outcome f_seckill(http_req *r, const char *arg, size_t arg_len)
 {
     const char *uid_text;
     store_voucher v;
@@ -203,10 +203,12 @@ static enum MHD_Result f_seckill(http_req *r, const char *arg, size_t arg_len)
         return http_send_error(r, API_ALREADY_ORDERED, NULL);
     /* Batched, with a batch of this voucher at work: straight into it,
      * without a worker's turn. Parked first: its leader may answer at once. */
-    if (cached && order_joinable() && http_park(r, arg, arg_len) == 0 &&
-        !order_join(voucher_id, user_id, seckill_reply, r))
-        http_unpark(r);
-    return MHD_YES;                          /* else to h_seckill on a worker */
+    if (cached && order_joinable() && http_park(r) == 0) {
+        if (!order_join(voucher_id, user_id, seckill_reply, r))
+            http_unpark(r);                  /* no batch at work after all: to h_seckill */
+        return HTTP_HANDED_OFF;
+    }
+    return HTTP_PASS;                        /* to h_seckill on a worker */
 }
 
 /* 6. The answer to a buyer who reached the order, on whichever worker
@@ -228,17 +230,18 @@ static void seckill_reply(void *arg, api_err err, const char *message, int64_t o
                      order_id, r->voucher_id, r->user_id);
         http_send_text(r, 200, "application/json", xstrdup(body), (size_t)n);
     }
-    http_finish(r);
+    /* r is its event thread's again: not to be touched. */
 }
 
 /* On a worker, with voucher_id and user_id set by f_seckill. */
-static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_seckill(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs = conn_get();
     PGconn *pg;
     store_voucher v;
     store_status st;
     api_err err;
+    http_outcome out;
 
     (void)arg;
     (void)arg_len;
@@ -246,7 +249,7 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
     if (!vcache_get(r->voucher_id, &v)) {
         uint64_t gen = vcache_generation();
         if ((pg = pg_or_respond(r, cs)) == NULL)
-            return MHD_YES;
+            return HTTP_ANSWERED;
         st = store_voucher_get(pg, r->voucher_id, &v);
         if (st != STORE_OK)
             return send_store_error(r, st);
@@ -255,16 +258,18 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
     if ((err = voucher_verdict(&v)) != API_OK)
         return http_send_error(r, err, NULL);
 
-    /* 3-5. Lock, id, transaction, unlock (app/order.c): answered by
-     *    seckill_reply, here or on the worker that settles the order's batch. */
-    http_later(r);
+    /* 3-6. Lock and id, transaction, release, answer (app/order.c): answered
+     *    by seckill_reply, here or on the worker that settles the order's
+     *    batch. Handed off first: the answer may come before order_submit
+     *    returns. */
+    out = http_hand_off(r);
     order_submit(cs, r->voucher_id, r->user_id, seckill_reply, r);
-    return MHD_YES;
+    return out;                              /* r may be answered and gone by now */
 }
 
 /* ---- GET /stats ---- */
 
-static enum MHD_Result h_stats(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_stats(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs = conn_get();
     PGconn *pg;
@@ -275,9 +280,9 @@ static enum MHD_Result h_stats(http_req *r, const char *arg, size_t arg_len)
     (void)arg;
     (void)arg_len;
     if ((pg = pg_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     if ((c = redis_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "instance", g_cfg.instance_id);
     cJSON_AddStringToObject(o, "uuid", g_cfg.instance_uuid);
@@ -336,7 +341,7 @@ static cJSON *voucher_gauges(conn_set *cs)
     return copy;
 }
 
-static enum MHD_Result h_metrics(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_metrics(http_req *r, const char *arg, size_t arg_len)
 {
     cJSON *vouchers;
     char *buf = NULL;
@@ -377,7 +382,7 @@ static int admin_denied(http_req *r)
     return 0;
 }
 
-static enum MHD_Result h_admin_create(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_admin_create(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs;
     PGconn *pg;
@@ -391,12 +396,12 @@ static enum MHD_Result h_admin_create(http_req *r, const char *arg, size_t arg_l
     (void)arg;
     (void)arg_len;
     if (admin_denied(r))
-        return MHD_YES;
+        return HTTP_ANSWERED;
     if ((err = payload_voucher_create(r->body, r->body_len, &in, &why)) != API_OK)
         return http_send_error(r, err, why);
     cs = conn_get();
     if ((pg = pg_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     st = store_voucher_create(pg, in.title, in.stock, in.begin_time, in.end_time, &id);
     if (st != STORE_OK)
         return send_store_error(r, st);
@@ -406,7 +411,7 @@ static enum MHD_Result h_admin_create(http_req *r, const char *arg, size_t arg_l
     return http_send_json(r, 201, o);
 }
 
-static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs;
     PGconn *pg;
@@ -422,12 +427,12 @@ static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_le
     if (util_parse_id(arg, arg_len, &id) != 0)
         return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
     if (admin_denied(r))
-        return MHD_YES;
+        return HTTP_ANSWERED;
     if ((err = payload_voucher_reset(r->body, r->body_len, &in, &why)) != API_OK)
         return http_send_error(r, err, why);
     cs = conn_get();
     if ((pg = pg_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     st = store_voucher_reset(pg, id, in.stock, in.begin_time, in.end_time);
     if (st == STORE_OK)
         st = store_voucher_get(pg, id, &v);
