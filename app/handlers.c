@@ -156,7 +156,7 @@ static http_outcome h_voucher_get(http_req *r, const char *arg, size_t arg_len)
     return http_send_json(r, 200, o);
 }
 
-/* ---- POST /voucher/{id}/seckill: the sale (SPEC section 1) ---- */
+/* ---- POST /voucher/{id}/seckill: the sale ---- */
 
 /* The voucher's window and the sold-out fast path. The stock read here only
  * rejects early; the transaction decides. */
@@ -362,7 +362,7 @@ static http_outcome h_metrics(http_req *r, const char *arg, size_t arg_len)
     return http_send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);
 }
 
-/* ---- admin API (SPEC section 5) ---- */
+/* ---- admin API ---- */
 
 /* 403 when the admin API is off, 401 on a missing or wrong token; 0 = pass. */
 static int admin_denied(http_req *r)

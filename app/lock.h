@@ -1,4 +1,4 @@
-/* lock: a Redisson-compatible reentrant lock on Redis (SPEC section 3).
+/* lock: a Redisson-compatible reentrant lock on Redis.
  *
  * Layout: a hash at 'key' whose single field is the owner id
  * "<instance uuid>:<thread id>" and whose value is the hold count, with a

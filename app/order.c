@@ -252,7 +252,7 @@ api_err order_store_error(store_status st)
     case STORE_NOT_FOUND:
         return API_VOUCHER_NOT_FOUND;
     case STORE_SOLD_OUT:
-    case STORE_CONFLICT:            /* the buyer lost; the seed notes answer sold out */
+    case STORE_CONFLICT:            /* the buyer lost: answered as sold out */
         return API_SOLD_OUT;
     case STORE_DUPLICATE:
     case STORE_STALE_TOKEN:         /* another request of this user holds or held the lock */

@@ -1,7 +1,7 @@
-/* order: one buyer's order, from the per-user lock to the answer (SPEC
- * sections 1 and 6). The handler validates and reads the voucher; this does
- * the rest, the same steps whatever the strategies: the lock through
- * ulock.h, the stock and the transaction through stock.h. */
+/* order: one buyer's order, from the per-user lock to the answer. The
+ * handler validates and reads the voucher; this does the rest, the same
+ * steps whatever the strategies: the lock through ulock.h, the stock and
+ * the transaction through stock.h. */
 #ifndef SECKILL_ORDER_H
 #define SECKILL_ORDER_H
 

@@ -1,5 +1,5 @@
-/* stock_demo: the demo ladder's stock strategies, the seed notes' steps
- * before the safe one. naive reads the stock, checks it in C and writes
+/* stock_demo: the demo ladder's stock strategies, the steps a flash sale
+ * is usually walked through before the safe one. naive reads the stock, checks it in C and writes
  * the value back minus one (lost updates: it oversells); cas writes only
  * if the stock still holds the value read (correct, but under contention
  * most buyers fail). optimistic slowed by DEMO_DELAY_MS runs here too, step

@@ -68,7 +68,7 @@ static const statement statements[] = {
       "SELECT pg_logical_emit_message(true, 'seckill.durable', '')"
       " WHERE EXISTS (SELECT 1 FROM tb_voucher_order WHERE id = $1)" },
 
-    /* The step-by-step transaction of the seed notes (store_order_steps). */
+    /* The step-by-step transaction (store_order_steps). */
     { "fence_advance", 2,
       "INSERT INTO tb_lock_fence (lock_key, token) VALUES ($1, $2)"
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"

@@ -67,7 +67,7 @@ typedef struct store_early {
 store_status store_order_send_early(PGconn *pg, const store_order *o, store_early *e);
 store_status store_order_finish_early(PGconn *pg, store_early *e, store_status st);
 
-/* The same order as the seed notes write it, one statement per step in an
+/* The same order as flash-sale tutorials write it, one statement per step in an
  * explicit transaction: BEGIN, fencing token, duplicate check, the stock
  * step of 'stock', insert, COMMIT (ROLLBACK on any refusal). 'delay_ms'
  * sleeps between the stock's read and its write to widen the races (demo

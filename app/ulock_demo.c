@@ -1,7 +1,7 @@
 /* ulock_demo: the demo ladder's lock strategies (none, local, setnx,
- * owner). Each is one of the seed notes' broken steps, kept runnable so
- * that a load test shows its failure as numbers; none gives fencing
- * tokens. Their figures go to rec (the lock library counts its own). */
+ * owner). Each is a broken step of the ladder, kept runnable so that a load
+ * test shows its failure as numbers; none gives fencing tokens. Their
+ * figures go to rec (the lock library counts its own). */
 #include "ulock.h"
 #include "config.h"
 #include "rec.h"
