@@ -13,9 +13,15 @@
  * whole group commit in one round trip. What a backend needs beyond that
  * (connections of its own, nodes, a session) it sets up in 'start' and
  * keeps to itself; per hold it has ULOCK_PRIV_BYTES of private state. So a
- * further backend (several Redis masters, ZooKeeper, a Postgres table or
- * advisory lock, a grant confirmed by replicas) is one more module and one
- * more entry in ulock.c's table; the sale does not change. */
+ * further backend is one more module and one more entry in ulock.c's table;
+ * the sale does not change. For instance: several independent Redis masters
+ * (MultiLock, RedLock) keep their connections in the module and the nodes
+ * that granted a hold in 'priv'; a ZooKeeper recipe opens its session in
+ * 'start' and keeps the hold's node path in 'priv', its sequence number as
+ * the token; a Postgres advisory lock, held by the worker's own session
+ * (cs->pg, checked by the caller), is 'thread_bound', so the sale releases
+ * it on that worker; a grant that must reach replicas before it counts
+ * sends WAIT inside 'acquire' and undoes the grant when too few answer. */
 #ifndef SECKILL_ULOCK_H
 #define SECKILL_ULOCK_H
 
@@ -49,7 +55,7 @@ typedef struct ulock_id {
     int64_t value;
 } ulock_id;
 
-#define ULOCK_PRIV_BYTES 64
+#define ULOCK_PRIV_BYTES 128
 
 /* One hold of one user's lock, from the attempt to the release. Owned by
  * the sale; the backend that took it may use 'priv'. */
@@ -76,8 +82,8 @@ typedef struct ulock_backend {
     int (*start)(char *err, size_t errlen);
     void (*stop)(void);
     /* One attempt, not waiting, with h->lease_ms. The caller has just
-     * checked cs->redis (conn_redis). Fills h->token on a grant; may take
-     * 'id' (not NULL) in the same round trip. */
+     * checked cs->redis and cs->pg (conn_redis, conn_pg). Fills h->token on
+     * a grant; may take 'id' (not NULL) in the same round trip. */
     ulock_status (*acquire)(conn_set *cs, ulock_hold *h, ulock_id *id);
     /* Releases a held hold, with whatever retries the backend allows; a
      * hold it cannot release is left to its lease. cs->redis may be NULL
