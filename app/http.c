@@ -17,6 +17,23 @@
 #include <strings.h>
 #include <time.h>
 
+/* Under AddressSanitizer, completed requests are poisoned (req_free). */
+#if defined(__SANITIZE_ADDRESS__)
+#define HTTP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HTTP_ASAN 1
+#endif
+#endif
+#ifdef HTTP_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define HTTP_POOL_BYTES (32 * 1024)   /* per connection: request line + headers */
 
 static struct MHD_Daemon *daemon_handle;
@@ -112,22 +129,6 @@ static void resume(http_req *r, const char *what)
 #define QUARANTINE 64
 static _Atomic(http_req *) quarantine[QUARANTINE];
 static _Atomic unsigned quarantine_next;
-
-#if defined(__SANITIZE_ADDRESS__)
-#define HTTP_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HTTP_ASAN 1
-#endif
-#endif
-#ifdef HTTP_ASAN
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
 
 static void req_free(http_req *r)
 {
