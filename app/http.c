@@ -17,7 +17,8 @@
 #include <strings.h>
 #include <time.h>
 
-/* Under AddressSanitizer, completed requests are poisoned (req_free). */
+/* Under AddressSanitizer, completed requests are also poisoned (req_free):
+ * any access to one is reported. */
 #if defined(__SANITIZE_ADDRESS__)
 #define HTTP_ASAN 1
 #elif defined(__has_feature)
@@ -124,20 +125,31 @@ static void resume(http_req *r, const char *what)
 /* Completed requests wait here a while before free(): a thread that
  * touches one after its answer (a second answer from a batch's leader, say)
  * then finds it marked HTTP_ST_DEAD and stops with a message, instead of
- * writing into memory that belongs to someone else by then. Under
- * AddressSanitizer they are also poisoned, so that any access is reported. */
-#define QUARANTINE 64
-static _Atomic(http_req *) quarantine[QUARANTINE];
-static _Atomic unsigned quarantine_next;
+ * writing into memory that belongs to someone else by then. Each event
+ * thread has a lane of its own (no cache line shared on the hot path); the
+ * exchange keeps it right should two threads share a lane. */
+#define QUARANTINE_LANES 8
+#define QUARANTINE_SLOTS 32                /* per lane: 256 bytes, four cache lines */
+static struct {
+    _Alignas(64) _Atomic(http_req *) slot[QUARANTINE_SLOTS];
+} quarantine[QUARANTINE_LANES];
+static _Atomic unsigned quarantine_lanes;
 
 static void req_free(http_req *r)
 {
-    unsigned i = atomic_fetch_add_explicit(&quarantine_next, 1, memory_order_relaxed) % QUARANTINE;
+    static _Thread_local unsigned lane, next;
+    static _Thread_local int have_lane;
     http_req *old;
 
+    if (!have_lane) {
+        lane = atomic_fetch_add_explicit(&quarantine_lanes, 1, memory_order_relaxed) %
+               QUARANTINE_LANES;
+        have_lane = 1;
+    }
     move(r, LIVE, HTTP_ST_DEAD, "completion");
     POISON(r, sizeof *r);
-    old = atomic_exchange_explicit(&quarantine[i], r, memory_order_acq_rel);
+    old = atomic_exchange_explicit(&quarantine[lane].slot[next++ % QUARANTINE_SLOTS], r,
+                                   memory_order_acq_rel);
     if (old != NULL) {
         UNPOISON(old, sizeof *old);
         free(old);
