@@ -64,6 +64,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import check_invariants  # noqa: E402
+import kit  # noqa: E402
 import report  # noqa: E402
 
 STACK_SH = os.path.join(ROOT, "scripts", "stack.sh")
@@ -226,8 +227,8 @@ def http_call(method, url, body=None, token=None, timeout=15):
 
 def psql(dsn, sql):
     try:
-        return check_invariants.psql(dsn, sql)
-    except check_invariants.CheckError as e:
+        return kit.psql(dsn, sql)
+    except kit.KitError as e:
         raise LadderError(str(e))
 
 

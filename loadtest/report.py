@@ -28,6 +28,7 @@ import sys
 sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_invariants  # noqa: E402
+import kit  # noqa: E402
 
 
 # ---------------------------------------------------------------- inputs
@@ -343,7 +344,7 @@ def cmd_run(a):
                 ok_responses=ok_responses, unknown_responses=unknown)
             facts = facts_list[0]
             inv_source = "Postgres"
-        except check_invariants.CheckError as e:
+        except kit.KitError as e:
             print(f"report: checking in Postgres failed: {e}", file=sys.stderr)
             checks = [(False, f"could not check in Postgres: {e}")]
     if facts is None:
@@ -658,7 +659,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     try:
         return cmd_run(a)
-    except (OSError, ValueError, KeyError, check_invariants.CheckError) as e:
+    except (OSError, ValueError, KeyError, kit.KitError) as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 2
 
