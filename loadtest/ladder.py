@@ -420,8 +420,8 @@ class Ladder:
             text = f.read()
         if rc != 0:
             raise LadderError(f"ab failed (exit {rc}):\n{text[-1500:]}")
-        m = report.parse_ab(text)
-        return m["requests"], seconds, m["errors"], ab_times(os.path.join(step_dir, "ab.tsv"))
+        m = kit.parse_ab(text)           # with -l, "failed" are transport failures only
+        return m["requests"], seconds, m["failed"], ab_times(os.path.join(step_dir, "ab.tsv"))
 
     def storm(self, load, url, user, step_dir):
         """One user hammers the button: CONNECTIONS keep-alive connections
@@ -513,20 +513,14 @@ class Ladder:
                              self.stack.info.get("INSTANCE_URLS", "").split()):
             names[url.replace("http://", "")] = name
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read().decode("utf-8", "replace")
+            data, entries = kit.access_log(path, offset, uri)
         except OSError as e:
             raise LadderError(f"nginx access log {path}: {e}")
         with open(os.path.join(step_dir, "access.log"), "w", encoding="utf-8") as f:
             f.write(data)
-        for line in data.splitlines():
-            m = report.LOG_RE.search(line)
-            if not m or m.group(2) != uri:
-                continue
-            st = m.group(3)
-            up = m.group(4).split(",")[-1].strip()
-            inst = names.get(up, up)
+        for e in entries:
+            st = e.status
+            inst = names.get(e.upstream, e.upstream)
             statuses[st] = statuses.get(st, 0) + 1
             req_by[inst] = req_by.get(inst, 0) + 1
             if st == "200":
