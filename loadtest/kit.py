@@ -122,6 +122,21 @@ STACK_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_L
                "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK", "RUN_DIR")
 
 
+def stack_env(settings=None, scrub=()):
+    """The environment for scripts/stack.sh (or a program that runs it): the
+    caller's without STACK_SCRUB and scrub, every port "auto", then settings
+    (as strings; a value of None removes the variable)."""
+    env = {k: v for k, v in os.environ.items() if k not in STACK_SCRUB and k not in scrub}
+    env.update({"NGINX_PORT": "auto", "APP_PORT_BASE": "auto", "PG_PORT": "auto",
+                "REDIS_PORT": "auto"})
+    for k, v in (settings or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
+
+
 def read_stack_env(run_dir):
     """{NAME: value} of run_dir/stack.env (lines "export NAME='value'")."""
     env = {}
@@ -152,31 +167,24 @@ class Stack:
     """The local stack (scripts/stack.sh: Postgres, Redis, the instances,
     nginx) in a run directory of its own, on free ports.
 
-    Its environment: the caller's without STACK_SCRUB and scrub, every port
-    "auto", then settings (a value of None removes the variable). set()
-    changes it for the commands that follow (restart_instances() takes
-    settings too); run() and command() take one-off settings as keywords.
-    log, when given, receives each line stack.sh writes to stderr."""
+    Its environment: stack_env(settings, scrub) and RUN_DIR. set() changes
+    it for the commands that follow (restart_instances() takes settings too);
+    run() and command() take one-off settings as keywords. log, when given,
+    receives each line stack.sh writes to stderr."""
 
     def __init__(self, run_dir, settings=None, scrub=(), log=None):
         self.run_dir = os.path.abspath(run_dir)
-        self.env = {k: v for k, v in os.environ.items() if k not in STACK_SCRUB and k not in scrub}
-        self.env.update({"NGINX_PORT": "auto", "APP_PORT_BASE": "auto", "PG_PORT": "auto",
-                         "REDIS_PORT": "auto"})
-        self.set(settings or {})
+        self.env = stack_env(settings, scrub)
         self.env["RUN_DIR"] = self.run_dir
         self.log = log
         self.info = {}          # stack.env after the last start
         self.started = False
 
     def set(self, settings):
-        for k, v in settings.items():
-            if v is None:
-                self.env.pop(k, None)
-            else:
-                self.env[k] = str(v)
+        self.env = self.run_env(**settings)
 
     def run_env(self, **settings):
+        """The environment of a command with one-off settings."""
         env = dict(self.env)
         for k, v in settings.items():
             if v is None:
@@ -292,18 +300,18 @@ class Stack:
         return int(r.body["voucherId"])
 
 
-def start_nginx(prefix, port, upstreams, extra_conf="", timeout=30):
-    """nginx/gen-conf.sh's configuration in a fresh directory prefix, listening
-    on 127.0.0.1:port in front of upstreams ("host:port"), with extra_conf
-    (e.g. another server block) added inside its http block; nginx started on
-    it as a daemon. Returns its master's pid. KitError on any failure."""
-    shutil.rmtree(prefix, ignore_errors=True)
-    os.makedirs(prefix)
+def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30):
+    """nginx/gen-conf.sh's configuration (with gen_args) in directory prefix
+    (made if need be), listening on 127.0.0.1:port in front of upstreams
+    ("host:port"), with extra_conf (e.g. another server block) added at the
+    end of its http block; nginx started on it as a daemon. Returns its
+    master's pid. KitError on any failure."""
+    os.makedirs(prefix, exist_ok=True)
     conf = os.path.join(prefix, "nginx.conf")
     gen = [GEN_CONF, "--prefix", prefix, "--listen", f"127.0.0.1:{port}", "-o", conf]
     for u in upstreams:
         gen += ["--upstream", u]
-    run(gen, timeout)
+    run(gen + list(gen_args), timeout)
     if extra_conf:
         with open(conf) as f:
             text = f.read().rstrip()
@@ -632,9 +640,9 @@ def table(cols, rows, header=True):
     cells = [[str(c) for c in r] for r in rows if not isinstance(r, str)]
     widths = []
     for i, c in enumerate(cols):
-        w = max(c.width, len(c.title) if header else 0)
+        w = c.width
         if c.fit:
-            w = max([w] + [len(r[i]) for r in cells if i < len(r)])
+            w = max([w, len(c.title) if header else 0] + [len(r[i]) for r in cells if i < len(r)])
         widths.append(w)
 
     def line(vals):

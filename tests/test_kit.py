@@ -226,6 +226,9 @@ def table_fixed_widths_behave_like_format_specs():
             f"{'short':<10} {12:>5}  {'ab':<4} x",
             f"{'a longer label':<10} {3:>5}  {'abcdef':<4} y"]
     eq(kit.table(cols, rows).split("\n"), want, "each cell padded on its own")
+    long_title = [Col("a title longer than 10", "l", 10, fit=False), Col("x", "r", 3, 1, False)]
+    eq(kit.table(long_title, [["row", 1]]).split("\n"),
+       [f"{'a title longer than 10':<10} {'x':>3}", f"{'row':<10} {1:>3}"], "a long title widens nothing")
 
 
 # ---------------------------------------------------------------- processes
