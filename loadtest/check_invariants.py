@@ -28,6 +28,7 @@ import argparse
 import os
 import sys
 
+sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kit  # noqa: E402
 
