@@ -521,20 +521,11 @@ class Bench:
         if not pid:
             return
         self.ceiling_nginx_pid = None
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode()
-        except OSError:
-            return
-        if self.ceiling_dir not in cmd:
-            log(f"pid {pid} is no longer the ceiling nginx ({cmd!r}): left alone")
-            return
-        os.kill(pid, signal.SIGQUIT)
-        for _ in range(100):
-            if proc_stat(pid) is None or kit.proc_status(pid) is None:
-                return
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
+        gone = kit.stop_pid(pid, signal.SIGQUIT, 10, cmdline_has=self.ceiling_dir)
+        if gone is None:
+            log(f"pid {pid} is no longer the ceiling nginx: left alone")
+        elif not gone:
+            os.kill(pid, signal.SIGKILL)
 
     def ceiling_nginx(self, separate=False):
         try:
@@ -816,6 +807,24 @@ class Bench:
             self.rounds.append(self.one_round(i))
         if self.long and "long" not in self.skip:
             self.longs.append(self.long_run())
+
+    def guarded(self, body):
+        """body() with SIGTERM and SIGINT raising Interrupted, then cleanup()
+        whatever happens; the error that stopped it (logged), or None."""
+        def on_signal(signum, _frame):
+            raise Interrupted(f"signal {signum}")
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            body()
+            return None
+        except (kit.KitError, Interrupted) as e:
+            log(f"error: {e}")
+            return str(e)
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.cleanup()
 
     def cleanup(self):
         errors = []
@@ -1213,21 +1222,8 @@ def main():
         print(__doc__)
         return 0
     b = Bench()
-
-    def on_signal(signum, _frame):
-        raise Interrupted(f"signal {signum}")
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    status, error, rc = "ok", None, 0
-    try:
-        b.execute()
-    except (kit.KitError, Interrupted) as e:
-        status, error, rc = "error", str(e), 2
-        log(f"error: {e}")
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        b.cleanup()
+    error = b.guarded(b.execute)
+    status, rc = ("error", 2) if error else ("ok", 0)
     if b.rounds:
         b.report()
     if b.violations:

@@ -33,7 +33,6 @@ An invariant violation makes it exit 1.
 
 import json
 import os
-import signal
 import statistics
 import sys
 
@@ -87,14 +86,9 @@ def main():
         os.environ["BENCH_BATCH_THREADS"] = str(max(threads + [16]))
 
     b = bench.Bench()
-
-    def on_signal(signum, _frame):
-        raise bench.Interrupted(f"signal {signum}")
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     runs = {a: [] for a in args}
-    rc = 0
-    try:
+
+    def rounds_of_settings():
         os.makedirs(b.run_dir, exist_ok=True)
         b.tmp = bench.tempfile.mkdtemp(prefix="bench-ab.", dir=b.run_dir)
         b.stack.start(fresh=True)
@@ -117,13 +111,7 @@ def main():
                 cpu = res["cpuMsPerOrder"] or {}
                 runs[text].append({"ordersPerSec": res["ordersPerSec"], "cpuMsPerOrder": cpu,
                                    "p99Ms": res["wrk"]["p99Ms"]})
-    except (kit.KitError, bench.Interrupted) as e:
-        bench.log(f"error: {e}")
-        rc = 2
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        b.cleanup()
+    rc = 2 if b.guarded(rounds_of_settings) else 0
     if b.violations:
         rc = 1
     summary = []

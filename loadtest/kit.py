@@ -5,7 +5,7 @@ the tests (tests/seckill_server.py and the programs that import it).
 One module, in sections, each the only copy of what it does:
 
   processes    run() a command (KitError on failure), free_ports(),
-               proc_status() / pid_alive() / wait_gone() from /proc
+               proc_status() / pid_alive() / wait_gone() from /proc, stop_pid()
   the stack    Stack: scripts/stack.sh in a RUN_DIR of its own (start, stop,
                restart-instances with other settings, its env file, PIDs);
                start_nginx(): nginx/gen-conf.sh's configuration, nginx on it
@@ -26,6 +26,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -110,6 +111,26 @@ def wait_gone(pid, timeout=10.0):
             return False
         time.sleep(0.02)
     return True
+
+
+def stop_pid(pid, sig=signal.SIGTERM, timeout=10.0, cmdline_has=None):
+    """Sends sig to pid (gone already is fine) and waits up to timeout seconds
+    for it to end: True once it has, False if it still runs. With
+    cmdline_has, only a process whose command line holds that text (a pid
+    may have been reused): None, and no signal, for another one."""
+    if cmdline_has is not None:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            return True
+        if cmdline_has not in cmd:
+            return None
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return True
+    return wait_gone(pid, timeout)
 
 
 # ------------------------------------------------------------------ the stack

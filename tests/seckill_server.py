@@ -105,14 +105,7 @@ def unregister_pid(pid):
         pass
 
 
-def stop_pid(pid, sig, timeout=10):
-    """Sends sig to pid (gone already is fine) and waits up to timeout seconds
-    for it to end; returns True once it is gone, False if it still runs."""
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-    return kit.wait_gone(pid, timeout)
+stop_pid = kit.stop_pid
 
 
 def _track(proc):

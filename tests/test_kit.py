@@ -234,7 +234,7 @@ def table_fixed_widths_behave_like_format_specs():
 # ---------------------------------------------------------------- processes
 
 @test
-def free_ports_distinct_and_processes_from_proc():
+def free_ports_distinct_processes_from_proc_and_stop_pid():
     ports = kit.free_ports(20)
     eq(len(set(ports)), 20, "20 distinct ports")
     st = kit.proc_status(os.getpid())
@@ -253,6 +253,17 @@ def free_ports_distinct_and_processes_from_proc():
             p.kill()
             p.wait()
     eq(kit.proc_status(p.pid), None, "no such process")
+    p = subprocess.Popen(["sleep", "31"], start_new_session=True)
+    try:
+        eq(kit.stop_pid(p.pid, cmdline_has="sleep 99"), None, "another command line: left alone")
+        if p.poll() is not None:
+            fail("stop_pid signalled a process whose command line did not match")
+        threading.Thread(target=p.wait, daemon=True).start()      # reap it when it ends
+        eq(kit.stop_pid(p.pid, cmdline_has="sleep 31", timeout=5), True, "stopped")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 # ---------------------------------------------------------------- HTTP
