@@ -1152,11 +1152,7 @@ class Bench:
         }
         d = os.path.dirname(os.path.abspath(self.json_path))
         os.makedirs(d, exist_ok=True)
-        tmp = self.json_path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, self.json_path)
+        kit.write_atomic(self.json_path, json.dumps(doc, indent=1) + "\n")
         if history and self.rounds:
             # Every run is also kept: loadtest/bench.py --median <them> gives medians.
             hist = os.path.join(d, "bench-history")

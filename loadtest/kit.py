@@ -5,7 +5,8 @@ the tests (tests/seckill_server.py and the programs that import it).
 One module, in sections, each the only copy of what it does:
 
   processes    run() a command (KitError on failure), free_ports(),
-               proc_status() / pid_alive() / wait_gone() from /proc, stop_pid()
+               proc_status() / pid_alive() / wait_gone() from /proc, stop_pid(),
+               with_settings() (an environment), write_atomic() (a file)
   the stack    Stack: scripts/stack.sh in a RUN_DIR of its own (start, stop,
                restart-instances with other settings, its env file, PIDs);
                start_nginx(): nginx/gen-conf.sh's configuration, nginx on it
@@ -113,6 +114,26 @@ def wait_gone(pid, timeout=10.0):
     return True
 
 
+def write_atomic(path, text):
+    """Writes text to path through a temporary file and a rename: a reader
+    sees the old file or the whole new one."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def with_settings(env, settings):
+    """A copy of env with settings: each value as a string, None removes it."""
+    env = dict(env)
+    for k, v in settings.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
+
+
 def stop_pid(pid, sig=signal.SIGTERM, timeout=10.0, cmdline_has=None):
     """Sends sig to pid (gone already is fine) and waits up to timeout seconds
     for it to end: True once it has, False if it still runs. With
@@ -150,12 +171,7 @@ def stack_env(settings=None, scrub=()):
     env = {k: v for k, v in os.environ.items() if k not in STACK_SCRUB and k not in scrub}
     env.update({"NGINX_PORT": "auto", "APP_PORT_BASE": "auto", "PG_PORT": "auto",
                 "REDIS_PORT": "auto"})
-    for k, v in (settings or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = str(v)
-    return env
+    return with_settings(env, settings or {})
 
 
 def read_stack_env(run_dir):
@@ -202,17 +218,11 @@ class Stack:
         self.started = False
 
     def set(self, settings):
-        self.env = self.run_env(**settings)
+        self.env = with_settings(self.env, settings)
 
     def run_env(self, **settings):
         """The environment of a command with one-off settings."""
-        env = dict(self.env)
-        for k, v in settings.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = str(v)
-        return env
+        return with_settings(self.env, settings)
 
     def run(self, cmd, timeout=120, **settings):
         """scripts/stack.sh cmd; the CompletedProcess, whatever its exit status."""
@@ -306,9 +316,7 @@ class Stack:
         with open(path) as f:
             lines = f.read().splitlines()
         lines[0] = str(pid)
-        with open(path + ".tmp", "w") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(path + ".tmp", path)
+        write_atomic(path, "\n".join(lines) + "\n")
 
     def admin(self, method, path, body=None, want=None, timeout=HTTP_TIMEOUT):
         """An admin API call through nginx with the stack's token (call())."""

@@ -629,10 +629,7 @@ def write_html(path, results, meta, table, chart):
             h.append("<p class=muted>No per-request times for this step.</p>")
         h.append("</section>")
     h.append("</main></body></html>")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(h) + "\n")
-    os.replace(tmp, path)
+    kit.write_atomic(path, "\n".join(h) + "\n")
 
 
 def write_chart(out_dir, results):

@@ -320,14 +320,23 @@ def cmd_run(a):
     return 0 if res["ok"] else 1
 
 
-def cmd_summary(paths):
+def load_results(paths):
+    """The results of report.py runs (--json-out files); None (said on
+    stderr) when one is missing or empty."""
     results = []
     for p in paths:
         r = load_json(p)
         if r is None:
             print(f"report: no result in {p}", file=sys.stderr)
-            return 2
+            return None
         results.append(r)
+    return results
+
+
+def cmd_summary(paths):
+    results = load_results(paths)
+    if results is None:
+        return 2
     print(summary_table(results))
     return 0 if all(r["ok"] for r in results) else 1
 
@@ -533,10 +542,7 @@ def html_report(results, out_path, title="seckill load test"):
                      "(NGINX_ACCESS_LOG), so only the totals above are known.</p>")
         h.append("</div>")
     h.append("</main></body></html>")
-    tmp = f"{out_path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(h) + "\n")
-    os.replace(tmp, out_path)
+    kit.write_atomic(out_path, "\n".join(h) + "\n")
 
 
 def cmd_html(argv):
@@ -545,13 +551,9 @@ def cmd_html(argv):
     ap.add_argument("--title", default="seckill load test")
     ap.add_argument("results", nargs="+")
     a = ap.parse_args(argv)
-    results = []
-    for p in a.results:
-        r = load_json(p)
-        if r is None:
-            print(f"report: no result in {p}", file=sys.stderr)
-            return 2
-        results.append(r)
+    results = load_results(a.results)
+    if results is None:
+        return 2
     html_report(results, a.out, a.title)
     return 0
 

@@ -179,12 +179,7 @@ class Server:
                   "PG_STATEMENT_TIMEOUT_MS", "ID_PREFIX", "RETRY_AFTER_S",
                   "DEMO_DELAY_MS", "DEMO_PAUSE_MS", "WATCHDOG_TIMEOUT_MS"):
             env.pop(k, None)
-        for k, v in self.env_overrides.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = str(v)
-        return env
+        return kit.with_settings(env, self.env_overrides)
 
     def start(self, timeout=START_TIMEOUT):
         if not os.access(SECKILL_BIN, os.X_OK):

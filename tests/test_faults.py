@@ -158,12 +158,7 @@ def respawn_instance(st, name, **overrides):
     """Starts instance 'name' again as the launcher did (same argv,
     environment, directory), with environment overrides; waits until ready."""
     img = st.images[name]
-    env = dict(img.env)
-    for k, v in overrides.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = str(v)
+    env = kit.with_settings(img.env, overrides)
     log = open(os.path.join(RUN_DIR, "logs", f"{name}.log"), "ab")
     p = subprocess.Popen(img.argv, env=env, cwd=img.cwd, stdin=subprocess.DEVNULL, stdout=log,
                          stderr=log, start_new_session=True)

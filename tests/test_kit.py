@@ -358,6 +358,20 @@ def psql_rows_values_and_errors():
             fail(f"timeout error: {e}")
 
 
+@test
+def with_settings_and_write_atomic():
+    env = {"A": "1", "B": "2"}
+    eq(kit.with_settings(env, {"A": None, "C": 3}), {"B": "2", "C": "3"}, "set, unset")
+    eq(env, {"A": "1", "B": "2"}, "the original stays")
+    d = os.path.join(ss.TEST_TMP, f"kit-atomic-{os.getpid()}")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "f.json")
+    for text in ("first\n", "second, longer\n"):
+        kit.write_atomic(path, text)
+        eq(open(path).read(), text, "read back")
+    eq(os.listdir(d), ["f.json"], "no temporary file left")
+
+
 # ---------------------------------------------------------------- the stack
 
 @test
