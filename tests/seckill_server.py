@@ -358,7 +358,7 @@ STACK_SH = os.path.join(ROOT, "scripts", "stack.sh")
 STACK_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG",
                "VOUCHER_ID", "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT",
                "REDIS_PORT", "EXTERNAL_PG_DSN", "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL",
-               "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK")
+               "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK", "NGINX_ALLOW")
 
 
 def stack_run_env(scrub=(), **env):
@@ -433,7 +433,9 @@ def start_nginx(prefix, upstreams, extra_args=()):
     for u in upstreams:
         args += ["--upstream", u]
     args += list(extra_args)
-    p = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    # The caller's NGINX_ALLOW would change gen-conf.sh's default allow-list.
+    env = {k: v for k, v in os.environ.items() if k != "NGINX_ALLOW"}
+    p = subprocess.run(args, capture_output=True, text=True, timeout=30, env=env)
     if p.returncode != 0:
         fail(f"gen-conf.sh failed: {p.stderr}")
     p = subprocess.run([NGINX, "-p", prefix, "-c", conf, "-e",
