@@ -161,7 +161,8 @@ def stop_pid(pid, sig=signal.SIGTERM, timeout=10.0, cmdline_has=None):
 STACK_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG",
                "VOUCHER_ID", "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT",
                "REDIS_PORT", "EXTERNAL_PG_DSN", "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL",
-               "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK", "RUN_DIR")
+               "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK", "NGINX_ALLOW",
+               "RUN_DIR")
 
 
 def stack_env(settings=None, scrub=()):
@@ -340,7 +341,8 @@ def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30)
     gen = [GEN_CONF, "--prefix", prefix, "--listen", f"127.0.0.1:{port}", "-o", conf]
     for u in upstreams:
         gen += ["--upstream", u]
-    run(gen + list(gen_args), timeout)
+    # The caller's NGINX_ALLOW would change gen-conf.sh's default allow-list.
+    run(gen + list(gen_args), timeout, env=with_settings(os.environ, {"NGINX_ALLOW": None}))
     if extra_conf:
         with open(conf) as f:
             text = f.read().rstrip()
