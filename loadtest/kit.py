@@ -407,7 +407,9 @@ def _address(where):
     return u.hostname, u.port or 80, u.path.rstrip("/")
 
 
-def _encode_body(body, headers):
+def encode_body(body, headers):
+    """The bytes of a request body: a dict or list as JSON (and its
+    Content-Type in headers), a str as UTF-8, bytes as they are."""
     if body is None:
         return None
     if isinstance(body, (dict, list)):
@@ -419,6 +421,7 @@ def _encode_body(body, headers):
 
 
 def make_response(status, header_items, raw):
+    """A Response from a status, (name, value) header pairs and the body's bytes."""
     headers = {k.lower(): v for k, v in header_items}
     text = raw.decode("utf-8", "replace")
     body = text
@@ -439,7 +442,7 @@ def request(where, method, path="", headers=None, body=None, timeout=HTTP_TIMEOU
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         headers = dict(headers or {})
-        data = _encode_body(body, headers)
+        data = encode_body(body, headers)
         conn.request(method, prefix + path, body=data, headers=headers)
         resp = conn.getresponse()
         raw = resp.read()
@@ -487,7 +490,7 @@ class Client:
 
     def request(self, method, path, headers=None, body=None):
         headers = dict(headers or {})
-        data = _encode_body(body, headers)
+        data = encode_body(body, headers)
         try:
             self.connect()
             self.conn.request(method, self.prefix + path, body=data, headers=headers)

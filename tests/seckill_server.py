@@ -329,21 +329,21 @@ stack_pids = kit.stack_pids
 stack_env_file = kit.read_stack_env
 
 
-def _test_settings(env):
+def stack_settings(env):
     """This build's binary and Lua scripts, STACK_TIMEOUT 30, then env."""
     return {"SECKILL_BIN": SECKILL_BIN, "LUA_DIR": LUA_DIR, "STACK_TIMEOUT": 30, **env}
 
 
 def local_stack(run_dir, scrub=(), **env):
     """A kit.Stack in run_dir for a test (the caller's settings scrubbed:
-    kit.STACK_SCRUB and scrub; _test_settings(env))."""
-    return kit.Stack(run_dir, _test_settings(env), scrub)
+    kit.STACK_SCRUB and scrub; stack_settings(env))."""
+    return kit.Stack(run_dir, stack_settings(env), scrub)
 
 
 def stack_run_env(scrub=(), **env):
     """The environment for scripts/stack.sh or a script that runs it (a
-    load test, the ladder): kit.stack_env() with _test_settings(env)."""
-    return kit.stack_env(_test_settings(env), scrub)
+    load test, the ladder): kit.stack_env() with stack_settings(env)."""
+    return kit.stack_env(stack_settings(env), scrub)
 
 
 def run_stack(cmd, run_dir, timeout=90, scrub=(), **env):
@@ -383,7 +383,9 @@ def start_nginx(prefix, upstreams, extra_args=()):
 
 # ---------------------------------------------------------------- HTTP
 
-_make_response = kit.make_response       # tests that parse answers themselves
+# For tests that send or parse requests themselves.
+_encode_body = kit.encode_body
+_make_response = kit.make_response
 
 
 def new_voucher(srv, token, stock, title="test voucher", ahead=3600):

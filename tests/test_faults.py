@@ -68,7 +68,7 @@ class Stack(kit.Stack):
     """The local stack (kit.Stack, 2 instances) and what these tests do to it."""
 
     def __init__(self):
-        super().__init__(RUN_DIR, ss._test_settings({"INSTANCES": 2, "DEMO_RANDOM_USER": 0,
+        super().__init__(RUN_DIR, ss.stack_settings({"INSTANCES": 2, "DEMO_RANDOM_USER": 0,
                                                      "THREADS": 4, "LOG_LEVEL": "warn"}), _SCRUB)
         self.spawned = []          # Popen of processes this test restarted
         self.images = {}           # how the launcher started each instance
