@@ -852,14 +852,7 @@ class Bench:
         rounds = self.rounds
 
         def vals(path):
-            out = []
-            for r in rounds:
-                x = r
-                for p in path:
-                    x = x.get(p) if isinstance(x, dict) else None
-                if x is not None:
-                    out.append(x)
-            return out
+            return [x for x in (_dig(r, path) for r in rounds) if x is not None]
 
         def med(path):
             v = vals(path)
