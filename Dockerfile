@@ -4,6 +4,8 @@
 # stage 2 is the runtime: the binary, the Lua scripts (LUA_DIR) and the
 # shared libraries only. Configuration by environment, as everywhere:
 # PORT, BIND, INSTANCE_ID, PG_DSN, REDIS_URL, ADMIN_TOKEN, ... (seckill --help).
+# The version (seckill --version) comes from the VERSION file: the build
+# context has no .git.
 FROM debian:bookworm AS build
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -11,7 +13,7 @@ RUN apt-get update \
         libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY Makefile ./
+COPY Makefile VERSION ./
 COPY mk/ mk/
 COPY app/ app/
 RUN make -j"$(nproc)" build/seckill
@@ -32,6 +34,7 @@ ENV LUA_DIR=/app/lua \
 USER seckill
 EXPOSE 8080
 STOPSIGNAL SIGTERM
+# Healthy = ready to serve: Postgres and Redis answer (GET /health is liveness).
 HEALTHCHECK --interval=5s --timeout=2s --start-period=5s --retries=5 \
-    CMD curl -fsS "http://127.0.0.1:${PORT}/health" || exit 1
+    CMD curl -fsS "http://127.0.0.1:${PORT}/ready" || exit 1
 ENTRYPOINT ["/usr/local/bin/seckill"]

@@ -1,10 +1,12 @@
 # seckill: flash-sale service in C11 (libmicrohttpd, hiredis, libpq, cJSON).
 #
-#   make            build build/seckill
-#   make test       every test against a throwaway Postgres and Redis
-#   make asan       the same tests with ASan + UBSan (+ LSan) builds
-#   make deps       install the Debian packages this project needs
+# `make help` lists every target with one line each: the '## ' comment beside
+# each target below (and in mk/*.mk) is that line, so the list cannot drift
+# (tests/test_workflow.py checks that every target is listed).
+#
 #   V=1             show the full compiler command lines
+#   TESTS="a b"     make test / make check / make asan / make tsan: only the test
+#                   programs whose name contains a or b (tests/run.sh's filter)
 
 PKGS      := libmicrohttpd hiredis libpq libcjson
 CC        ?= cc
@@ -19,58 +21,168 @@ LDFLAGS   += $(EXTRA_LDFLAGS)
 BUILD     ?= build
 V         ?= 0
 Q         := $(if $(filter 1,$(V)),,@)
+TESTS     ?=
 APP_SRCS  := $(wildcard app/*.c)
 APP_OBJS  := $(APP_SRCS:app/%.c=$(BUILD)/app/%.o)
 LIB_OBJS  := $(filter-out $(BUILD)/app/main.o,$(APP_OBJS))
-TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_SRCS := $(wildcard tests/test_*.c) $(wildcard tests/unit_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
+# The version --version prints: the VERSION file, and the commit when built
+# from a git checkout (git describe). Written into a generated header that
+# changes only when the text does, so a new commit rebuilds one object.
+VERSION_TEXT := $(strip $(shell cat VERSION 2>/dev/null || echo 0.0.0))
+GIT_DESCRIBE := $(strip $(shell git describe --always --dirty --abbrev=12 2>/dev/null))
+SECKILL_VERSION := $(VERSION_TEXT)$(if $(GIT_DESCRIBE), (git $(GIT_DESCRIBE)))
+
+# Everything the build, the tests and the tools need on Debian 12: the
+# libraries, the servers the tests start (Postgres, Redis, nginx), the load
+# tools, the browser test's Chromium and Node.js, docker-compose (validates
+# the compose file), clang with its runtime libraries (make fuzz: libFuzzer
+# lives in libclang-rt-14-dev) and GCC's ThreadSanitizer runtime (make tsan).
 DEB_PKGS  := build-essential pkg-config libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev \
              postgresql redis-server nginx apache2-utils wrk python3 curl procps docker-compose \
-             chromium nodejs gnuplot-nox
+             chromium nodejs gnuplot-nox clang libclang-rt-14-dev libtsan2
 
-.PHONY: all test asan deps clean tests-bin
+# The Debian package that ships each pkg-config name (for pkg-check's message).
+PKG_DEBS  := libmicrohttpd=libmicrohttpd-dev hiredis=libhiredis-dev libpq=libpq-dev \
+             libcjson=libcjson-dev
 
-all: $(BUILD)/seckill
+# Prints the packages of DEB_PKGS that are not installed, one dpkg-query call.
+DEPS_MISSING = dpkg-query -W -f='$${Package} $${db:Status-Abbrev}\n' $(DEB_PKGS) 2>/dev/null | \
+               awk '$$2 == "ii" { ok[$$1] = 1 } END { n = split("$(DEB_PKGS)", p, " "); \
+                    for (i = 1; i <= n; i++) if (!(p[i] in ok)) printf "%s ", p[i] }'
+
+.PHONY: all help test check tests-bin asan tsan tsan-concurrency deps deps-check pkg-check clean
+
+##@ Build and test
+
+all: $(BUILD)/seckill ## build build/seckill (the default target)
+
+help: ## this list: every target, one line each
+	@awk 'BEGIN { FS = ":.*## " } \
+	    /^##@ / { printf "\n%s\n", substr($$0, 5); next } \
+	    /^[a-zA-Z0-9][a-zA-Z0-9_.-]*:.*## / { printf "  %-20s %s\n", $$1, $$2 }' \
+	    Makefile $(sort $(wildcard mk/*.mk))
+	@printf '\nVariables: BUILD=dir (default build), V=1 (compiler lines), TESTS="a b" (test filter)\n'
 
 $(BUILD)/seckill: $(APP_OBJS)
 	@echo "  LD    $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/app/%.o: app/%.c
+$(BUILD)/app/%.o: app/%.c | pkg-check
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
-	$(Q)$(CC) $(CFLAGS) -Iapp -c -o $@ $<
+	$(Q)$(CC) $(CFLAGS) -Iapp -I$(BUILD)/gen -c -o $@ $<
 
-$(BUILD)/tests/%: tests/%.c $(LIB_OBJS)
+# version.c includes the generated header: the first build must make it first.
+$(BUILD)/app/version.o: $(BUILD)/gen/seckill_version.h
+
+$(BUILD)/gen/seckill_version.h: FORCE
+	@mkdir -p $(dir $@)
+	@printf '#define SECKILL_VERSION "%s"\n' '$(subst ','\'',$(SECKILL_VERSION))' >$@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv -f $@.tmp $@; fi
+
+# Always out of date (not .PHONY: a phony prerequisite would relink each time).
+FORCE:
+
+$(BUILD)/tests/%: tests/%.c $(LIB_OBJS) | pkg-check
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	$(Q)$(CC) $(CFLAGS) -Iapp -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
 
 # make bench's stand-in for an instance (loadtest/upstream200.c)
-$(BUILD)/upstream200: loadtest/upstream200.c
+$(BUILD)/upstream200: loadtest/upstream200.c | pkg-check
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -pthread
 
-tests-bin: $(BUILD)/seckill $(TEST_BINS) $(BUILD)/upstream200
+tests-bin: $(BUILD)/seckill $(TEST_BINS) $(BUILD)/upstream200 ## build the server and every C test program
 
-test: tests-bin
-	BUILD=$(BUILD) tests/run.sh
+test: deps-check ## every test against a throwaway Postgres and Redis (~6-8 min; installs what is missing first)
+	@$(MAKE) --no-print-directory tests-bin
+	BUILD=$(BUILD) tests/run.sh $(TESTS)
 
-asan:
+# The fast tier: no Postgres, no nginx, no load. A throwaway redis-server
+# (started in a few milliseconds) serves the C tests of the lock and the
+# order ids; the unit tests need nothing. 35 s on 2 cores with the binaries
+# built, 23 s of it test_watchdog's lease timing; the unit tests take under
+# a second.
+# (mk/*.mk may add prerequisites: 'check: something'.)
+check: deps-check ## fast tier, about 35 s: C unit tests (tests/unit_*.c) and the C tests, Redis only
+	@$(MAKE) --no-print-directory $(BUILD)/seckill $(TEST_BINS)
+	BUILD=$(BUILD) tests/run.sh --check $(TESTS)
+
+asan: ## every test with ASan + UBSan (+ LSan) builds in build/asan
 	SECKILL_SANITIZER=asan $(MAKE) BUILD=build/asan OPT="-O1 -g -fno-omit-frame-pointer" \
 	    EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 	    EXTRA_LDFLAGS="-fsanitize=address,undefined" test
 
-deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+# ThreadSanitizer (GCC's, libtsan2): a TSan server and TSan test binaries. A
+# data race makes the process exit non-zero, which fails its test.
+tsan: ## every test with ThreadSanitizer builds in build/tsan (TESTS="...": a subset)
+	SECKILL_SANITIZER=tsan $(MAKE) BUILD=build/tsan OPT="-O1 -g" EXTRA_CFLAGS="-fsanitize=thread" \
+	    EXTRA_LDFLAGS="-fsanitize=thread" test
+
+# The programs that exercise the threads: the lock's C tests (lock, lock
+# wait, watchdog, order ids) and the server's worker pool and strategies.
+TSAN_CONCURRENCY_TESTS := test_lock test_watchdog test_idw test_workers test_strategies
+
+tsan-concurrency: ## ThreadSanitizer on the concurrency tests only (what CI runs; ~90 s with the build)
+	@$(MAKE) --no-print-directory tsan TESTS="$(TSAN_CONCURRENCY_TESTS)"
+
+##@ Packages
+
+deps: ## install the Debian packages this project needs (apt-get, as root; quick when all are there)
+	@missing=$$($(DEPS_MISSING)); \
 	if [ -n "$$missing" ]; then \
-	    echo "installing:$$missing"; \
+	    echo "installing: $$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "all Debian packages present"; fi
 
-clean:
+# make test and make check run this first: on a machine that lacks packages
+# it runs make deps (as root), or says what to run. SKIP_DEPS_CHECK=1 skips
+# it (a machine that is not Debian, with the tools installed otherwise).
+deps-check: ## install what is missing (make deps) when run as root, else say what to run
+	@if [ "$(SKIP_DEPS_CHECK)" = 1 ]; then exit 0; fi; \
+	if ! command -v dpkg-query >/dev/null 2>&1; then \
+	    echo "deps-check: no dpkg-query (not Debian): not checking packages; see DEB_PKGS in the Makefile" >&2; \
+	    exit 0; fi; \
+	missing=$$($(DEPS_MISSING)); \
+	npm=$$(command -v npm >/dev/null 2>&1 || echo npm); \
+	if [ -z "$$missing$$npm" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	    echo "deps-check: missing: $$missing$$npm: running make deps"; \
+	    $(MAKE) --no-print-directory deps; \
+	else \
+	    echo "deps-check: missing Debian packages: $$missing$$npm" >&2; \
+	    echo "run: sudo make deps   (or: sudo apt-get install $$missing$$npm)" >&2; \
+	    exit 2; \
+	fi
+
+# Every compile rule runs this first (order-only): a missing library stops
+# the build with its name and the command that installs it, instead of a
+# compiler error about a header.
+pkg-check: ## check the build's libraries with pkg-config (every compile runs it first)
+	@missing=""; debs=""; \
+	if ! command -v $(firstword $(CC)) >/dev/null 2>&1; then missing="$$missing C compiler ($(CC))"; debs="$$debs build-essential"; fi; \
+	if ! command -v pkg-config >/dev/null 2>&1; then \
+	    missing="$$missing pkg-config"; debs="$$debs pkg-config $(foreach m,$(PKG_DEBS),$(word 2,$(subst =, ,$(m))))"; \
+	else \
+	    for p in $(PKGS); do \
+	        pkg-config --exists $$p 2>/dev/null && continue; \
+	        d=$$p; for m in $(PKG_DEBS); do [ "$${m%%=*}" = "$$p" ] && d=$${m#*=}; done; \
+	        missing="$$missing $$p ($$d)"; debs="$$debs $$d"; \
+	    done; \
+	fi; \
+	if [ -n "$$missing" ]; then \
+	    echo "seckill: cannot build: missing:$$missing" >&2; \
+	    echo "run \`make deps\` (as root; it installs every package the project needs)," >&2; \
+	    echo "or install only these: apt-get install$$debs" >&2; \
+	    exit 2; \
+	fi
+
+clean: ## remove build/ (every build, test binary and report)
 	rm -rf build
 
 -include $(APP_OBJS:.o=.d) $(TEST_BINS:=.d)

@@ -38,7 +38,7 @@ static const option_def options[] = {
     { "PORT", "port", OPT_INT, F(port), 1, 65535, "8080", "HTTP port" },
     { "BIND", "bind", OPT_STR, F(bind), 0, 0, "127.0.0.1", "IPv4 address to listen on" },
     { "INSTANCE_ID", "instance-id", OPT_STR, F(instance_id), 0, 0, "",
-      "name of this instance in /stats and logs (default: seckill-<port>)" },
+      "name of this instance in /stats and logs (default: <hostname>-<port>)" },
     { "PG_DSN", "pg-dsn", OPT_STR, F(pg_dsn), 0, 0, "",
       "libpq connection string or URI (empty: PGHOST, PGPORT, ... apply)" },
     { "REDIS_URL", "redis-url", OPT_STR, F(redis_url_text), 0, 0, "redis://127.0.0.1:6379",
@@ -66,6 +66,9 @@ static const option_def options[] = {
       F(pg_statement_timeout_ms), 10, 600000, "5000", "Postgres statement timeout (ms)" },
     { "ADMIN_TOKEN", "admin-token", OPT_STR, F(admin_token), 0, 0, "",
       "bearer token of the admin API (empty: admin API answers 403)" },
+    { "ADMIN_TOKEN_FILE", "admin-token-file", OPT_STR, F(admin_token_file), 0, 0, "",
+      "file holding the admin API's token, read at start (trailing newline stripped); "
+      "instead of ADMIN_TOKEN, which must then be empty" },
     { "LOG_LEVEL", "log-level", OPT_LEVEL, F(log_level), 0, 0, "info",
       "error, warn, info (one access line per request) or debug" },
     { "LOG_FORMAT", "log-format", OPT_STR, F(log_format), 0, 0, "text",
@@ -110,7 +113,8 @@ void config_usage(FILE *out)
             fprintf(out, " [%s]", o->def);
         fputc('\n', out);
     }
-    fprintf(out, "\n  --help                    this text\n");
+    fprintf(out, "\n  --help                    this text\n"
+                 "  --version                 version, and the versions of the libraries\n");
 }
 
 static int set_option(const option_def *o, const char *val, const char *origin)
@@ -251,6 +255,298 @@ int config_parse_redis_url(const char *s, redis_url *out)
     return 0;
 }
 
+/* ---- the effective configuration, secrets masked ---- */
+
+#define MASK "***"
+
+/* Appends to a bounded buffer; the text is cut, never overrun. */
+typedef struct sbuf {
+    char *b;
+    size_t n, len;
+} sbuf;
+
+static void sb_mem(sbuf *sb, const char *s, size_t k)
+{
+    if (sb->n == 0)
+        return;
+    if (k > sb->n - 1 - sb->len)
+        k = sb->n - 1 - sb->len;
+    memcpy(sb->b + sb->len, s, k);
+    sb->len += k;
+    sb->b[sb->len] = '\0';
+}
+
+static void sb_str(sbuf *sb, const char *s)
+{
+    sb_mem(sb, s, strlen(s));
+}
+
+static sbuf sb_init(char *out, size_t n)
+{
+    sbuf sb = { out, n, 0 };
+    if (n > 0)
+        out[0] = '\0';
+    return sb;
+}
+
+void config_mask_redis_url(const char *url, char *out, size_t n)
+{
+    sbuf sb = sb_init(out, n);
+    const char *p = strstr(url, "://");
+    const char *at = strrchr(url, '@');    /* the last '@': a password may hold one */
+
+    if (p == NULL || at == NULL || at < p) {
+        sb_str(&sb, url);
+        return;
+    }
+    p += 3;
+    const char *colon = memchr(p, ':', (size_t)(at - p));
+    /* "redis://user:pw@h": the user stays; "redis://pw@h": all of it is the password. */
+    sb_mem(&sb, url, (size_t)((colon ? colon + 1 : p) - url));
+    sb_str(&sb, MASK);
+    sb_str(&sb, at);
+}
+
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* A postgres[ql]:// URI (libpq's "connection URI"): user:password@ and any
+ * password=... parameter. */
+static void mask_dsn_uri(const char *dsn, const char *rest, sbuf *sb)
+{
+    const char *p = rest, *q;
+
+    /* As libpq: a '@' before any '/' closes the user part. */
+    while (*p != '\0' && *p != '@' && *p != '/')
+        p++;
+    if (*p == '@') {
+        const char *colon = memchr(rest, ':', (size_t)(p - rest));
+        sb_mem(sb, dsn, (size_t)((colon ? colon + 1 : p) - dsn));
+        if (colon != NULL)
+            sb_str(sb, MASK);
+        rest = p;
+    } else {
+        sb_mem(sb, dsn, (size_t)(rest - dsn));
+    }
+    q = strchr(rest, '?');
+    if (q == NULL) {
+        sb_str(sb, rest);
+        return;
+    }
+    sb_mem(sb, rest, (size_t)(q + 1 - rest));
+    for (p = q + 1; *p != '\0';) {
+        const char *end = strchr(p, '&');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len >= 9 && strncmp(p, "password=", 9) == 0) {
+            sb_str(sb, "password=" MASK);
+        } else {
+            sb_mem(sb, p, len);
+        }
+        p += len;
+        if (*p == '&')
+            sb_mem(sb, p++, 1);
+    }
+}
+
+void config_mask_dsn(const char *dsn, char *out, size_t n)
+{
+    sbuf sb = sb_init(out, n);
+    const char *p = dsn;
+
+    if (strncmp(dsn, "postgresql://", 13) == 0) {
+        mask_dsn_uri(dsn, dsn + 13, &sb);
+        return;
+    }
+    if (strncmp(dsn, "postgres://", 11) == 0) {
+        mask_dsn_uri(dsn, dsn + 11, &sb);
+        return;
+    }
+    /* keyword = value pairs; a value is 'quoted' (backslash escapes) or runs
+     * to the next space. Anything libpq would refuse ends the copy with
+     * "...", so a mangled password is never shown either. */
+    while (*p != '\0') {
+        const char *start = p, *key, *val;
+        size_t klen;
+
+        while (is_space(*p))
+            p++;
+        if (*p == '\0') {
+            sb_mem(&sb, start, (size_t)(p - start));
+            break;
+        }
+        key = p;
+        while (*p != '\0' && *p != '=' && !is_space(*p))
+            p++;
+        klen = (size_t)(p - key);
+        while (is_space(*p))
+            p++;
+        if (*p != '=' || klen == 0) {
+            sb_str(&sb, "...");
+            return;
+        }
+        p++;
+        while (is_space(*p))
+            p++;
+        val = p;
+        if (*p == '\'') {
+            for (p++; *p != '\0' && *p != '\''; p++)
+                if (*p == '\\' && p[1] != '\0')
+                    p++;
+            if (*p != '\'') {
+                sb_str(&sb, "...");
+                return;
+            }
+            p++;
+        } else {
+            for (; *p != '\0' && !is_space(*p); p++)
+                if (*p == '\\' && p[1] != '\0')
+                    p++;
+        }
+        sb_mem(&sb, start, (size_t)(val - start));
+        if (klen == 8 && strncmp(key, "password", 8) == 0)
+            sb_str(&sb, MASK);
+        else
+            sb_mem(&sb, val, (size_t)(p - val));
+    }
+}
+
+/* NAME=value, the value in double quotes when it is empty or holds a space,
+ * a quote or a backslash. */
+static void describe_pair(sbuf *sb, const char *name, const char *val)
+{
+    int quote = val[0] == '\0' || strpbrk(val, " \t\"\\") != NULL;
+
+    if (sb->len > 0)
+        sb_str(sb, " ");
+    sb_str(sb, name);
+    sb_str(sb, quote ? "=\"" : "=");
+    for (const char *c = val; *c != '\0'; c++) {
+        if (quote && (*c == '"' || *c == '\\'))
+            sb_str(sb, "\\");
+        sb_mem(sb, c, 1);
+    }
+    if (quote)
+        sb_str(sb, "\"");
+}
+
+void config_describe(char *buf, size_t n)
+{
+    static const char *const level_names[] = { "error", "warn", "info", "debug" };
+    sbuf sb = sb_init(buf, n);
+    const char *base = (const char *)&g_cfg;
+
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const option_def *o = &options[i];
+        const void *field = base + o->offset;
+        char val[1200];
+
+        switch (o->type) {
+        case OPT_STR:
+            if (strcmp(o->env, "ADMIN_TOKEN") == 0)
+                snprintf(val, sizeof val, "%s", *(const char *)field ? MASK : "");
+            else if (strcmp(o->env, "REDIS_URL") == 0)
+                config_mask_redis_url(field, val, sizeof val);
+            else if (strcmp(o->env, "PG_DSN") == 0)
+                config_mask_dsn(field, val, sizeof val);
+            else
+                snprintf(val, sizeof val, "%s", (const char *)field);
+            break;
+        case OPT_INT:
+        case OPT_BOOL:
+            snprintf(val, sizeof val, "%d", *(const int *)field);
+            break;
+        case OPT_LONG:
+        case OPT_LEASE:
+            snprintf(val, sizeof val, "%ld", *(const long *)field);
+            break;
+        case OPT_LEVEL: {
+            int l = *(const int *)field;
+            snprintf(val, sizeof val, "%s", l >= 0 && l <= LOG_DEBUG ? level_names[l] : "?");
+            break;
+        }
+        case OPT_LOCK:
+            snprintf(val, sizeof val, "%s", config_lock_name(*(const int *)field));
+            break;
+        case OPT_STOCK:
+            snprintf(val, sizeof val, "%s", config_stock_name(*(const int *)field));
+            break;
+        default:
+            val[0] = '\0';
+            break;
+        }
+        describe_pair(&sb, o->env, val);
+    }
+}
+
+/* ---- defaults that depend on the machine ---- */
+
+/* "<hostname>-<port>", the hostname cut and with characters INSTANCE_ID
+ * does not allow replaced by '-'; "seckill-<port>" without a hostname. */
+static void default_instance_id(void)
+{
+    char host[256];
+
+    if (gethostname(host, sizeof host) != 0 || host[0] == '\0') {
+        snprintf(g_cfg.instance_id, sizeof g_cfg.instance_id, "seckill-%d", g_cfg.port);
+        return;
+    }
+    host[sizeof host - 1] = '\0';
+    for (char *c = host; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '-' || *c == '_' || *c == '.'))
+            *c = '-';
+    /* 63 bytes at most: room for "-65535". */
+    snprintf(g_cfg.instance_id, sizeof g_cfg.instance_id, "%.56s-%d", host, g_cfg.port);
+}
+
+/* ADMIN_TOKEN_FILE -> g_cfg.admin_token. 0, or -1 after a message. */
+static int read_admin_token_file(void)
+{
+    const char *path = g_cfg.admin_token_file;
+    char buf[sizeof g_cfg.admin_token + 8];
+    size_t len;
+    int rc = -1;
+    FILE *f;
+
+    if (g_cfg.admin_token[0] != '\0') {
+        fprintf(stderr, "seckill: ADMIN_TOKEN and ADMIN_TOKEN_FILE are both set: set one of them\n");
+        return -1;
+    }
+    f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "seckill: cannot read ADMIN_TOKEN_FILE '%s': %s\n", path, strerror(errno));
+        return -1;
+    }
+    len = fread(buf, 1, sizeof buf - 1, f);
+    if (ferror(f)) {
+        fprintf(stderr, "seckill: cannot read ADMIN_TOKEN_FILE '%s': %s\n", path, strerror(errno));
+        goto out;
+    }
+    buf[len] = '\0';
+    if (memchr(buf, '\0', len) != NULL) {
+        fprintf(stderr, "seckill: ADMIN_TOKEN_FILE '%s' holds a NUL byte\n", path);
+        goto out;
+    }
+    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+        buf[--len] = '\0';
+    if (len == 0) {
+        fprintf(stderr, "seckill: ADMIN_TOKEN_FILE '%s' is empty\n", path);
+        goto out;
+    }
+    if (len >= sizeof g_cfg.admin_token || !feof(f)) {
+        fprintf(stderr, "seckill: ADMIN_TOKEN_FILE '%s': the token is too long (at most %zu bytes)\n",
+                path, sizeof g_cfg.admin_token - 1);
+        goto out;
+    }
+    memcpy(g_cfg.admin_token, buf, len + 1);
+    rc = 0;
+out:
+    fclose(f);
+    return rc;
+}
+
 static int dir_exists(const char *path)
 {
     struct stat st;
@@ -341,7 +637,9 @@ int config_load(int argc, char **argv)
         return -1;
     }
     if (g_cfg.instance_id[0] == '\0')
-        snprintf(g_cfg.instance_id, sizeof g_cfg.instance_id, "seckill-%d", g_cfg.port);
+        default_instance_id();
+    if (g_cfg.admin_token_file[0] != '\0' && read_admin_token_file() != 0)
+        return -1;
     for (const char *c = g_cfg.instance_id; *c; c++) {
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
               *c == '-' || *c == '_' || *c == '.')) {

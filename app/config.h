@@ -38,6 +38,7 @@ typedef struct config {
     int pg_connect_timeout_s;
     int pg_statement_timeout_ms;
     char admin_token[256];      /* empty: admin API disabled (403) */
+    char admin_token_file[1024]; /* ADMIN_TOKEN_FILE: admin_token read from it at start */
     int log_level;              /* enum log_level */
     char log_format[8];         /* "text" or "json" */
     char lua_dir[1024];
@@ -58,8 +59,25 @@ typedef struct config {
 extern config g_cfg;
 
 /* Fills g_cfg from the environment and argv. Returns 0, or -1 after printing
- * a clear message to stderr; returns 1 when --help was printed. */
+ * a clear message to stderr; returns 1 when --help was printed. Reads
+ * ADMIN_TOKEN_FILE when set (ADMIN_TOKEN must then be empty). An unset
+ * INSTANCE_ID becomes "<hostname>-<port>": in a container the hostname is
+ * the container's (distinct for each replica), and on one host the port
+ * keeps instances apart. */
 int config_load(int argc, char **argv);
+
+/* The effective configuration, for the start-up log: every setting as
+ * NAME=value separated by spaces, values with spaces or quotes in double
+ * quotes; ADMIN_TOKEN as *** when set, the passwords of REDIS_URL and PG_DSN
+ * masked. Truncated to fit 'n' (at least 1). */
+void config_describe(char *buf, size_t n);
+
+/* 'url' (redis://...) with the password replaced by ***. */
+void config_mask_redis_url(const char *url, char *out, size_t n);
+
+/* A libpq connection string, key=value or postgres[ql]:// URI, with every
+ * password replaced by *** (password=... and the URI's user:password@). */
+void config_mask_dsn(const char *dsn, char *out, size_t n);
 
 void config_usage(FILE *out);
 

@@ -14,6 +14,7 @@
 #include "script.h"
 #include "store.h"
 #include "peers.h"
+#include "version.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -30,11 +31,24 @@ int main(int argc, char **argv)
     sigset_t sigs;
     int sig, rc;
 
+    /* --version needs no configuration: it answers even when the
+     * environment holds something config_load would refuse. */
+    for (int a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "--version") == 0) {
+            version_print(stdout);
+            return EXIT_SUCCESS;
+        }
+    }
     rc = config_load(argc, argv);
     if (rc != 0)
         return rc > 0 ? EXIT_SUCCESS : 2;
     log_set_level((enum log_level)g_cfg.log_level);
     log_set_json(strcmp(g_cfg.log_format, "json") == 0);
+    {
+        char desc[1400];
+        config_describe(desc, sizeof desc);
+        log_info("seckill %s: config %s", version_string(), desc);
+    }
     if (script_load_all(g_cfg.lua_dir, err, sizeof err) != 0) {
         log_error("lua scripts: %s (set LUA_DIR)", err);
         return 2;

@@ -74,9 +74,10 @@ from datetime import datetime, timezone
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-STACK = os.path.join(ROOT, "scripts", "stack.sh")
-WRK_LUA = os.path.join(HERE, "wrk_sale.lua")
-CHECK = os.path.join(HERE, "check_invariants.py")
+sys.path.insert(0, HERE)
+import check_invariants  # noqa: E402
+import kit  # noqa: E402
+from kit import Col, fmt_count  # noqa: E402
 
 # The issue's reference figures (a 2-core machine, durable Postgres).
 REFERENCE = {"pgOneRow": 3600, "pgTxn": 2100, "redisEvalsha": 80000, "nginx": 42000}
@@ -96,7 +97,7 @@ def env_int(name, default):
         sys.exit(f"bench: {name} must be a whole number (got {v!r})")
 
 
-class BenchError(Exception):
+class BenchError(kit.KitError):
     pass
 
 
@@ -108,38 +109,7 @@ def log(msg):
     print(f"bench: {msg}", file=sys.stderr, flush=True)
 
 
-def run(cmd, timeout, env=None, check=True, input=None):
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                           input=input)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{cmd[0]} did not finish within {timeout}s: {' '.join(cmd)}")
-    except FileNotFoundError:
-        raise BenchError(f"{cmd[0]} not found (run 'make deps')")
-    if check and p.returncode != 0:
-        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-15:])
-        raise BenchError(f"{' '.join(cmd[:3])} ... exited {p.returncode}:\n{tail}")
-    return p
-
-
-def free_ports(n):
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def fmt(v, digits=0):
-    if v is None:
-        return "-"
-    if isinstance(v, float) and digits:
-        return f"{v:,.{digits}f}"
-    return f"{int(round(v)):,}"
+run = kit.run
 
 
 # ------------------------------------------------------------------ /proc
@@ -173,80 +143,17 @@ def machine_cpu():
     return proc / CLK, (v[5] + v[6]) / CLK, v[7] / CLK, sum(v[:8]) / CLK
 
 
-def vm_status(pid):
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in ("VmRSS", "VmHWM", "Threads"):
-                    out[k] = int(v.split()[0])
-    except OSError:
-        return None
-    return out
-
-
 # ------------------------------------------------------------------ the stack
 
-class Stack:
+class Stack(kit.Stack):
+    """make bench's stack: 2 instances at LOG_LEVEL=warn, a durable Postgres
+    with room for pgbench's clients, a new user per request."""
+
     def __init__(self, run_dir, bin_path, threads, max_conn):
-        self.run_dir = run_dir
-        self.env = dict(os.environ)
-        for k in ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID"):
-            self.env.pop(k, None)
-        self.env.update({
-            "RUN_DIR": run_dir, "INSTANCES": "2", "PG_DURABLE": "1", "LOG_LEVEL": "warn",
-            "NGINX_PORT": "auto", "APP_PORT_BASE": "auto", "PG_PORT": "auto",
-            "REDIS_PORT": "auto", "PG_MAX_CONNECTIONS": str(max_conn),
-            "DEMO_RANDOM_USER": "0", "SECKILL_STOCK": "optimistic", "SECKILL_BIN": bin_path,
-        })
-        if threads:
-            self.env["THREADS"] = str(threads)
-        self.vars = {}
-        self.started = False
-
-    def _cmd(self, what, timeout=120, extra=None):
-        env = dict(self.env)
-        env.update(extra or {})
-        p = subprocess.run([STACK, what], capture_output=True, text=True, timeout=timeout, env=env)
-        for line in p.stderr.strip().splitlines():
-            log(line)
-        if p.returncode != 0:
-            raise BenchError(f"scripts/stack.sh {what} failed (exit {p.returncode})")
-        return p
-
-    def start(self):
-        # A stack left over by an interrupted bench in this directory: stopped
-        # first, so that every run starts from a fresh database.
-        subprocess.run([STACK, "stop"], capture_output=True, text=True, timeout=120, env=self.env)
-        self.started = True
-        self._cmd("start")
-        self._read_env()
-
-    def restart_instances(self, extra, unset=()):
-        for k in unset:
-            self.env.pop(k, None)
-        self.env.update(extra)
-        self._cmd("restart-instances")
-
-    def stop(self):
-        if self.started:
-            self._cmd("stop")
-            self.started = False
-
-    def _read_env(self):
-        with open(os.path.join(self.run_dir, "stack.env")) as f:
-            for line in f:
-                m = re.match(r"export (\w+)='(.*)'$", line.strip())
-                if m:
-                    self.vars[m.group(1)] = m.group(2)
-
-    def pid(self, name):
-        try:
-            with open(os.path.join(self.run_dir, "pids", f"{name}.pid")) as f:
-                return int(f.readline())
-        except (OSError, ValueError):
-            return None
+        super().__init__(run_dir, {
+            "INSTANCES": 2, "PG_DURABLE": 1, "LOG_LEVEL": "warn", "PG_MAX_CONNECTIONS": max_conn,
+            "DEMO_RANDOM_USER": 0, "SECKILL_STOCK": "optimistic", "SECKILL_BIN": bin_path,
+            "THREADS": threads or None}, log=log)
 
     def app_pids(self):
         return [self.pid(f"app-{i}") for i in (1, 2)]
@@ -254,24 +161,13 @@ class Stack:
     def rss(self):
         out = []
         for i, pid in enumerate(self.app_pids(), 1):
-            st = vm_status(pid) if pid else None
+            st = kit.proc_status(pid) if pid else None
             if st is None:
                 raise BenchError(f"instance seckill-{i} (pid {pid}) is gone: it crashed or was killed"
                                  f" (see {self.run_dir}/logs/app-{i}.log)")
             out.append({"instance": f"seckill-{i}", "pid": pid, "rssKb": st.get("VmRSS"),
                         "hwmKb": st.get("VmHWM"), "threads": st.get("Threads")})
         return out
-
-    def alive_check(self):
-        self.rss()
-
-    @property
-    def base(self):
-        return self.vars["BASE_URL"]
-
-    @property
-    def dsn(self):
-        return self.vars["PG_DSN"]
 
 
 class CpuMeter:
@@ -376,10 +272,8 @@ class Bench:
         self.user_block += 1
         return 1_000_000_000_000 + self.user_block * 10_000_000_000
 
-    def psql(self, sql, timeout=120):
-        p = run(["psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", self.stack.dsn,
-                 "-f", "-"], timeout, input=sql)
-        return [line.split("|") for line in p.stdout.splitlines() if line]
+    def psql(self, sql):
+        return kit.psql(self.stack.dsn, sql, timeout=120)
 
     def quiesce(self):
         """Before each measured run: no dead row versions, a fresh checkpoint.
@@ -389,65 +283,21 @@ class Bench:
         CPU per order of the later rounds)."""
         self.psql("VACUUM tb_voucher; VACUUM tb_voucher_order; CHECKPOINT;")
 
-    def admin(self, path, body):
-        import urllib.request
-        req = urllib.request.Request(self.stack.base + path, data=json.dumps(body).encode(),
-                                     method="POST", headers={
-                                         "Authorization": f"Bearer {self.stack.vars['ADMIN_TOKEN']}",
-                                         "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read() or b"{}")
-
-    def new_voucher(self, stock, title):
-        now = time.time()
-        iso = lambda t: datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        r = self.admin("/admin/vouchers", {"title": title, "stock": stock,
-                                           "beginTime": iso(now - 60), "endTime": iso(now + 86400)})
-        return int(r["voucherId"])
-
     def buy(self, voucher, user):
-        import urllib.error
-        import urllib.request
-        req = urllib.request.Request(f"{self.stack.base}/voucher/{voucher}/seckill", data=b"",
-                                     method="POST", headers={"X-User-Id": str(user)})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
+        return kit.call(self.stack.base_url, "POST", f"/voucher/{voucher}/seckill",
+                        headers={"X-User-Id": str(user)}, timeout=10).status
 
     def wrk(self, url, conns, seconds, ids=False, timeout_s="10s", delay_ms=0):
-        summary = os.path.join(self.tmp, "wrk-summary.json")
-        ids_file = os.path.join(self.tmp, "wrk-ids.txt")
-        for f in (summary, ids_file):
-            if os.path.exists(f):
-                os.unlink(f)
-        env = dict(os.environ)
-        env.update({"WRK_USER_BASE": str(self.next_user_base()), "WRK_SUMMARY": summary,
-                    "WRK_IDS_FILE": ids_file if ids else "",
-                    "WRK_DELAY_MS": str(delay_ms) if delay_ms else ""})
-        cmd = ["wrk", "-t", str(min(2, conns)), "-c", str(conns), "-d", f"{seconds}s", "--timeout", timeout_s,
-               "--latency", "-s", WRK_LUA, url]
-        p = run(cmd, seconds + 60, env=env)
-        with open(summary) as f:
-            s = json.load(f)
-        secs = s["durationUs"] / 1e6
-        e = s.get("errors", {})
-        lat = s.get("latencyUs", {})
-        statuses = {str(k): int(v) for k, v in s.get("statuses", {}).items()}
+        w = kit.run_wrk(url, conns, seconds, self.tmp, self.next_user_base(), timeout=timeout_s,
+                        ids=ids, delay_ms=delay_ms)
+        ms = {f"{k}Ms": round(w[f"{k}Ms"], 3) for k in ("p50", "p90", "p99", "max")}
         r = {"tool": (f"WRK_DELAY_MS={delay_ms} " if delay_ms else "")
-                     + " ".join(cmd[:-3] + ["loadtest/wrk_sale.lua", url]),
-             "requests": s["requests"], "seconds": round(secs, 3),
-             "rps": round(s["requests"] / secs, 1) if secs else 0.0,
-             "p50Ms": round(lat.get("p50", 0) / 1000.0, 3), "p90Ms": round(lat.get("p90", 0) / 1000.0, 3),
-             "p99Ms": round(lat.get("p99", 0) / 1000.0, 3), "maxMs": round(lat.get("max", 0) / 1000.0, 3),
-             "statuses": statuses,
-             "socketErrors": {k: int(e.get(k, 0)) for k in ("connect", "read", "write", "timeout")},
-             "nonHttpErrors": int(e.get("status", 0))}
+                     + " ".join(w["cmd"][:-3] + ["loadtest/wrk_sale.lua", url]),
+             "requests": w["requests"], "seconds": round(w["seconds"], 3), "rps": round(w["rps"], 1),
+             **ms, "statuses": w["statuses"], "socketErrors": w["socketErrors"],
+             "nonHttpErrors": w["nonHttpErrors"]}
         if ids:
-            r["idsFile"] = ids_file
-        if p.returncode != 0:
-            raise BenchError(f"wrk exited {p.returncode}")
+            r["idsFile"] = w["idsFile"]
         return r
 
     def paced(self, url):
@@ -462,16 +312,9 @@ class Bench:
         return p, {k: p[k] for k in ("rps", "p50Ms", "p90Ms", "p99Ms", "maxMs", "stealPct", "tool")}
 
     def check(self, what, voucher, ids=None, ok=None, unknown=0, expect=None):
-        cmd = [sys.executable, CHECK, "--dsn", self.stack.dsn, "--voucher", str(voucher)]
-        if ids:
-            cmd += ["--ids", ids]
-        if ok is not None:
-            cmd += ["--ok-responses", str(ok), "--unknown-responses", str(unknown)]
-        if expect is not None:
-            cmd += ["--expect-orders", str(expect)]
-        p = run(cmd, 300, check=False)
-        out = (p.stdout + p.stderr).strip()
-        passed = p.returncode == 0
+        rc, lines, error = check_invariants.verify(self.stack.dsn, [voucher], ids, expect, ok, unknown)
+        out = "\n".join(lines + [error] if error else lines)
+        passed = rc == 0
         self.invariant_runs.append({"run": what, "voucherId": voucher, "ok": passed,
                                     "output": out.splitlines()[-12:]})
         if not passed:
@@ -504,7 +347,7 @@ class Bench:
         path = os.path.join(self.tmp, "pgbench.sql")
         with open(path, "w") as f:
             f.write(script)
-        v = self.stack.vars
+        v = self.stack.info
         cmd = ["pgbench", "-n", "-c", str(self.pg_clients), "-j", "2", "-T", str(seconds),
                "-M", "prepared", "-h", "127.0.0.1", "-p", v["PG_PORT"], "-U", "postgres"]
         for k, val in defines.items():
@@ -596,7 +439,7 @@ class Bench:
                 " redisson_lock_token:{lock:bench:__rand_int__} 30000 bench-owner:1"}
 
     def ceiling_redis(self):
-        port = self.stack.vars["REDIS_PORT"]
+        port = self.stack.info["REDIS_PORT"]
         with open(os.path.join(ROOT, "lua", "lock_acquire.lua")) as f:
             body = f.read()
         sha = run(["redis-cli", "-h", "127.0.0.1", "-p", port, "SCRIPT", "LOAD", body], 10).stdout.strip()
@@ -622,7 +465,7 @@ class Bench:
         if not os.access(binary, os.X_OK):
             raise BenchError(f"{binary} is missing (make bench builds it: make build/upstream200)")
         threads = os.environ.get("IO_THREADS") or "2"
-        ports = free_ports(2)
+        ports = kit.free_ports(2)
         for port in ports:
             with open(os.path.join(self.ceiling_dir, f"upstream200-{port}.log"), "w") as err:
                 self.stand_ins.append(subprocess.Popen([binary, str(port), threads],
@@ -645,21 +488,11 @@ class Bench:
         d = self.ceiling_dir
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-        front, up = free_ports(2)
+        front, up = kit.free_ports(2)
         ups = self.start_stand_ins() if separate else [up]
-        conf = os.path.join(d, "nginx.conf")
-        gen = [os.path.join(ROOT, "nginx", "gen-conf.sh"), "--prefix", d, "--listen", f"127.0.0.1:{front}", "-o", conf]
-        for u in ups:
-            gen += ["--upstream", f"127.0.0.1:{u}"]
-        run(gen, 30)
-        with open(conf) as f:
-            text = f.read().rstrip()
-        if not text.endswith("}"):
-            raise BenchError(f"{conf} does not end with the http block's '}}'")
-        if not separate:
-            # The stand-in upstream: a second server in the same nginx, answering
-            # at once with a body the size of the service's sold-out answer.
-            text = text[:-1] + f"""
+        # The stand-in upstream: a second server in the same nginx, answering
+        # at once with a body the size of the service's sold-out answer.
+        stand_in = "" if separate else f"""
     # make bench: the stand-in for the instances, answers 200 at once.
     server {{
         listen 127.0.0.1:{up} backlog=4096;
@@ -670,24 +503,8 @@ class Bench:
             return 200 '{{"error":"sold_out","message":"voucher is sold out"}}\\n';
         }}
     }}
-}}
 """
-        with open(conf, "w") as f:
-            f.write(text + "\n")
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-        run([nginx, "-t", "-q", "-p", d, "-c", conf, "-e", os.path.join(d, "error.log")], 30)
-        run([nginx, "-p", d, "-c", conf, "-e", os.path.join(d, "error.log"), "-g", "daemon on;"], 30)
-        pid = None
-        for _ in range(50):
-            try:
-                with open(os.path.join(d, "nginx.pid")) as f:
-                    pid = int(f.read().strip())
-                break
-            except (OSError, ValueError):
-                time.sleep(0.1)
-        if not pid:
-            raise BenchError("the ceiling nginx wrote no pid file")
-        self.ceiling_nginx_pid = pid
+        self.ceiling_nginx_pid = kit.start_nginx(d, front, [f"127.0.0.1:{u}" for u in ups], stand_in)
         return front
 
     def stop_ceiling_nginx(self):
@@ -704,20 +521,11 @@ class Bench:
         if not pid:
             return
         self.ceiling_nginx_pid = None
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode()
-        except OSError:
-            return
-        if self.ceiling_dir not in cmd:
-            log(f"pid {pid} is no longer the ceiling nginx ({cmd!r}): left alone")
-            return
-        os.kill(pid, signal.SIGQUIT)
-        for _ in range(100):
-            if proc_stat(pid) is None or vm_status(pid) is None:
-                return
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
+        gone = kit.stop_pid(pid, signal.SIGQUIT, 10, cmdline_has=self.ceiling_dir)
+        if gone is None:
+            log(f"pid {pid} is no longer the ceiling nginx: left alone")
+        elif not gone:
+            os.kill(pid, signal.SIGKILL)
 
     def ceiling_nginx(self, separate=False):
         try:
@@ -753,7 +561,7 @@ class Bench:
 
     def log_offset(self):
         try:
-            return os.path.getsize(self.stack.vars["NGINX_ACCESS_LOG"])
+            return os.path.getsize(self.stack.info["NGINX_ACCESS_LOG"])
         except (OSError, KeyError):
             return None
 
@@ -774,16 +582,10 @@ class Bench:
         if offset is None:
             return None
         self.settle()
-        needle = f'"POST /voucher/{voucher}/seckill '
-        with open(self.stack.vars["NGINX_ACCESS_LOG"], "rb") as f:
-            f.seek(offset)
-            for line in f.read().decode("utf-8", "replace").splitlines():
-                i = line.find(needle)
-                if i < 0:
-                    continue
-                m = re.match(r'[^"]*" (\d{3}) ', line[i + len(needle):])
-                if m:
-                    out[m.group(1)] = out.get(m.group(1), 0) + 1
+        for e in kit.access_log(self.stack.info["NGINX_ACCESS_LOG"], offset,
+                                f"/voucher/{voucher}/seckill")[1]:
+            if e.method == "POST":
+                out[e.status] = out.get(e.status, 0) + 1
         return out
 
     def unknown(self, w, logged, conns):
@@ -799,17 +601,17 @@ class Bench:
     def sale(self, what, conns, seconds, stock=10_000_000, warm=True):
         """A sale to distinct users on a stock that does not run out."""
         if warm and self.warmup > 0:
-            wv = self.new_voucher(20000, f"bench: {what} warm-up")
+            wv = self.stack.create_voucher(20000, f"bench: {what} warm-up")
             off = self.log_offset()
-            w = self.wrk(f"{self.stack.base}/voucher/{wv}/seckill", conns, self.warmup, ids=True)
+            w = self.wrk(f"{self.stack.base_url}/voucher/{wv}/seckill", conns, self.warmup, ids=True)
             self.check(f"{what} warm-up", wv, ids=w["idsFile"], ok=w["statuses"].get("200", 0),
                        unknown=self.unknown(w, self.logged(off, wv), conns))
-        v = self.new_voucher(stock, f"bench: {what}")
+        v = self.stack.create_voucher(stock, f"bench: {what}")
         self.quiesce()
         off = self.log_offset()
         meter = self.cpu_meter()
         meter.start()
-        w = self.wrk(f"{self.stack.base}/voucher/{v}/seckill", conns, seconds, ids=True)
+        w = self.wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds, ids=True)
         cpu = meter.stop()
         w["nginxLogged"] = self.logged(off, v)
         n, span = self.order_span(v)
@@ -830,12 +632,12 @@ class Bench:
         return r
 
     def sold_out(self):
-        v = self.new_voucher(1, "bench: sold out")
+        v = self.stack.create_voucher(1, "bench: sold out")
         off = self.log_offset()
         st = self.buy(v, 42)
         if st != 200:
             raise BenchError(f"buying the only unit of voucher {v} answered {st}")
-        url = f"{self.stack.base}/voucher/{v}/seckill"
+        url = f"{self.stack.base_url}/voucher/{v}/seckill"
         w0 = self.wrk(url, 64, max(1, self.warmup))
         meter = self.cpu_meter()
         meter.start()
@@ -862,24 +664,13 @@ class Bench:
     def ab(self, url, n, conns, user):
         cmd = ["ab", "-k", "-l", "-r", "-s", "30", "-n", str(n), "-c", str(conns), "-m", "POST",
                "-H", f"X-User-Id: {user}", url]
-        p = run(cmd, 300)
-        t = p.stdout
-
-        def num(pat, cast=float, default=None):
-            m = re.search(pat, t, re.M)
-            return cast(m.group(1)) if m else default
-        r = {"tool": " ".join(cmd), "requests": num(r"^Complete requests:\s+(\d+)", int, 0),
-             "failed": num(r"^Failed requests:\s+(\d+)", int, 0),
-             "non2xx": num(r"^Non-2xx responses:\s+(\d+)", int, 0),
-             "seconds": num(r"^Time taken for tests:\s+([\d.]+)"),
-             "rps": num(r"^Requests per second:\s+([\d.]+)"),
-             "p50Ms": num(r"^\s+50%\s+(\d+)"), "p99Ms": num(r"^\s+99%\s+(\d+)")}
+        r = {"tool": " ".join(cmd), **kit.parse_ab(run(cmd, 300).stdout)}
         r["ok200"] = r["requests"] - r["non2xx"] - r["failed"]
         return r
 
     def storm(self):
-        v = self.new_voucher(100, "bench: single-user storm")
-        url = f"{self.stack.base}/voucher/{v}/seckill"
+        v = self.stack.create_voucher(100, "bench: single-user storm")
+        url = f"{self.stack.base_url}/voucher/{v}/seckill"
         user = 7_000_000_000 + self.user_block
         probe = self.ab(url, 2000, 64, user)
         n = int(min(max((probe["rps"] or 1000) * self.seconds, 5000), 200000))
@@ -979,9 +770,9 @@ class Bench:
         threads = self.batch_threads if strategy == "batched" else self.threads
         extra = {"SECKILL_STOCK": strategy}
         if threads:
-            extra["THREADS"] = str(threads)
+            extra["THREADS"] = threads
         log(f"restarting the instances with {' '.join(f'{k}={v}' for k, v in extra.items())}")
-        self.stack.restart_instances(extra, unset=[] if threads else ["THREADS"])
+        self.stack.restart_instances({**extra, "THREADS": threads or None})
         self.strategy = strategy
 
     def long_run(self):
@@ -1004,7 +795,7 @@ class Bench:
         os.makedirs(self.run_dir, exist_ok=True)
         self.tmp = tempfile.mkdtemp(prefix="bench.", dir=self.run_dir)
         log(f"starting the stack in {self.run_dir} (2 instances, durable Postgres, LOG_LEVEL=warn)")
-        self.stack.start()
+        self.stack.start(fresh=True)
         self.strategy = "optimistic"
         self.res["machine"] = self.machine()
         m = self.res["machine"]
@@ -1017,6 +808,24 @@ class Bench:
         if self.long and "long" not in self.skip:
             self.longs.append(self.long_run())
 
+    def guarded(self, body):
+        """body() with SIGTERM and SIGINT raising Interrupted, then cleanup()
+        whatever happens; the error that stopped it (logged), or None."""
+        def on_signal(signum, _frame):
+            raise Interrupted(f"signal {signum}")
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            body()
+            return None
+        except (kit.KitError, Interrupted) as e:
+            log(f"error: {e}")
+            return str(e)
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.cleanup()
+
     def cleanup(self):
         errors = []
         try:
@@ -1028,7 +837,8 @@ class Bench:
                 f" (RUN_DIR={self.run_dir} scripts/stack.sh stop)")
         else:
             try:
-                self.stack.stop()
+                if self.stack.started:
+                    self.stack.stop()
             except Exception as e:      # noqa: BLE001
                 errors.append(str(e))
         if self.tmp:
@@ -1042,14 +852,7 @@ class Bench:
         rounds = self.rounds
 
         def vals(path):
-            out = []
-            for r in rounds:
-                x = r
-                for p in path:
-                    x = x.get(p) if isinstance(x, dict) else None
-                if x is not None:
-                    out.append(x)
-            return out
+            return [x for x in (_dig(r, path) for r in rounds) if x is not None]
 
         def med(path):
             v = vals(path)
@@ -1160,6 +963,45 @@ class Bench:
                    (f"{self.long_seconds} s sale" if rss_key == "longAfter" else "short runs"))
         return f, ranges, ratios, rss_sets, targets
 
+    # The table's columns: label, measured (ceilings: unit, issue's figure;
+    # service: compared with, its figure, ratio, target, result). Fixed widths,
+    # a longer cell pushing the rest of its line, as format specs do.
+    CEIL_COLS = [Col("ceilings, on the same Postgres, Redis and nginx", "l", 54, fit=False),
+                 Col("measured", "r", 11, 1, False), Col("", "l", 6, 2, False),
+                 Col("issue, 2-core machine", "r", 21, 1, False)]
+    SERVICE_COLS = [Col("the service through nginx, 2 instances", "l", 54, fit=False),
+                    Col("measured", "r", 11, 1, False), Col("compared with", "l", 20, 2, False),
+                    Col("", "r", 7, 1, False), Col("ratio", "r", 5, 1, False),
+                    Col("target", "l", 8, 2, False), Col("result", "l", 0, 1)]
+    CPU_COLS = [Col("CPU ms per unit, by process (2 CPUs in all)", "l", 42, fit=False)] + [
+        Col(t, "r", w, 1, False) for t, w in (("seckill", 7), ("nginx", 6), ("postgres", 8), ("redis", 6),
+                                              ("client", 6), ("softirq", 7), ("others", 6), ("busy", 5),
+                                              ("steal", 5))]
+    CPU_UNITS = (("pgOneRow", "pgbench one-row (per txn)", "transactions"),
+                 ("pgTxn", "pgbench seckill txn (per txn)", "transactions"),
+                 ("nginx", "nginx ceiling (per request)", "requests"),
+                 ("nginxProc", "nginx to 2 upstream200 (per request)", "requests"),
+                 ("sale", "sale, optimistic (per order)", "orders"),
+                 ("batchedSale", "sale, batched (per order)", "orders"),
+                 ("soldOut", "sold-out (per request)", "requests"),
+                 ("storm", "storm (per request)", "requests"))
+
+    def cpu_per_unit(self):
+        """[(label, {component: median ms of CPU per order or request})]: where the CPU went."""
+        out = []
+        for key, label, per in self.CPU_UNITS:
+            vals = []
+            for r in self.rounds:
+                x = r.get(key)
+                if not x or not x.get("cpu") or not x.get(per):
+                    continue
+                vals.append({k: 1000.0 * v / x[per] for k, v in x["cpu"].items()
+                             if k not in ("wallSeconds", "busyPct", "stealPct")}
+                            | {"busyPct": x["cpu"].get("busyPct") or 0, "stealPct": x["cpu"].get("stealPct") or 0})
+            if vals:
+                out.append((label, {k: statistics.median(v[k] for v in vals if k in v) for k in vals[0]}))
+        return out
+
     def report(self):
         f, ranges, ratios, rss, targets = self.summarize()
         m = self.res.get("machine", {})
@@ -1167,49 +1009,29 @@ class Bench:
         n = len(self.rounds)
         med = (f", medians of {self.runs} runs ({n} rounds)" if self.runs > 1
                else f", medians of {n} rounds" if n > 1 else "")
-        out = []
-        w = out.append
-        L = 54
+        verdict = {t["name"]: "PASS" if t["pass"] else "MISS" for t in targets}
+        rows = []
 
-        def res_of(name):
-            for t in targets:
-                if t["name"] == name:
-                    return "PASS" if t["pass"] else "MISS"
-            return ""
+        def row(label, v, vs_label="", vs=None, ratio=None, tgt="", res=""):
+            rows.append([label, v if isinstance(v, str) else fmt_count(v), vs_label,
+                         fmt_count(vs) if vs_label and vs is not None else "",
+                         f"{ratio:.2f}" if ratio is not None else "", tgt, verdict.get(res, "")])
 
-        def row(label, v, vs_label="", vs=None, ratio=None, tgt="", res="", digits=0):
-            r = f"{ratio:.2f}" if ratio is not None else ""
-            cmp_ = f"{vs_label:<20} {fmt(vs) if vs is not None else '':>7}" if vs_label else ""
-            w(f"{label:<{L}} {fmt(v, digits) if not isinstance(v, str) else v:>11}  {cmp_:<28} {r:>5}  {tgt:<8} {res}".rstrip())
-
-        w("")
-        w(f"== make bench{med}")
-        w(f"   {m.get('nproc')} CPUs ({m.get('cpu')}), {m.get('memTotalMb')} MB, kernel {m.get('kernel')};"
-          f" Postgres {(ver.get('postgres') or '?').split()[0]} (fsync {m.get('postgres', {}).get('fsync')},"
-          f" synchronous_commit {m.get('postgres', {}).get('synchronous_commit')}),"
-          f" Redis {ver.get('redis')}, nginx {ver.get('nginx')}, seckill {ver.get('seckill')}")
-        w("")
-        w(f"{'ceilings, on the same Postgres, Redis and nginx':<{L}} {'measured':>11}  {'':<6} {'issue, 2-core machine':>21}")
-
-        def ceil_row(label, v, unit, ref):
-            w(f"{label:<{L}} {fmt(v):>11}  {unit:<6} {fmt(ref):>21}")
-        ceil_row("pgbench one-row UPDATE ... stock > 0, autocommit, 16 c", f["pgOneRowTps"], "tps", REFERENCE["pgOneRow"])
-        ceil_row("pgbench BEGIN; SELECT; UPDATE; INSERT; COMMIT, 16 c", f["pgTxnTps"], "tps", REFERENCE["pgTxn"])
-        ceil_row("redis-benchmark EVALSHA lock_acquire.lua, 50 c", f["redisEvalshaOps"], "ops/s", REFERENCE["redisEvalsha"])
-        ceil_row("wrk > nginx > keep-alive upstream return 200, 64 c", f["nginxRps"], "req/s", REFERENCE["nginx"])
+        ceilings = [["pgbench one-row UPDATE ... stock > 0, autocommit, 16 c", f["pgOneRowTps"], "tps", REFERENCE["pgOneRow"]],
+                    ["pgbench BEGIN; SELECT; UPDATE; INSERT; COMMIT, 16 c", f["pgTxnTps"], "tps", REFERENCE["pgTxn"]],
+                    ["redis-benchmark EVALSHA lock_acquire.lua, 50 c", f["redisEvalshaOps"], "ops/s", REFERENCE["redisEvalsha"]],
+                    ["wrk > nginx > keep-alive upstream return 200, 64 c", f["nginxRps"], "req/s", REFERENCE["nginx"]]]
         if f["nginxProcRps"] is not None:
-            ceil_row("  the same to 2 upstream200 processes (no work)", f["nginxProcRps"], "req/s", None)
-        w("")
-        w(f"{'the service through nginx, 2 instances':<{L}} {'measured':>11}  {'compared with':<28} {'ratio':>5}  {'target':<8} result")
+            ceilings.append(["  the same to 2 upstream200 processes (no work)", f["nginxProcRps"], "req/s", None])
         if f["saleOrdersPerSec"] is not None:
             row(f"sale orders/s, optimistic, {self.sale_conns} c", f["saleOrdersPerSec"], "pgbench one-row",
-                f["pgOneRowTps"], ratios["optimisticVsOneRow"], ">= 0.9", res_of("optimisticVsOneRow"))
+                f["pgOneRowTps"], ratios["optimisticVsOneRow"], ">= 0.9", "optimisticVsOneRow")
             row("", "", "pgbench seckill txn", f["pgTxnTps"], ratios["optimisticVsTxn"])
             row("  buyer latency p50 / p99 ms", f"{f['saleP50Ms']:.1f} / {f['saleP99Ms']:.0f}")
         if f["batchedOrdersPerSec"] is not None:
             row(f"sale orders/s, batched, {self.batch_conns} c, THREADS={self.batch_threads}",
                 f["batchedOrdersPerSec"], "pgbench one-row", f["pgOneRowTps"], ratios["batchedVsOneRow"],
-                ">= 3", res_of("batchedVsOneRow"))
+                ">= 3", "batchedVsOneRow")
             row("  buyer latency p50 / p99 ms", f"{f['batchedP50Ms']:.1f} / {f['batchedP99Ms']:.0f}")
         if f.get("longOrdersPerSec") is not None:
             row(f"sale orders/s, optimistic, {self.long_seconds} s at {self.long_conns} c", f["longOrdersPerSec"],
@@ -1218,13 +1040,13 @@ class Bench:
             row("  buyer latency p50 / p99 ms", f"{f['longP50Ms']:.1f} / {f['longP99Ms']:.0f}")
         if f["soldOutRps"] is not None:
             row("sold-out req/s, 64 c", f["soldOutRps"], "nginx ceiling", f["nginxRps"],
-                ratios["soldOutVsNginx"], ">= 0.9", res_of("soldOutVsNginx"))
+                ratios["soldOutVsNginx"], ">= 0.9", "soldOutVsNginx")
             proc = f["nginxProcRps"] is not None
             if proc:
                 row("", "", "2 upstream200 procs", f["nginxProcRps"], ratios["soldOutVsNginxProc"])
             row("  sold-out p50 / p99 ms", f"{f['soldOutP50Ms']:.2f} / {f['soldOutP99Ms']:.2f}",
                 f"nginx ceil. {f['nginxP50Ms']:.2f} / {f['nginxP99Ms']:.2f}", None, None, "p99 < 2",
-                res_of("soldOutP99Ms"))
+                "soldOutP99Ms")
             if proc:
                 row("", "", f"upstream200 {f['nginxProcP50Ms']:.2f} / {f['nginxProcP99Ms']:.2f}")
             if f["soldOutPacedP99Ms"] is not None:
@@ -1232,14 +1054,14 @@ class Bench:
                     f"{f['soldOutPacedP50Ms']:.2f} / {f['soldOutPacedP99Ms']:.2f}",
                     f"nginx ceil. {f['nginxPacedP50Ms']:.2f} / {f['nginxPacedP99Ms']:.2f}"
                     if f["nginxPacedP99Ms"] is not None else "", None, None, "p99 < 2",
-                    res_of("soldOutPacedP99Ms"))
+                    "soldOutPacedP99Ms")
                 if f["nginxProcPacedP99Ms"] is not None:
                     row("", "", f"upstream200 {f['nginxProcPacedP50Ms']:.2f} / {f['nginxProcPacedP99Ms']:.2f}")
                 steal = [(n, f[k]) for n, k in (("sold-out", "soldOutPacedStealPct"), ("ceiling", "nginxPacedStealPct"),
                                                 ("upstream200", "nginxProcPacedStealPct")) if f[k] is not None]
                 if steal:
-                    w("  steal while paced: " + ", ".join(f"{n} {x:.1f} %" for n, x in steal)
-                      + " (the hypervisor's share; the paced p99s rise with it)")
+                    rows.append("  steal while paced: " + ", ".join(f"{n} {x:.1f} %" for n, x in steal)
+                                + " (the hypervisor's share; the paced p99s rise with it)")
         if f["stormRps"] is not None:
             row("single-user storm req/s, ab -k, 64 c", f["stormRps"], "redis EVALSHA", f["redisEvalshaOps"],
                 ratios["stormVsRedis"])
@@ -1250,59 +1072,43 @@ class Bench:
                   "batchedRssBefore": "  batched: at start",
                   "batchedRssAfter": "  batched: after its sale"}
         judged = "longAfter" if "longAfter" in rss else "rssAfter"
-        for k in ("rssBefore", "rssAfter", "longBefore", "longAfter", "batchedRssBefore", "batchedRssAfter"):
+        for k, label in labels.items():
             if rss.get(k):
                 vals = " / ".join(f"{x:.1f}" for x in rss[k])
                 if k == judged:
-                    row(labels[k], vals, "", None, None, "<= 20", res_of("rssMb"))
+                    row(label, vals, "", None, None, "<= 20", "rssMb")
                 else:
-                    row(labels[k], vals)
-        # Where the CPU went: ms of CPU per order or request, by component.
-        cpu_rows = []
-        for key, label, per in (("pgOneRow", "pgbench one-row (per txn)", "transactions"),
-                                ("pgTxn", "pgbench seckill txn (per txn)", "transactions"),
-                                ("nginx", "nginx ceiling (per request)", "requests"),
-                                ("nginxProc", "nginx to 2 upstream200 (per request)", "requests"),
-                                ("sale", "sale, optimistic (per order)", "orders"),
-                                ("batchedSale", "sale, batched (per order)", "orders"),
-                                ("soldOut", "sold-out (per request)", "requests"),
-                                ("storm", "storm (per request)", "requests")):
-            vals = []
-            for r in self.rounds:
-                x = r.get(key)
-                if not x or not x.get("cpu") or not x.get(per):
-                    continue
-                vals.append({k: 1000.0 * v / x[per] for k, v in x["cpu"].items()
-                             if k not in ("wallSeconds", "busyPct", "stealPct")}
-                            | {"busyPct": x["cpu"].get("busyPct") or 0, "stealPct": x["cpu"].get("stealPct") or 0})
-            if vals:
-                cpu_rows.append((label, {k: statistics.median(v[k] for v in vals if k in v)
-                                         for k in vals[0]}))
-        if cpu_rows:
-            w("")
-            w(f"{'CPU ms per unit, by process (2 CPUs in all)':<{L - 12}} {'seckill':>7} {'nginx':>6} {'postgres':>8}"
-              f" {'redis':>6} {'client':>6} {'softirq':>7} {'others':>6} {'busy':>5} {'steal':>5}")
-            for label, v in cpu_rows:
-                ng = v.get("nginx", 0) + v.get("ceilingNginx", 0)
-                w(f"{'  ' + label:<{L - 12}} {v.get('seckill', 0) + v.get('standIn', 0):>7.3f} {ng:>6.3f} {v.get('postgres', 0):>8.3f}"
-                  f" {v.get('redis', 0):>6.3f} {v.get('loadTool', 0):>6.3f} {v.get('interrupts', 0):>7.3f}"
-                  f" {v.get('other', 0):>6.3f} {v.get('busyPct', 0):>4.0f}% {v.get('stealPct', 0):>4.1f}%")
-            w("  (others: programs outside this benchmark, i.e. noise; busy: share of both CPUs in use;"
-              " steal: share the hypervisor took; seckill: upstream200 in its row)")
-            stolen = [f"{label.split(' (')[0]} {v['stealPct']:.1f} %" for label, v in cpu_rows
+                    row(label, vals)
+        out = ["", f"== make bench{med}",
+               f"   {m.get('nproc')} CPUs ({m.get('cpu')}), {m.get('memTotalMb')} MB, kernel {m.get('kernel')};"
+               f" Postgres {(ver.get('postgres') or '?').split()[0]} (fsync {m.get('postgres', {}).get('fsync')},"
+               f" synchronous_commit {m.get('postgres', {}).get('synchronous_commit')}),"
+               f" Redis {ver.get('redis')}, nginx {ver.get('nginx')}, seckill {ver.get('seckill')}",
+               "", kit.table(self.CEIL_COLS, [[r[0], fmt_count(r[1]), r[2], fmt_count(r[3])] for r in ceilings]),
+               "", kit.table(self.SERVICE_COLS, rows)]
+        cpu = self.cpu_per_unit()
+        if cpu:
+            out += ["", kit.table(self.CPU_COLS, [
+                ["  " + label, f"{v.get('seckill', 0) + v.get('standIn', 0):.3f}",
+                 f"{v.get('nginx', 0) + v.get('ceilingNginx', 0):.3f}"]
+                + [f"{v.get(k, 0):.3f}" for k in ("postgres", "redis", "loadTool", "interrupts", "other")]
+                + [f"{v.get('busyPct', 0):.0f}%", f"{v.get('stealPct', 0):.1f}%"] for label, v in cpu])]
+            out.append("  (others: programs outside this benchmark, i.e. noise; busy: share of both CPUs in use;"
+                       " steal: share the hypervisor took; seckill: upstream200 in its row)")
+            stolen = [f"{label.split(' (')[0]} {v['stealPct']:.1f} %" for label, v in cpu
                       if v.get("stealPct", 0) > STEAL_WARN_PCT]
             if stolen:
-                w(f"  disturbed: the hypervisor took more than {STEAL_WARN_PCT} % of the machine during "
-                  + ", ".join(stolen) + ": those figures read low; a ratio to a disturbed ceiling reads high")
-        w("")
+                out.append(f"  disturbed: the hypervisor took more than {STEAL_WARN_PCT} % of the machine during "
+                           + ", ".join(stolen) + ": those figures read low; a ratio to a disturbed ceiling reads high")
+        out.append("")
         if self.violations:
-            w(f"INVARIANTS: VIOLATED in {len(self.violations)} run(s) (see the FAIL lines above)")
+            out.append(f"INVARIANTS: VIOLATED in {len(self.violations)} run(s) (see the FAIL lines above)")
         else:
-            w(f"invariants: hold after all {len(self.invariant_runs)} service runs (loadtest/check_invariants.py)")
+            out.append(f"invariants: hold after all {len(self.invariant_runs)} service runs (loadtest/check_invariants.py)")
         misses = [t["name"] for t in targets if not t["pass"]]
-        w(f"speed targets: {len(targets) - len(misses)} PASS, {len(misses)} MISS"
-          + (f" ({', '.join(misses)})" if misses else ""))
-        w(f"results: {os.path.relpath(self.json_path, ROOT) if self.json_path.startswith(ROOT) else self.json_path}")
+        out.append(f"speed targets: {len(targets) - len(misses)} PASS, {len(misses)} MISS"
+                   + (f" ({', '.join(misses)})" if misses else ""))
+        out.append(f"results: {os.path.relpath(self.json_path, ROOT) if self.json_path.startswith(ROOT) else self.json_path}")
         print("\n".join(out), flush=True)
         self.res.update({
             "figures": f, "ranges": ranges if n > 1 else None, "ratios": ratios,
@@ -1339,11 +1145,7 @@ class Bench:
         }
         d = os.path.dirname(os.path.abspath(self.json_path))
         os.makedirs(d, exist_ok=True)
-        tmp = self.json_path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, self.json_path)
+        kit.write_atomic(self.json_path, json.dumps(doc, indent=1) + "\n")
         if history and self.rounds:
             # Every run is also kept: loadtest/bench.py --median <them> gives medians.
             hist = os.path.join(d, "bench-history")
@@ -1409,21 +1211,8 @@ def main():
         print(__doc__)
         return 0
     b = Bench()
-
-    def on_signal(signum, _frame):
-        raise Interrupted(f"signal {signum}")
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    status, error, rc = "ok", None, 0
-    try:
-        b.execute()
-    except (BenchError, Interrupted) as e:
-        status, error, rc = "error", str(e), 2
-        log(f"error: {e}")
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        b.cleanup()
+    error = b.guarded(b.execute)
+    status, rc = ("error", 2) if error else ("ok", 0)
     if b.rounds:
         b.report()
     if b.violations:

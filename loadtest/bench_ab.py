@@ -33,7 +33,6 @@ An invariant violation makes it exit 1.
 
 import json
 import os
-import signal
 import statistics
 import sys
 
@@ -41,6 +40,8 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench  # noqa: E402
+import kit  # noqa: E402
+from kit import Col  # noqa: E402
 
 
 def parse_setting(text):
@@ -85,22 +86,17 @@ def main():
         os.environ["BENCH_BATCH_THREADS"] = str(max(threads + [16]))
 
     b = bench.Bench()
-
-    def on_signal(signum, _frame):
-        raise bench.Interrupted(f"signal {signum}")
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     runs = {a: [] for a in args}
-    rc = 0
-    try:
+
+    def rounds_of_settings():
         os.makedirs(b.run_dir, exist_ok=True)
         b.tmp = bench.tempfile.mkdtemp(prefix="bench-ab.", dir=b.run_dir)
-        b.stack.start()
+        b.stack.start(fresh=True)
         for r in range(1, rounds + 1):
             for text, s in zip(args, settings):
                 # What another setting set and this one does not name goes back
                 # to the stack's default.
-                b.stack.restart_instances(s, unset=keys - set(s))
+                b.stack.restart_instances({**s, **{k: None for k in keys - set(s)}})
                 if mode == "soldout":
                     w = b.sold_out()
                     n = max(1, w["requests"])
@@ -115,13 +111,7 @@ def main():
                 cpu = res["cpuMsPerOrder"] or {}
                 runs[text].append({"ordersPerSec": res["ordersPerSec"], "cpuMsPerOrder": cpu,
                                    "p99Ms": res["wrk"]["p99Ms"]})
-    except (bench.BenchError, bench.Interrupted) as e:
-        bench.log(f"error: {e}")
-        rc = 2
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        b.cleanup()
+    rc = 2 if b.guarded(rounds_of_settings) else 0
     if b.violations:
         rc = 1
     summary = []
@@ -130,9 +120,13 @@ def main():
     per = "request" if mode == "soldout" else "order"
     what = "sold-out runs at 64" if mode == "soldout" else f"sales at {conns}"
     print(f"\n== make bench-ab: {rounds} round(s), {seconds} s {what} connections, medians\n")
-    print(f"{'setting':<48} {unit:>9}  CPU ms per {per + ':':<8} " + " ".join(f"{c[:8]:>8}" for c in cols)
-          + f" {'total':>7} {'p99 ms':>7}"
-          + (f" {'paced p99':>9} {'its steal':>9}" if mode == "soldout" else ""))
+    table_cols = ([Col("setting", "l", 48, fit=False), Col(unit, "r", 9, 1, False),
+                   Col(f"CPU ms per {per}:", "l", 22, 2, False)]
+                  + [Col(c[:8], "r", 8, 1, False) for c in cols]
+                  + [Col("total", "r", 7, 1, False), Col("p99 ms", "r", 7, 1, False)]
+                  + ([Col("paced p99", "r", 9, 1, False), Col("its steal", "r", 9, 1, False)]
+                     if mode == "soldout" else []))
+    rows = []
     for text in args:
         rs = runs[text]
         if not rs:
@@ -142,15 +136,16 @@ def main():
                "cpuMsPerOrder": {c: statistics.median(x["cpuMsPerOrder"].get(c, 0) for x in rs)
                                  for c in cols}}
         med["cpuMsPerOrder"]["total"] = round(sum(med["cpuMsPerOrder"].values()), 3)
-        paced = ""
+        row = ([text[:48], f"{med['ordersPerSec']:,.0f}", ""]
+               + [f"{med['cpuMsPerOrder'][c]:.3f}" for c in cols]
+               + [f"{med['cpuMsPerOrder']['total']:.3f}", f"{med['p99Ms']:.1f}"])
         if mode == "soldout":
             med["pacedP99Ms"] = statistics.median(x["pacedP99Ms"] for x in rs)
             med["pacedStealPct"] = statistics.median(x["pacedStealPct"] or 0 for x in rs)
-            paced = f" {med['pacedP99Ms']:>9.2f} {med['pacedStealPct']:>8.1f}%"
+            row += [f"{med['pacedP99Ms']:.2f}", f"{med['pacedStealPct']:.1f}%"]
         summary.append({"setting": text, "runs": rs, "median": med})
-        print(f"{text[:48]:<48} {med['ordersPerSec']:>9,.0f}  {'':22} "
-              + " ".join(f"{med['cpuMsPerOrder'][c]:>8.3f}" for c in cols)
-              + f" {med['cpuMsPerOrder']['total']:>7.3f} {med['p99Ms']:>7.1f}" + paced)
+        rows.append(row)
+    print(kit.table(table_cols, rows))
     print(f"\ninvariants: {'VIOLATED' if b.violations else 'hold after every sale'}")
     with open(out, "w") as f:
         json.dump({"mode": mode, "rounds": rounds, "seconds": seconds, "connections": conns,

@@ -26,27 +26,16 @@ first --voucher is the one they bought):
 
 import argparse
 import os
-import subprocess
 import sys
 
+sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kit  # noqa: E402
 
-class CheckError(Exception):
-    """psql failed or the voucher does not exist (exit status 2)."""
 
-
-def psql(dsn, sql, timeout=60):
-    """Runs SQL (sent on stdin, so it may be long); returns rows of strings."""
-    cmd = ["psql", "-X", "-q", "-A", "-t", "-F", "\t", "-v", "ON_ERROR_STOP=1",
-           "-d", dsn, "-f", "-"]
-    try:
-        p = subprocess.run(cmd, input=sql, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise CheckError("psql not found (apt-get install postgresql-client)")
-    except subprocess.TimeoutExpired:
-        raise CheckError(f"psql did not answer within {timeout}s")
-    if p.returncode != 0:
-        raise CheckError(f"psql failed: {p.stderr.strip()}")
-    return [line.split("\t") for line in p.stdout.splitlines() if line != ""]
+class CheckError(kit.KitError):
+    """The voucher does not exist or an order id is malformed (psql failing
+    raises kit.KitError, of which this is one: exit status 2)."""
 
 
 def read_ids(path):
@@ -63,7 +52,7 @@ def read_ids(path):
 
 
 def voucher_facts(dsn, voucher):
-    rows = psql(dsn, f"""
+    rows = kit.psql(dsn, f"""
         SELECT v.initial_stock, v.stock,
                (SELECT count(*) FROM tb_voucher_order o WHERE o.voucher_id = v.voucher_id),
                (SELECT count(*) FROM (SELECT 1 FROM tb_voucher_order o
@@ -101,7 +90,7 @@ def ids_facts(dsn, voucher, ids):
         return facts
     # One statement on stdin: the array literal can be long.
     arr = "{" + ",".join(sorted(set(ids))) + "}"
-    rows = psql(dsn, f"""
+    rows = kit.psql(dsn, f"""
         WITH seen(id) AS (SELECT unnest('{arr}'::bigint[]))
         SELECT (SELECT count(*) FROM seen s
                   WHERE NOT EXISTS (SELECT 1 FROM tb_voucher_order o WHERE o.id = s.id)),
@@ -121,7 +110,7 @@ def ids_facts(dsn, voucher, ids):
 
 def check(dsn, vouchers, ids=None, expect_orders=None, ok_responses=None,
           unknown_responses=None):
-    """Returns (facts per voucher, [(ok, message)]). Raises CheckError.
+    """Returns (facts per voucher, [(ok, message)]). Raises kit.KitError.
 
     ok_responses: 200 answers sent; unknown_responses: answers whose outcome
     the client could not learn (nginx 499: client gone; 502/504 after the
@@ -175,6 +164,26 @@ def check(dsn, vouchers, ids=None, expect_orders=None, ok_responses=None,
     return all_facts, results
 
 
+def verify(dsn, vouchers, ids_path=None, expect_orders=None, ok_responses=None,
+           unknown_responses=0, quiet=False):
+    """The command line's work for a caller in Python: (exit status, the
+    lines it prints on stdout, the error it prints on stderr or None)."""
+    try:
+        ids = read_ids(ids_path) if ids_path else None
+        _facts, results = check(dsn, vouchers, ids, expect_orders, ok_responses,
+                                unknown_responses)
+    except (kit.KitError, OSError) as e:
+        return 2, [], f"check_invariants: error: {e}"
+    lines = [f"FAIL {m}" if not ok else f"ok   {m}" for ok, m in results if not (ok and quiet)]
+    bad = sum(1 for ok, _m in results if not ok)
+    if bad:
+        lines.append(f"check_invariants: {bad} invariant(s) violated")
+        return 1, lines, None
+    if not quiet:
+        lines.append(f"check_invariants: all {len(results)} checks hold")
+    return 0, lines, None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Verify a sale's invariants in Postgres (exit 1 on any violation).")
@@ -194,25 +203,13 @@ def main(argv=None):
     if not a.dsn:
         print("check_invariants: no --dsn and no PG_DSN", file=sys.stderr)
         return 2
-    try:
-        ids = read_ids(a.ids) if a.ids else None
-        _facts, results = check(a.dsn, a.voucher, ids, a.expect_orders, a.ok_responses,
-                                a.unknown_responses)
-    except (CheckError, OSError) as e:
-        print(f"check_invariants: error: {e}", file=sys.stderr)
-        return 2
-    bad = [m for ok, m in results if not ok]
-    for ok, m in results:
-        if not ok:
-            print(f"FAIL {m}")
-        elif not a.quiet:
-            print(f"ok   {m}")
-    if bad:
-        print(f"check_invariants: {len(bad)} invariant(s) violated")
-        return 1
-    if not a.quiet:
-        print(f"check_invariants: all {len(results)} checks hold")
-    return 0
+    rc, lines, error = verify(a.dsn, a.voucher, a.ids, a.expect_orders, a.ok_responses,
+                              a.unknown_responses, a.quiet)
+    for line in lines:
+        print(line)
+    if error:
+        print(error, file=sys.stderr)
+    return rc
 
 
 if __name__ == "__main__":

@@ -55,18 +55,16 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import check_invariants  # noqa: E402
+import kit  # noqa: E402
 import report  # noqa: E402
 
-STACK_SH = os.path.join(ROOT, "scripts", "stack.sh")
 UNIQUE = "uq_voucher_order_user_voucher"
 
 # Instance settings the ladder sets itself for every step: never inherited.
@@ -200,123 +198,29 @@ def log(msg):
     print(f"ladder: {msg}", file=sys.stderr, flush=True)
 
 
-def http_call(method, url, body=None, token=None, timeout=15):
-    data = None
-    headers = {}
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-            status = resp.status
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        status = e.code
-    except (OSError, urllib.error.URLError) as e:
-        raise LadderError(f"{method} {url}: {e}")
-    try:
-        return status, json.loads(raw.decode() or "null")
-    except ValueError:
-        return status, raw.decode("utf-8", "replace")
+class Stack(kit.Stack):
+    """The ladder's stack: every step sets the instances' strategies and knobs
+    afresh (STEP_VARS not named by a step are unset)."""
 
-
-def psql(dsn, sql):
-    try:
-        return check_invariants.psql(dsn, sql)
-    except check_invariants.CheckError as e:
-        raise LadderError(str(e))
-
-
-def percentile(values, p):
-    if not values:
-        return None
-    v = sorted(values)
-    k = max(0, min(len(v) - 1, int(round(p / 100.0 * len(v) + 0.5)) - 1))
-    return v[k]
-
-
-def ab_times(path):
-    """Per-request total times (ms) from an ab -g file."""
-    out = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            next(f, None)                       # header
-            for line in f:
-                cols = line.rstrip("\n").split("\t")
-                if len(cols) >= 5:
-                    try:
-                        out.append(float(cols[4]))
-                    except ValueError:
-                        pass
-    except OSError:
-        pass
-    return out
-
-
-# ------------------------------------------------------------------ the stack
-
-class Stack:
-    def __init__(self, run_dir, base_env):
-        self.run_dir = run_dir
-        self.base_env = base_env
-        self.env_file = os.path.join(run_dir, "stack.env")
-        self.info = {}
+    def __init__(self, run_dir):
+        super().__init__(run_dir, scrub=SCRUB)
         self.instances = None
-        self.started = False
-        with open(STACK_SH, encoding="utf-8") as f:
-            self.has_restart_instances = "restart-instances)" in f.read()
-
-    def _env(self, instances, step_env):
-        env = dict(self.base_env)
-        env.update({"RUN_DIR": self.run_dir, "INSTANCES": str(instances),
-                    "DEMO_RANDOM_USER": "1", "LOG_LEVEL": "warn"})
-        env.update({k: str(v) for k, v in step_env.items()})
-        return env
-
-    def _run(self, cmd, env, timeout=180):
-        p = subprocess.run([STACK_SH, cmd], env=env, cwd=ROOT, capture_output=True,
-                           text=True, timeout=timeout)
-        if p.returncode != 0:
-            raise LadderError(f"scripts/stack.sh {cmd} failed (exit {p.returncode}):\n"
-                              + p.stderr.strip()[-3000:])
-        return p
-
-    def read_env(self):
-        info = {}
-        with open(self.env_file, encoding="utf-8") as f:
-            for line in f:
-                m = re.match(r"^export ([A-Z_]+)='(.*)'$", line.strip())
-                if m:
-                    info[m.group(1)] = m.group(2)
-        self.info = info
-        return info
 
     def configure(self, instances, step_env):
         """The instances run with step_env. True when the database is new
         (a full start), so the caller sets it up again."""
-        env = self._env(instances, step_env)
-        if self.started and self.instances == instances and self.has_restart_instances:
-            self._run("restart-instances", env)
-            fresh = False
-        else:
-            # First start, or another instance count: the whole stack (a new
-            # database: the caller drops the constraint and makes the voucher).
-            self._run("start", env)
-            fresh = True
-        self.started = True
+        settings = {k: None for k in STEP_VARS}
+        settings.update({"INSTANCES": instances, "DEMO_RANDOM_USER": 1, "LOG_LEVEL": "warn"})
+        settings.update(step_env)
+        fresh = not (self.started and self.instances == instances)
+        # First start, or another instance count: the whole stack (a new
+        # database: the caller drops the constraint and makes the voucher).
+        self.command("start" if fresh else "restart-instances", 180, **settings)
         self.instances = instances
-        self.read_env()
         return fresh
 
     def stop(self):
-        env = dict(self.base_env)
-        env["RUN_DIR"] = self.run_dir
-        p = subprocess.run([STACK_SH, "stop"], env=env, cwd=ROOT, capture_output=True,
-                           text=True, timeout=120)
+        p = self.run("stop")
         if p.returncode != 0:
             log(f"stack.sh stop: {p.stderr.strip()}")
         self.started = False
@@ -328,61 +232,44 @@ class Ladder:
     def __init__(self, args):
         self.args = args
         self.out = args.out
-        base = {k: v for k, v in os.environ.items() if k not in SCRUB}
-        for k in ("NGINX_PORT", "APP_PORT_BASE", "PG_PORT", "REDIS_PORT"):
-            base.setdefault(k, "auto")
-        self.stack = Stack(args.run_dir, base)
+        self.stack = Stack(args.run_dir)
         self.voucher = None
         self.constraint_dropped = False
         self.user_base = 8_000_000_000 + random.randrange(1_000_000) * 1000
 
     @property
     def dsn(self):
-        return self.stack.info["PG_DSN"]
+        return self.stack.dsn
 
     @property
     def base_url(self):
-        return self.stack.info["BASE_URL"]
-
-    @property
-    def token(self):
-        return self.stack.info["ADMIN_TOKEN"]
+        return self.stack.base_url
 
     def setup_db(self):
         """A new database: no unique constraint, one voucher for the ladder."""
-        psql(self.dsn, f"ALTER TABLE tb_voucher_order DROP CONSTRAINT IF EXISTS {UNIQUE}")
+        kit.psql(self.dsn, f"ALTER TABLE tb_voucher_order DROP CONSTRAINT IF EXISTS {UNIQUE}")
         self.constraint_dropped = True
-        now = time.time()
-        body = {"title": "demo ladder", "stock": 100,
-                "beginTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60)),
-                "endTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 86400))}
-        st, ans = http_call("POST", f"{self.base_url}/admin/vouchers", body, self.token)
-        if st != 201:
-            raise LadderError(f"creating the voucher: HTTP {st} {ans}")
-        self.voucher = ans["voucherId"]
+        self.voucher = self.stack.create_voucher(100, "demo ladder")
 
     def restore_constraint(self):
         if not self.constraint_dropped or not self.stack.info:
             return
-        psql(self.dsn,
-             "DELETE FROM tb_voucher_order o USING tb_voucher_order p "
-             "WHERE o.user_id = p.user_id AND o.voucher_id = p.voucher_id AND o.id > p.id;\n"
-             f"ALTER TABLE tb_voucher_order ADD CONSTRAINT {UNIQUE} UNIQUE (user_id, voucher_id);")
+        kit.psql(self.dsn,
+                 "DELETE FROM tb_voucher_order o USING tb_voucher_order p "
+                 "WHERE o.user_id = p.user_id AND o.voucher_id = p.voucher_id AND o.id > p.id;\n"
+                 f"ALTER TABLE tb_voucher_order ADD CONSTRAINT {UNIQUE} UNIQUE (user_id, voucher_id);")
         self.constraint_dropped = False
         log(f"unique constraint {UNIQUE} restored (duplicate orders deleted first)")
 
     def reset_voucher(self, stock):
-        st, ans = http_call("POST", f"{self.base_url}/admin/vouchers/{self.voucher}/reset",
-                            {"stock": stock}, self.token)
-        if st != 200:
-            raise LadderError(f"reset of voucher {self.voucher}: HTTP {st} {ans}")
+        self.stack.admin("POST", f"/admin/vouchers/{self.voucher}/reset", {"stock": stock}, want=200)
 
     def instance_stats(self):
         out = []
-        for url in self.stack.info.get("INSTANCE_URLS", "").split():
-            st, s = http_call("GET", f"{url}/stats")
-            if st != 200 or not isinstance(s, dict):
-                raise LadderError(f"GET {url}/stats: HTTP {st}")
+        for url in self.stack.instance_urls:
+            s = kit.call(url, "GET", "/stats", want=200).body
+            if not isinstance(s, dict):
+                raise LadderError(f"GET {url}/stats: not a JSON object: {s!r}")
             out.append(s)
         return out
 
@@ -419,8 +306,8 @@ class Ladder:
             text = f.read()
         if rc != 0:
             raise LadderError(f"ab failed (exit {rc}):\n{text[-1500:]}")
-        m = report.parse_ab(text)
-        return m["requests"], seconds, m["errors"], ab_times(os.path.join(step_dir, "ab.tsv"))
+        m = kit.parse_ab(text)           # with -l, "failed" are transport failures only
+        return m["requests"], seconds, m["failed"], kit.ab_times(os.path.join(step_dir, "ab.tsv"))
 
     def storm(self, load, url, user, step_dir):
         """One user hammers the button: CONNECTIONS keep-alive connections
@@ -436,15 +323,10 @@ class Ladder:
         barrier = threading.Barrier(n_conn)
         t0 = [0.0]
 
-        def connection():
-            c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-            c.connect()
-            return c
-
         def send_all():
-            conn = None
+            client = kit.Client(f"{u.scheme}://{u.netloc}", timeout=60)
             try:
-                conn = connection()
+                client.connect()
             except OSError:
                 pass
             try:
@@ -455,27 +337,15 @@ class Ladder:
             while True:
                 t = time.monotonic()
                 try:
-                    if conn is None:
-                        conn = connection()
-                    conn.request("POST", u.path, headers={"X-User-Id": str(user)})
-                    resp = conn.getresponse()
-                    resp.read()
-                    status = resp.status
-                    if resp.will_close:
-                        conn.close()
-                        conn = None
+                    status = client.request("POST", u.path, {"X-User-Id": str(user)}).status
                 except (OSError, http.client.HTTPException):
-                    status = 0
-                    if conn is not None:
-                        conn.close()
-                    conn = None
+                    status = 0              # the client reconnects for the next one
                 with lines_lock:
                     lines.append((t - t0[0], status, (time.monotonic() - t) * 1000.0))
                 if time.monotonic() + gap >= deadline:
                     break
                 time.sleep(gap)
-            if conn is not None:
-                conn.close()
+            client.close()
 
         def worker():
             try:
@@ -512,20 +382,14 @@ class Ladder:
                              self.stack.info.get("INSTANCE_URLS", "").split()):
             names[url.replace("http://", "")] = name
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read().decode("utf-8", "replace")
+            data, entries = kit.access_log(path, offset, uri)
         except OSError as e:
             raise LadderError(f"nginx access log {path}: {e}")
         with open(os.path.join(step_dir, "access.log"), "w", encoding="utf-8") as f:
             f.write(data)
-        for line in data.splitlines():
-            m = report.LOG_RE.search(line)
-            if not m or m.group(2) != uri:
-                continue
-            st = m.group(3)
-            up = m.group(4).split(",")[-1].strip()
-            inst = names.get(up, up)
+        for e in entries:
+            st = e.status
+            inst = names.get(e.upstream, e.upstream)
             statuses[st] = statuses.get(st, 0) + 1
             req_by[inst] = req_by.get(inst, 0) + 1
             if st == "200":
@@ -577,8 +441,8 @@ class Ladder:
         statuses, ok_by, req_by = self.access_log_slice(offset, step_dir)
         timeline, tl_source = self.step_timeline(step, step_dir)
         facts = check_invariants.voucher_facts(self.dsn, self.voucher)
-        distinct = int(psql(self.dsn, "SELECT count(DISTINCT user_id) FROM tb_voucher_order "
-                                      f"WHERE voucher_id = {int(self.voucher)}")[0][0])
+        distinct = int(kit.psql_value(self.dsn, "SELECT count(DISTINCT user_id) FROM tb_voucher_order "
+                                                f"WHERE voucher_id = {int(self.voucher)}"))
         stats = self.instance_stats()
         with open(os.path.join(step_dir, "stats.json"), "w", encoding="utf-8") as f:
             json.dump(stats, f, indent=1)
@@ -600,7 +464,7 @@ class Ladder:
             "requests": requests, "ok": ok, "statuses": statuses,
             "successRate": 100.0 * ok / requests if requests else 0.0,
             "rps": requests / seconds if seconds > 0 else 0.0, "seconds": seconds,
-            "p50ms": percentile(times, 50), "p99ms": percentile(times, 99),
+            "p50ms": kit.percentile(times, 50), "p99ms": kit.percentile(times, 99),
             "transportErrors": errors,
             "status5xx": sum(v for k2, v in statuses.items() if k2.startswith("5")),
             "okByInstance": ok_by, "requestsByInstance": req_by,
@@ -633,44 +497,30 @@ class Ladder:
 
 # ------------------------------------------------------------------ output
 
-COLS = [("#", "r"), ("step", "l"), ("lock", "l"), ("stock", "l"), ("inst", "r"),
-        ("load", "l"), ("req", "r"), ("req/s", "r"), ("p99ms", "r"), ("200", "r"),
-        ("orders", "r"), ("oversold", "r"), ("dupUsers", "r"), ("drift", "r"),
-        ("notOwner", "r"), ("expected", "l"), ("result", "l")]
-
-
-def fmt_num(v):
-    if v is None:
-        return "-"
-    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.1f}"
+COLS = [kit.Col(t, a) for t, a in (
+    ("#", "r"), ("step", "l"), ("lock", "l"), ("stock", "l"), ("inst", "r"),
+    ("load", "l"), ("req", "r"), ("req/s", "r"), ("p99ms", "r"), ("200", "r"),
+    ("orders", "r"), ("oversold", "r"), ("dupUsers", "r"), ("drift", "r"),
+    ("notOwner", "r"), ("expected", "l"), ("result", "l"))]
 
 
 def table_rows(results):
     rows = []
     for r in results:
         rows.append([r["step"], r["title"], r["lock"], r["stock"], r["instances"], r["load"],
-                     r["requests"], fmt_num(r["rps"]), fmt_num(r["p99ms"]), r["ok"], r["orders"],
+                     r["requests"], kit.fmt_ms(r["rps"]), kit.fmt_ms(r["p99ms"]), r["ok"], r["orders"],
                      r["oversold"], r["duplicateUsers"], r["stockDrift"], r["notOwnerReleases"],
                      r["expect"], "ok" if r["pass"] else "MISS"])
     return rows
 
 
 def text_table(results):
-    rows = table_rows(results)
-    widths = [max(len(c), *(len(str(row[i])) for row in rows)) for i, (c, _a) in enumerate(COLS)]
-
-    def line(vals):
-        out = []
-        for i, v in enumerate(vals):
-            s = str(v)
-            out.append(s.ljust(widths[i]) if COLS[i][1] == "l" else s.rjust(widths[i]))
-        return "  ".join(out).rstrip()
-    return "\n".join([line([c for c, _a in COLS])] + [line(r) for r in rows]) + "\n"
+    return kit.table(COLS, table_rows(results)) + "\n"
 
 
 def md_table(results):
-    head = "| " + " | ".join(c for c, _a in COLS) + " |\n"
-    sep = "| " + " | ".join("---:" if a == "r" else "---" for _c, a in COLS) + " |\n"
+    head = "| " + " | ".join(c.title for c in COLS) + " |\n"
+    sep = "| " + " | ".join("---:" if c.align == "r" else "---" for c in COLS) + " |\n"
     body = ""
     for row in table_rows(results):
         body += "| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |\n"
@@ -779,10 +629,7 @@ def write_html(path, results, meta, table, chart):
             h.append("<p class=muted>No per-request times for this step.</p>")
         h.append("</section>")
     h.append("</main></body></html>")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(h) + "\n")
-    os.replace(tmp, path)
+    kit.write_atomic(path, "\n".join(h) + "\n")
 
 
 def write_chart(out_dir, results):
@@ -833,12 +680,16 @@ unset multiplot
 
 # ------------------------------------------------------------------ main
 
+TALLY_COLS = [kit.Col("#", "r", 2, fit=False), kit.Col("step", "l", 24, 1, fit=False),
+              kit.Col("inst", "r", 4, 1, fit=False), kit.Col("reproduced")]
+
+
 def tally_text(all_runs, steps):
-    lines = [" # step                     inst  reproduced"]
+    rows = []
     for s in steps:
         got = [run[s["key"]]["pass"] for run in all_runs if s["key"] in run]
-        lines.append(f"{s['num']:>2} {s['title']:<24} {s['instances']:>4}  {sum(got)}/{len(got)}")
-    return "\n".join(lines) + "\n"
+        rows.append([s["num"], s["title"], s["instances"], f"{sum(got)}/{len(got)}"])
+    return kit.table(TALLY_COLS, rows) + "\n"
 
 
 def parse_args(argv):
@@ -944,7 +795,7 @@ def main(argv=None):
         print(f"HTML report (latency over time, invariants per step): {html}")
         print("RESULT: " + ("every step showed what it should" if rc == 0
                             else "a step did NOT show its expected outcome (MISS above)"))
-    except LadderError as e:
+    except (LadderError, kit.KitError) as e:
         print(f"ladder: error: {e}", file=sys.stderr)
         rc = 2
     except KeyboardInterrupt as e:

@@ -22,116 +22,75 @@ Python 3 standard library only.
 import argparse
 import json
 import os
-import re
 import sys
 
 sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_invariants  # noqa: E402
+import kit  # noqa: E402
 
 
 # ---------------------------------------------------------------- inputs
 
-def parse_ab(text):
-    def num(pattern, cast=float, default=None):
-        m = re.search(pattern, text, re.M)
-        return cast(m.group(1)) if m else default
-    r = {
-        "requests": num(r"^Complete requests:\s+(\d+)", int, 0),
-        "failed": num(r"^Failed requests:\s+(\d+)", int, 0),
-        "non2xx": num(r"^Non-2xx responses:\s+(\d+)", int, 0),
-        "seconds": num(r"^Time taken for tests:\s+([\d.]+)", float, 0.0),
-        "rps": num(r"^Requests per second:\s+([\d.]+)", float, 0.0),
-        "p50": num(r"^\s+50%\s+(\d+)", float),
-        "p99": num(r"^\s+99%\s+(\d+)", float),
-    }
-    # With -l, "Failed requests" are transport failures (connect, receive, exceptions).
-    r["errors"] = r["failed"]
-    return r
+def tool_figures(tool, text, wrk_summary=None):
+    """requests, seconds, rps, p50Ms, p99Ms, errors (transport failures) and,
+    for wrk, statuses and order ids: kit's parse of ab's report or of wrk's."""
+    if tool == "ab":
+        m = kit.parse_ab(text)
+        m["errors"] = m["failed"]           # with -l only transport failures fail
+        return m
+    return kit.parse_wrk(wrk_summary, text)
 
 
-def parse_wrk(summary_path, text):
-    with open(summary_path, encoding="utf-8") as f:
-        s = json.load(f)
-    secs = s["durationUs"] / 1e6 if s.get("durationUs") else 0.0
-    e = s.get("errors", {})
-    lat = s.get("latencyUs", {})
-    m = re.search(r"^Requests/sec:\s+([\d.]+)", text or "", re.M)
-    return {
-        "requests": s.get("requests", 0),
-        "seconds": secs,
-        "rps": float(m.group(1)) if m else (s.get("requests", 0) / secs if secs else 0.0),
-        "p50": lat.get("p50", 0) / 1000.0 if lat else None,
-        "p99": lat.get("p99", 0) / 1000.0 if lat else None,
-        "errors": e.get("connect", 0) + e.get("read", 0) + e.get("write", 0) + e.get("timeout", 0),
-        "statuses": {str(k): int(v) for k, v in s.get("statuses", {}).items()},
-        "orderIds": s.get("orderIds"),
-        "okWithoutOrderId": s.get("okWithoutOrderId", 0),
-    }
-
-
-LOG_RE = re.compile(r'"(\S+) (\S+)[^"]*" (\d{3}) \d+ .*? up=(.*?) us=')
-
-
-def parse_access_log(path, offset, uri):
-    """Status and upstream counts of the requests for uri logged after offset."""
+def count_access(entries):
+    """({status: n}, {upstream: n}) of access-log entries (kit.access_log)."""
     statuses, upstreams = {}, {}
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read().decode("utf-8", "replace")
-    for line in data.splitlines():
-        m = LOG_RE.search(line)
-        if not m or m.group(2) != uri:
-            continue
-        statuses[m.group(3)] = statuses.get(m.group(3), 0) + 1
-        up = m.group(4).split(",")[-1].strip()     # retried: the last one answered
-        upstreams[up] = upstreams.get(up, 0) + 1
+    for e in entries:
+        statuses[e.status] = statuses.get(e.status, 0) + 1
+        upstreams[e.upstream] = upstreams.get(e.upstream, 0) + 1
     return statuses, upstreams
 
 
-TIMELINE_RE = re.compile(r'\[([^\]]+)\] "(\S+) (\S+)[^"]*" (\d{3}) .*? rt=([\d.]+)')
+def _timeline(per, first, last, when):
+    """The timeline's points from buckets {i: {"lat": [ms], "statuses": {}}}:
+    when(i) gives a point's "second" (and "epoch")."""
+    out = []
+    for i in range(first, last + 1):
+        b = per.get(i, {"lat": [], "statuses": {}})
+        lat = b["lat"]
+        out.append({**when(i), "requests": sum(b["statuses"].values()), "statuses": b["statuses"],
+                    "p50": kit.percentile(lat, 50), "p90": kit.percentile(lat, 90),
+                    "p99": kit.percentile(lat, 99), "max": max(lat) if lat else None})
+    return out
 
 
-def percentile(sorted_vals, q):
-    """Nearest-rank percentile of a sorted list (q in 0..100)."""
-    if not sorted_vals:
-        return None
-    k = max(0, min(len(sorted_vals) - 1, int(-(-q * len(sorted_vals) // 100)) - 1))
-    return sorted_vals[k]
+def _add(per, key, status, ms):
+    b = per.setdefault(key, {"lat": [], "statuses": {}})
+    b["statuses"][status] = b["statuses"].get(status, 0) + 1
+    if ms is not None:
+        b["lat"].append(ms)
 
 
-def parse_timeline(path, offset, uri):
+def timeline_from_entries(entries):
     """Per second of the run (nginx's $time_iso8601, when each answer was
     sent): answers by status and latency percentiles ($request_time, ms)."""
     from datetime import datetime
     per = {}
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read().decode("utf-8", "replace")
-    for line in data.splitlines():
-        m = TIMELINE_RE.search(line)
-        if not m or m.group(3) != uri:
-            continue
+    for e in entries:
         try:
-            t = int(datetime.fromisoformat(m.group(1)).timestamp())
+            t = int(datetime.fromisoformat(e.time).timestamp())
         except ValueError:
             continue
-        b = per.setdefault(t, {"lat": [], "statuses": {}})
-        b["lat"].append(float(m.group(5)) * 1000.0)
-        b["statuses"][m.group(4)] = b["statuses"].get(m.group(4), 0) + 1
+        _add(per, t, e.status, e.seconds * 1000.0)
     if not per:
         return []
-    t0, t1 = min(per), max(per)
-    out = []
-    for t in range(t0, t1 + 1):
-        b = per.get(t, {"lat": [], "statuses": {}})
-        lat = sorted(b["lat"])
-        out.append({
-            "second": t - t0, "epoch": t, "requests": len(lat), "statuses": b["statuses"],
-            "p50": percentile(lat, 50), "p90": percentile(lat, 90), "p99": percentile(lat, 99),
-            "max": lat[-1] if lat else None,
-        })
-    return out
+    t0 = min(per)
+    return _timeline(per, t0, max(per), lambda t: {"second": t - t0, "epoch": t})
+
+
+def parse_timeline(path, offset, uri):
+    """timeline_from_entries() of uri's requests in an access log after offset."""
+    return timeline_from_entries(kit.access_log(path, offset, uri)[1])
 
 
 def timeline_from_samples(samples, bucket=1.0):
@@ -140,23 +99,11 @@ def timeline_from_samples(samples, bucket=1.0):
     `bucket` seconds (by request start); status 0 (no answer) counts as "error"."""
     per = {}
     for start, status, ms in samples:
-        b = per.setdefault(int(start // bucket), {"lat": [], "statuses": {}})
-        st = str(status) if status else "error"
-        b["statuses"][st] = b["statuses"].get(st, 0) + 1
-        if status:
-            b["lat"].append(float(ms))
+        _add(per, int(start // bucket), str(status) if status else "error",
+             float(ms) if status else None)
     if not per:
         return []
-    out = []
-    for i in range(min(per), max(per) + 1):
-        b = per.get(i, {"lat": [], "statuses": {}})
-        lat = sorted(b["lat"])
-        out.append({
-            "second": round(i * bucket, 3), "requests": sum(b["statuses"].values()),
-            "statuses": b["statuses"], "p50": percentile(lat, 50), "p90": percentile(lat, 90),
-            "p99": percentile(lat, 99), "max": lat[-1] if lat else None,
-        })
-    return out
+    return _timeline(per, min(per), max(per), lambda i: {"second": round(i * bucket, 3)})
 
 
 def load_json(path):
@@ -215,10 +162,7 @@ def voucher_from_stats(stats, voucher):
 
 # ---------------------------------------------------------------- output
 
-def fmt_ms(v):
-    if v is None:
-        return "-"
-    return f"{v:.0f}" if v >= 10 else f"{v:.1f}"
+fmt_ms = kit.fmt_ms
 
 
 def print_block(res):
@@ -251,11 +195,14 @@ def print_block(res):
     w(f"   verdict     {'OK: every invariant holds' if res['ok'] else 'VIOLATED'}\n")
 
 
+SUMMARY_COLS = [kit.Col(t, a, w) for t, w, a in (
+    ("scenario", 10, "l"), ("requests", 8, "r"), ("req/s", 7, "r"), ("p50ms", 6, "r"),
+    ("p99ms", 6, "r"), ("200", 6, "r"), ("409", 6, "r"), ("other", 5, "r"),
+    ("orders", 6, "r"), ("orders/s", 8, "r"), ("stock", 6, "r"), ("oversold", 8, "r"),
+    ("dupUsers", 8, "r"), ("drift", 5, "r"), ("check", 5, "l"), ("per instance", 0, "l"))]
+
+
 def summary_table(results):
-    cols = [("scenario", 10, "l"), ("requests", 8, "r"), ("req/s", 7, "r"), ("p50ms", 6, "r"),
-            ("p99ms", 6, "r"), ("200", 6, "r"), ("409", 6, "r"), ("other", 5, "r"),
-            ("orders", 6, "r"), ("orders/s", 8, "r"), ("stock", 6, "r"), ("oversold", 8, "r"),
-            ("dupUsers", 8, "r"), ("drift", 5, "r"), ("check", 5, "l"), ("per instance", 0, "l")]
     rows = []
     for r in results:
         st = r["statuses"]
@@ -270,17 +217,7 @@ def summary_table(results):
             v.get("stockDrift", "?"), "OK" if r["ok"] else "FAIL",
             " ".join(f"{name.split(' ')[0]}={n}" for name, n in r["instances"]) or "-",
         ])
-    widths = [max(w, len(c), *(len(str(row[i])) for row in rows)) for i, (c, w, _a) in enumerate(cols)]
-
-    def line(vals):
-        out = []
-        for i, val in enumerate(vals):
-            s = str(val)
-            out.append(s.ljust(widths[i]) if cols[i][2] == "l" else s.rjust(widths[i]))
-        return "  ".join(out).rstrip()
-    print(line([c for c, _w, _a in cols]))
-    for row in rows:
-        print(line(row))
+    return kit.table(SUMMARY_COLS, rows)
 
 
 # ---------------------------------------------------------------- main
@@ -288,18 +225,16 @@ def summary_table(results):
 def cmd_run(a):
     with open(a.tool_output, encoding="utf-8", errors="replace") as f:
         text = f.read()
-    if a.tool == "ab":
-        m = parse_ab(text)
-    else:
-        m = parse_wrk(a.wrk_summary, text)
+    m = tool_figures(a.tool, text, a.wrk_summary)
     before, after = load_json(a.stats_before), load_json(a.stats_after)
     uri = f"/voucher/{a.voucher}/seckill"
 
     statuses, upstreams, status_source, timeline = {}, {}, "", []
     if a.access_log and os.path.exists(a.access_log):
-        statuses, upstreams = parse_access_log(a.access_log, a.log_offset, uri)
+        entries = kit.access_log(a.access_log, a.log_offset, uri)[1]
+        statuses, upstreams = count_access(entries)
         status_source = "nginx access log"
-        timeline = parse_timeline(a.access_log, a.log_offset, uri)
+        timeline = timeline_from_entries(entries)
     if not statuses and a.tool == "wrk" and m.get("statuses"):
         statuses, status_source = m["statuses"], "wrk Lua counters"
     by_status, by_error = cluster_deltas(before, after)
@@ -343,7 +278,7 @@ def cmd_run(a):
                 ok_responses=ok_responses, unknown_responses=unknown)
             facts = facts_list[0]
             inv_source = "Postgres"
-        except check_invariants.CheckError as e:
+        except kit.KitError as e:
             print(f"report: checking in Postgres failed: {e}", file=sys.stderr)
             checks = [(False, f"could not check in Postgres: {e}")]
     if facts is None:
@@ -370,7 +305,7 @@ def cmd_run(a):
     res = {
         "scenario": a.scenario, "what": a.what, "url": a.url, "voucherId": a.voucher,
         "requests": m["requests"], "seconds": m["seconds"], "rps": m["rps"],
-        "p50": m["p50"], "p99": m["p99"], "errors": m["errors"],
+        "p50": m["p50Ms"], "p99": m["p99Ms"], "errors": m["errors"],
         "statuses": statuses, "statusSource": status_source, "errorCodes": by_error,
         "instances": inst, "instanceSource": instance_source,
         "voucher": facts, "invariantSource": inv_source,
@@ -385,15 +320,24 @@ def cmd_run(a):
     return 0 if res["ok"] else 1
 
 
-def cmd_summary(paths):
+def load_results(paths):
+    """The results of report.py runs (--json-out files); None (said on
+    stderr) when one is missing or empty."""
     results = []
     for p in paths:
         r = load_json(p)
         if r is None:
             print(f"report: no result in {p}", file=sys.stderr)
-            return 2
+            return None
         results.append(r)
-    summary_table(results)
+    return results
+
+
+def cmd_summary(paths):
+    results = load_results(paths)
+    if results is None:
+        return 2
+    print(summary_table(results))
     return 0 if all(r["ok"] for r in results) else 1
 
 
@@ -555,14 +499,6 @@ def timeline_html(tl, lat_title="latency per second (nginx $request_time)",
 
 def html_report(results, out_path, title="seckill load test"):
     import datetime
-    import io
-    buf = io.StringIO()
-    with_stdout = sys.stdout
-    try:
-        sys.stdout = buf
-        summary_table(results)
-    finally:
-        sys.stdout = with_stdout
     all_ok = all(r["ok"] for r in results)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     h = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_esc(title)}</title>",
@@ -572,7 +508,7 @@ def html_report(results, out_path, title="seckill load test"):
          f"<p>{_esc(when)} · {len(results)} run(s) · target {_esc(results[0]['url'].split('/voucher/')[0]) if results else ''}</p></header><main>",
          "<div class=card><h2>Summary</h2><div class=muted>The terminal table: client-side latency (ab/wrk), "
          "answers from nginx's access log, invariants read in Postgres after each run.</div>",
-         f"<pre>{_esc(buf.getvalue())}</pre>"]
+         f"<pre>{_esc(summary_table(results))}\n</pre>"]
     cols = ["orders", "stock", "initialStock", "oversold", "duplicateUsers", "stockDrift"]
     heads = ["orders", "stock", "initial stock", "oversold", "duplicate users", "stock drift"]
     h.append("<table><tr><th>run</th><th>voucher</th>" + "".join(f"<th>{c}</th>" for c in heads) +
@@ -606,10 +542,7 @@ def html_report(results, out_path, title="seckill load test"):
                      "(NGINX_ACCESS_LOG), so only the totals above are known.</p>")
         h.append("</div>")
     h.append("</main></body></html>")
-    tmp = f"{out_path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(h) + "\n")
-    os.replace(tmp, out_path)
+    kit.write_atomic(out_path, "\n".join(h) + "\n")
 
 
 def cmd_html(argv):
@@ -618,13 +551,9 @@ def cmd_html(argv):
     ap.add_argument("--title", default="seckill load test")
     ap.add_argument("results", nargs="+")
     a = ap.parse_args(argv)
-    results = []
-    for p in a.results:
-        r = load_json(p)
-        if r is None:
-            print(f"report: no result in {p}", file=sys.stderr)
-            return 2
-        results.append(r)
+    results = load_results(a.results)
+    if results is None:
+        return 2
     html_report(results, a.out, a.title)
     return 0
 
@@ -658,7 +587,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     try:
         return cmd_run(a)
-    except (OSError, ValueError, KeyError, check_invariants.CheckError) as e:
+    except (OSError, ValueError, KeyError, kit.KitError) as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 2
 

@@ -23,11 +23,16 @@ connections (done here up to the hard limit).
 
 import argparse
 import http.client
+import os
 import resource
 import socket
 import sys
 import threading
 import time
+
+sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kit  # noqa: E402
 
 
 def raise_nofile(want):
@@ -37,14 +42,6 @@ def raise_nofile(want):
     if soft < target:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def percentile(values, p):
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = min(len(s) - 1, max(0, int(round(p / 100.0 * len(s) + 0.5)) - 1))
-    return s[k]
 
 
 class SlowClients:
@@ -177,8 +174,12 @@ def probe(host, port, n, clients, method="GET", path="/health", user_base=None, 
 
 
 def summary(lat):
-    return {"n": len(lat), "p50": percentile(lat, 50), "p99": percentile(lat, 99),
-            "max": max(lat) if lat else float("nan")}
+    """n, p50, p99 (kit.percentile: nearest rank) and max of latencies; NaN
+    for no latencies."""
+    if not lat:
+        return {"n": 0, "p50": float("nan"), "p99": float("nan"), "max": float("nan")}
+    return {"n": len(lat), "p50": kit.percentile(lat, 50), "p99": kit.percentile(lat, 99),
+            "max": max(lat)}
 
 
 def run(host, port, connections, mode, interval, method, path, n, clients, user_base=None,

@@ -17,18 +17,20 @@
 #   BENCH_REPEAT=3    three rounds of the short runs, medians in the table
 #   (more knobs: python3 loadtest/bench.py's docstring)
 
+##@ Benchmarks
+
 BENCH_RUN_DIR ?= $(abspath $(BUILD))/bench-run
 
 .PHONY: bench stop-bench bench-ab
 
-bench: all $(BUILD)/upstream200
+bench: all $(BUILD)/upstream200 ## the performance benchmark on a private stack: ceilings, sales, table (~10 min)
 	@BENCH_RUN_DIR=$(BENCH_RUN_DIR) BENCH_JSON=$${BENCH_JSON:-$(abspath $(BUILD))/bench.json} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench.py
 
-stop-bench:
+stop-bench: ## stop a stack left running by BENCH_KEEP=1 make bench
 	@RUN_DIR=$(BENCH_RUN_DIR) scripts/stack.sh stop
 
-bench-ab: all
+bench-ab: all ## compare instance settings on one stack, interleaved: make bench-ab AB="'X=a' 'X=b'"
 	@test -n "$(AB)" || { echo "usage: make bench-ab AB=\"'VAR=a' 'VAR=b'\"" >&2; exit 2; }
 	@BENCH_RUN_DIR=$${BENCH_RUN_DIR:-$(abspath $(BUILD))/bench-ab-run} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench_ab.py $(AB)

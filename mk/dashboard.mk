@@ -12,25 +12,27 @@
 # the machine's Node.js, and on a Debian without it from Debian's npm package
 # (installed only when no npm is found: it conflicts with other Node.js builds).
 
+##@ Dashboard
+
 DASHBOARD_RUN_DIR ?= $(or $(RUN_DIR),.run)
 
 .PHONY: dashboard test-dashboard dashboard-npm deps-npm
 
 deps: deps-npm
 
-deps-npm:
+deps-npm: ## install Debian's npm when no npm is found (part of make deps)
 	@command -v npm >/dev/null 2>&1 || { echo "installing: npm"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
 
-dashboard:
+dashboard: ## copy dashboard/ into the running local stack's nginx and print its address
 	@test -f $(DASHBOARD_RUN_DIR)/stack.env || { echo "no stack runs in $(DASHBOARD_RUN_DIR): make stack"; exit 1; }
 	@mkdir -p $(DASHBOARD_RUN_DIR)/nginx/dashboard
 	@cp -R dashboard/. $(DASHBOARD_RUN_DIR)/nginx/dashboard/
 	@chmod -R a+rX $(DASHBOARD_RUN_DIR)/nginx/dashboard
 	@. $(DASHBOARD_RUN_DIR)/stack.env && echo "dashboard: $$BASE_URL/dashboard/"
 
-test-dashboard: tests-bin
+test-dashboard: tests-bin ## the dashboard's browser test alone (local stack, a sale, headless Chromium)
 	BUILD=$(BUILD) tests/run.sh test_dashboard
 
-dashboard-npm:
+dashboard-npm: ## npm ci of the browser test's driver (tests/dashboard/)
 	npm ci --prefix tests/dashboard --no-audit --no-fund --loglevel=error

@@ -9,12 +9,14 @@
 #
 # The figures are printed at the end and written to $(BUILD)/faults-figures.json.
 
+##@ Fault injection
+
 FAULTS_SALE_S   ?= 60
 FAULTS_OUTAGE_S ?= 5
 FAULTS_RATE     ?= 25
 
 .PHONY: faults
 
-faults: $(BUILD)/seckill
+faults: $(BUILD)/seckill ## kill -9, Redis and Postgres outages, paused lock holders, slow clients under load (~5 min)
 	FAULTS_SALE_S=$(FAULTS_SALE_S) FAULTS_OUTAGE_S=$(FAULTS_OUTAGE_S) FAULTS_RATE=$(FAULTS_RATE) \
 	FAULTS_FIGURES=$(abspath $(BUILD))/faults-figures.json BUILD=$(BUILD) tests/run.sh faults

@@ -5,6 +5,8 @@
 #   make fuzz                   both targets, 60 s each
 #   make fuzz FUZZ_SECONDS=600  longer
 
+##@ Fuzzing
+
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD   := build/fuzz
 FUZZ_TARGETS := route admin
@@ -12,7 +14,7 @@ FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 
 .PHONY: fuzz fuzz-build
 
-fuzz-build:
+fuzz-build: ## build the libFuzzer targets (clang, ASan + UBSan) in build/fuzz
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=clang OPT="-O1 -g" \
 	    EXTRA_CFLAGS="-fsanitize=fuzzer-no-link $(FUZZ_SAN)" EXTRA_LDFLAGS="$(FUZZ_SAN)" \
 	    $(FUZZ_BUILD)/seckill
@@ -25,7 +27,7 @@ fuzz-build:
 	        $$(pkg-config --libs $(PKGS)) -pthread -lm || exit 1; \
 	done
 
-fuzz: fuzz-build
+fuzz: fuzz-build ## run each libFuzzer target FUZZ_SECONDS (default 60 s)
 	@for t in $(FUZZ_TARGETS); do \
 	    mkdir -p $(FUZZ_BUILD)/corpus-$$t; \
 	    echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
@@ -37,10 +39,3 @@ fuzz: fuzz-build
 	        $(FUZZ_BUILD)/fuzz_$$t.log; \
 	    echo "fuzz_$$t: no crash"; \
 	done
-
-# ThreadSanitizer: the whole suite with a TSan server and TSan test binaries.
-# A data race makes the process exit non-zero, which fails its test.
-.PHONY: tsan
-tsan:
-	SECKILL_SANITIZER=tsan $(MAKE) BUILD=build/tsan OPT="-O1 -g" EXTRA_CFLAGS="-fsanitize=thread" \
-	    EXTRA_LDFLAGS="-fsanitize=thread" test

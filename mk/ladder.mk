@@ -12,11 +12,13 @@
 # $(BUILD)/ladder/: ladder.txt (table), ladder.md (report), ladder.png (chart),
 # ladder.json, steps/ (raw load output, access-log slice, /stats per step).
 
+##@ Demo ladder
+
 LADDER_ARGS ?=
 
 .PHONY: ladder
 
-ladder:
+ladder: ## every strategy of the demo ladder on a stack of its own: table, report, chart (~5 min)
 	@$(MAKE) --no-print-directory deps
 	@$(MAKE) --no-print-directory all
 	@SECKILL_BIN=$(abspath $(BUILD))/seckill loadtest/ladder.py --out $(BUILD)/ladder $(LADDER_ARGS)

@@ -6,9 +6,11 @@
 #   make check       includes it
 #   make test        runs it before the tests
 
-.PHONY: layers check
+##@ Layers
 
-layers: $(APP_OBJS)
+.PHONY: layers check test
+
+layers: $(APP_OBJS) ## check that app/ modules only call down a layer, with no cycle (app/LAYERS)
 	@scripts/layers.sh -t app/LAYERS $(APP_OBJS)
 
 check: layers

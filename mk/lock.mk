@@ -6,11 +6,13 @@
 #
 # Prints a table and writes $(BUILD)/bench-lock.json.
 
+##@ Lock benchmark
+
 BENCH_LOCK_ARGS ?=
 
 .PHONY: bench-lock
 
-bench-lock: $(BUILD)/tests/bench_lock
+bench-lock: $(BUILD)/tests/bench_lock ## the lock benchmark (tests/bench_lock.c) against a throwaway or given Redis
 	LUA_DIR=$(CURDIR)/lua $(BUILD)/tests/bench_lock --json $(BUILD)/bench-lock.json $(BENCH_LOCK_ARGS)
 
 -include $(BUILD)/tests/bench_lock.d

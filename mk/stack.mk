@@ -8,6 +8,9 @@
 #   make status      what runs
 #   make loadtest    the three load runs against BASE_URL (default: the local stack)
 #   make nginx-docker-conf   regenerate nginx/docker.conf from the template
+#                    (NGINX_ALLOW="...": the addresses served /admin, /metrics, /stats)
+
+##@ Local stack and demo
 
 # ab sends identical requests: the stack's instances run in demo random-user
 # mode (DEMO_RANDOM_USER=0 make stack: without it).
@@ -16,7 +19,7 @@ STACK_SH        := DEMO_RANDOM_USER=$(DEMO_RANDOM_USER) scripts/stack.sh
 
 .PHONY: demo stack stop status loadtest nginx-docker-conf
 
-demo:
+demo: ## packages, build, the local stack, three load runs and their tables (~90 s); STOP=1: stop after
 	@$(MAKE) --no-print-directory deps
 	@$(MAKE) --no-print-directory all
 	@$(STACK_SH) start
@@ -26,17 +29,17 @@ demo:
 	    "$$(. $${RUN_DIR:-.run}/stack.env && echo "$$BASE_URL, $$INSTANCES instances")"; fi; \
 	exit $$rc
 
-stack: all
+stack: all ## build and start the local stack (Postgres, Redis, INSTANCES=2 instances, nginx) under .run
 	@$(STACK_SH) start
 
-stop:
+stop: ## stop exactly what the local stack started, by PID
 	@$(STACK_SH) stop
 
-status:
+status: ## what the local stack runs
 	@$(STACK_SH) status
 
-loadtest:
+loadtest: ## the three load runs against BASE_URL (default: the local stack)
 	@loadtest/demo.sh $(BASE_URL)
 
-nginx-docker-conf:
-	nginx/gen-conf.sh --docker -o nginx/docker.conf
+nginx-docker-conf: ## regenerate nginx/docker.conf from the template (NGINX_ALLOW=...)
+	nginx/gen-conf.sh --docker $(if $(NGINX_ALLOW),--allow "$(NGINX_ALLOW)") -o nginx/docker.conf

@@ -27,6 +27,9 @@
 #   EXTERNAL_REDIS_URL use this Redis instead of starting one
 #   ADMIN_TOKEN        admin token (default: RUN_DIR/admin_token, random on first use)
 #   LOG_LEVEL          instances' log level (default warn: nginx logs every request)
+#   NGINX_ALLOW        client addresses nginx serves /admin, /metrics and /stats to
+#                      (space separated, CIDR allowed; default loopback:
+#                      "127.0.0.0/8 ::1"); others get 403 (nginx/gen-conf.sh --allow)
 #   THREADS, IO_THREADS, DEMO_RANDOM_USER, SECKILL_*, MAX_BODY, ... passed to the instances as set
 #   SECKILL_BIN        server binary (default <repo>/build/seckill)
 #   PG_BIN             Postgres server binaries (default newest /usr/lib/postgresql/*/bin)
@@ -57,8 +60,8 @@ case "$SECKILL_BIN" in /*) ;; *) SECKILL_BIN="$PWD/$SECKILL_BIN" ;; esac
 STACK_TIMEOUT=${STACK_TIMEOUT:-30}
 LUA_DIR_STACK=${LUA_DIR:-$ROOT/lua}
 case "$LUA_DIR_STACK" in /*) ;; *) LUA_DIR_STACK="$PWD/$LUA_DIR_STACK" ;; esac
-# The schema files loaded into the database, in this order (docker-compose.yml
-# mounts the same files into /docker-entrypoint-initdb.d).
+# The schema files loaded into the database, in this order (docker-compose.yml's
+# schema service loads the same files on every start).
 SCHEMA_FILES=(sql/schema.sql)
 DB_NAME=seckill
 
@@ -530,7 +533,7 @@ write_env_file() {
 # is: the launcher's own, every server setting the binary knows (its --help)
 # and SECKILL_*, and the binary itself (rebuilt: restart).
 CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
-    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS)
+    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW)
 config_signature() {
     local v
     {

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# tests/run.sh [FILTER] -- the whole test run against a throwaway Postgres and Redis.
+# tests/run.sh [--check] [FILTER ...] -- the test run against a throwaway Postgres and Redis.
 #
 # Starts Postgres (loopback TCP, trust auth, database "seckill" with
 # sql/schema.sql loaded) and Redis (no persistence) on free ports in a temp
-# directory, exports their addresses, then runs every $BUILD/tests/test_*
-# binary and every tests/test_*.py whose name contains FILTER (all when empty).
+# directory, exports their addresses, then runs every $BUILD/tests/unit_* and
+# $BUILD/tests/test_* binary and every tests/test_*.py whose name contains one
+# of the FILTERs (all when none is given).
+#
+# --check: the fast tier (make check): the C programs only, with Redis and no
+# Postgres (the unit tests need neither; the C tests need Redis alone).
 # Each program prints "N passed, M failed"; the totals are printed last as
 # "N passed, M failed" and the exit status is non-zero if anything failed.
 #
@@ -27,7 +31,12 @@ ROOT=$PWD
 . "$ROOT/scripts/pg-lib.sh"
 BUILD=${BUILD:-build}
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
-FILTER=${1:-}
+CHECK=0
+if [[ "${1:-}" == --check ]]; then
+    CHECK=1
+    shift
+fi
+FILTERS=("$@")
 TEST_TIMEOUT=${TEST_TIMEOUT:-900}
 
 TMP=""
@@ -38,6 +47,16 @@ TEST_PID=""
 TAIL_PID=""
 
 log() { printf 'run.sh: %s\n' "$*" >&2; }
+
+# Does NAME contain one of FILTERS (or are there none)?
+selected() {
+    local word
+    ((${#FILTERS[@]})) || return 0
+    for word in "${FILTERS[@]}"; do
+        [[ "$1" == *"$word"* ]] && return 0
+    done
+    return 1
+}
 
 # TEST_SKIP="a b": leave out the programs whose name contains a or b.
 skipped() {
@@ -252,9 +271,11 @@ run_one() {
 }
 
 main() {
-    command -v redis-server >/dev/null || die "redis-server not found (apt-get install redis-server)"
-    command -v psql >/dev/null || die "psql not found (apt-get install postgresql)"
-    [[ -x "$BUILD/seckill" ]] || die "$BUILD/seckill is missing: run 'make' (or 'make test')"
+    command -v redis-server >/dev/null || die "redis-server not found (run 'make deps', or apt-get install redis-server)"
+    if ((!CHECK)); then
+        command -v psql >/dev/null || die "psql not found (run 'make deps', or apt-get install postgresql)"
+        [[ -x "$BUILD/seckill" ]] || die "$BUILD/seckill is missing: run 'make' (or 'make test')"
+    fi
 
     TMP=$(mktemp -d "${TMPDIR:-/tmp}/seckill-test.XXXXXX")
     chmod 755 "$TMP"   # the postgres user must reach $TMP/pg
@@ -268,12 +289,14 @@ main() {
     pg_port=$(sed -n 1p <<<"$ports")
     redis_port=$(sed -n 2p <<<"$ports")
 
-    start_postgres "$pg_port"
-    load_schema "$pg_port"
+    if ((!CHECK)); then
+        start_postgres "$pg_port"
+        load_schema "$pg_port"
+        export PG_PORT=$pg_port
+        export PG_DSN="host=127.0.0.1 port=$pg_port dbname=seckill user=postgres"
+    fi
     start_redis "$redis_port"
 
-    export PG_PORT=$pg_port
-    export PG_DSN="host=127.0.0.1 port=$pg_port dbname=seckill user=postgres"
     export REDIS_PORT=$redis_port
     export REDIS_URL="redis://127.0.0.1:$redis_port/0"
     export LUA_DIR="$ROOT/lua"
@@ -286,25 +309,27 @@ main() {
     FAILED=0
     SUMMARY=()
     local t name ran=0
-    for t in "$BUILD"/tests/test_*; do
+    # The unit tests first: they fail fastest.
+    for t in "$BUILD"/tests/unit_* "$BUILD"/tests/test_*; do
         [[ -f "$t" && -x "$t" ]] || continue
         case "$t" in *.d | *.o) continue ;; esac
         name=$(basename "$t")
-        [[ -z "$FILTER" || "$name" == *"$FILTER"* ]] || continue
+        selected "$name" || continue
         skipped "$name" && continue
         run_one "$name" "$t"
         ran=$((ran + 1))
     done
     for t in "$ROOT"/tests/test_*.py; do
+        ((!CHECK)) || break
         [[ -f "$t" ]] || continue
         name=$(basename "$t")
-        [[ -z "$FILTER" || "$name" == *"$FILTER"* ]] || continue
+        selected "$name" || continue
         skipped "$name" && continue
         run_one "$name" python3 -u "$t"
         ran=$((ran + 1))
     done
     if ((ran == 0)); then
-        log "no test matches '${FILTER}'"
+        log "no test matches '${FILTERS[*]}'"
         FAILED=$((FAILED + 1))
     fi
 

@@ -1,18 +1,22 @@
 """Helpers for the black-box tests of the seckill server (Python 3 stdlib only).
 
+What the tools share (the stack, psql, the HTTP client, /proc) is
+loadtest/kit.py's; this module adds what only the tests need, and turns kit's
+errors into test failures:
+
 - Server: starts build/seckill on a free loopback port with env overrides,
   waits for GET /health, stops it with SIGTERM and checks it exits 0.
-- request() / Client: a small HTTP client (http.client) with timeouts that
-  returns Response(status, headers, body, raw); body is parsed JSON when the
-  answer is JSON, raw text otherwise.
+- request() / Client / Response: kit's HTTP client (port or base URL, JSON,
+  timeouts); body is parsed JSON when the answer is JSON, raw text otherwise.
 - raw_request(): sends arbitrary bytes on a socket, for malformed requests.
-- voucher_body(): the body of POST /admin/vouchers for a sale open now.
-- psql() / redis(): run queries with the psql and redis-cli clients.
+- voucher_body() / new_voucher(): a voucher on sale now.
+- psql() / psql_value() / redis(): queries with the psql and redis-cli clients.
 - RedisServer: a dedicated redis-server (for outage tests).
 - register_pid() / unregister_pid(): tell tests/run.sh about a process to kill
   if the test dies; pid_alive(), stop_pid().
-- run_stack() / stack_run_env() / stack_pids() / stack_env_file(): the local
-  stack (scripts/stack.sh) in a RUN_DIR of the test's own, on free ports.
+- local_stack() / run_stack() / stack_run_env() / stack_pids() /
+  stack_env_file(): the local stack (kit.Stack) in a RUN_DIR of the test's
+  own, on free ports, with this build's binary and Lua scripts.
 - start_nginx(): nginx/gen-conf.sh's configuration, nginx started on it.
 - test / main: a minimal test runner printing "ok - name" / "FAIL - name: why"
   and "N passed, M failed".
@@ -23,9 +27,7 @@ TEST_TMP. TEST_ONLY=substring runs only the matching test functions.
 
 import atexit
 import http.client
-import json
 import os
-import re
 import select
 import shutil
 import signal
@@ -35,9 +37,11 @@ import sys
 import threading
 import time
 import traceback
-from collections import namedtuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "loadtest"))
+import kit  # noqa: E402
+from kit import Client, Response, pid_alive, request, voucher_body  # noqa: E402,F401
 SECKILL_BIN = os.environ.get("SECKILL_BIN", os.path.join(ROOT, "build", "seckill"))
 PG_DSN = os.environ.get("PG_DSN", "")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -57,9 +61,7 @@ def fail(msg):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return kit.free_ports(1)[0]
 
 
 def dead_port():
@@ -103,31 +105,7 @@ def unregister_pid(pid):
         pass
 
 
-def pid_alive(pid):
-    """True while pid runs; a zombie (exited, not reaped yet) counts as gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("State:"):
-                    return line.split()[1] not in ("Z", "X")
-    except OSError:
-        return False
-    return False
-
-
-def stop_pid(pid, sig, timeout=10):
-    """Sends sig to pid (gone already is fine) and waits up to timeout seconds
-    for it to end; returns True once it is gone, False if it still runs."""
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
+stop_pid = kit.stop_pid
 
 
 def _track(proc):
@@ -201,12 +179,7 @@ class Server:
                   "PG_STATEMENT_TIMEOUT_MS", "ID_PREFIX", "RETRY_AFTER_S",
                   "DEMO_DELAY_MS", "DEMO_PAUSE_MS", "WATCHDOG_TIMEOUT_MS"):
             env.pop(k, None)
-        for k, v in self.env_overrides.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = str(v)
-        return env
+        return kit.with_settings(env, self.env_overrides)
 
     def start(self, timeout=START_TIMEOUT):
         if not os.access(SECKILL_BIN, os.X_OK):
@@ -351,48 +324,32 @@ class RedisServer:
 
 # ---------------------------------------------------------------- the local stack
 
-STACK_SH = os.path.join(ROOT, "scripts", "stack.sh")
+STACK_SCRUB = kit.STACK_SCRUB
+stack_pids = kit.stack_pids
+stack_env_file = kit.read_stack_env
 
-# Settings of the caller's environment that must not leak into a stack a test
-# starts (each test may name more: stack_run_env's scrub).
-STACK_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG",
-               "VOUCHER_ID", "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT",
-               "REDIS_PORT", "EXTERNAL_PG_DSN", "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL",
-               "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK")
+
+def stack_settings(env):
+    """This build's binary and Lua scripts, STACK_TIMEOUT 30, then env."""
+    return {"SECKILL_BIN": SECKILL_BIN, "LUA_DIR": LUA_DIR, "STACK_TIMEOUT": 30, **env}
+
+
+def local_stack(run_dir, scrub=(), **env):
+    """A kit.Stack in run_dir for a test (the caller's settings scrubbed:
+    kit.STACK_SCRUB and scrub; stack_settings(env))."""
+    return kit.Stack(run_dir, stack_settings(env), scrub)
 
 
 def stack_run_env(scrub=(), **env):
-    """The environment for scripts/stack.sh (or a script that runs it): the
-    caller's without STACK_SCRUB and scrub, this build's binary and Lua
-    scripts, every port "auto", STACK_TIMEOUT 30; then env (as strings)."""
-    e = {k: v for k, v in os.environ.items() if k not in STACK_SCRUB and k not in scrub}
-    e.update({"SECKILL_BIN": SECKILL_BIN, "LUA_DIR": LUA_DIR, "NGINX_PORT": "auto",
-              "APP_PORT_BASE": "auto", "PG_PORT": "auto", "REDIS_PORT": "auto",
-              "STACK_TIMEOUT": "30"})
-    e.update({k: str(v) for k, v in env.items()})
-    return e
+    """The environment for scripts/stack.sh or a script that runs it (a
+    load test, the ladder): kit.stack_env() with stack_settings(env)."""
+    return kit.stack_env(stack_settings(env), scrub)
 
 
 def run_stack(cmd, run_dir, timeout=90, scrub=(), **env):
-    """scripts/stack.sh cmd with RUN_DIR=run_dir (stack_run_env(scrub, **env));
-    returns the CompletedProcess (text stdout and stderr)."""
-    return subprocess.run([STACK_SH, cmd], capture_output=True, text=True, timeout=timeout,
-                          env=stack_run_env(scrub, RUN_DIR=run_dir, **env), cwd=ROOT)
-
-
-def stack_pids(run_dir):
-    """{component: pid} from run_dir/pids/*.pid (the first line is the pid)."""
-    out = {}
-    d = os.path.join(run_dir, "pids")
-    if os.path.isdir(d):
-        for f in os.listdir(d):
-            if f.endswith(".pid"):
-                try:
-                    with open(os.path.join(d, f)) as fh:
-                        out[f[:-4]] = int(fh.readline().strip())
-                except (OSError, ValueError):
-                    pass
-    return out
+    """scripts/stack.sh cmd in run_dir (local_stack()); returns the
+    CompletedProcess (text stdout and stderr), whatever its exit status."""
+    return local_stack(run_dir, scrub, **env).run(cmd, timeout)
 
 
 def register_stack_pids(run_dir):
@@ -403,21 +360,10 @@ def register_stack_pids(run_dir):
     return pids
 
 
-def stack_env_file(run_dir):
-    """{NAME: value} from run_dir/stack.env (lines "export NAME='value'")."""
-    env = {}
-    with open(os.path.join(run_dir, "stack.env")) as f:
-        for line in f:
-            m = re.match(r"^export (\w+)='(.*)'$", line.strip())
-            if m:
-                env[m.group(1)] = m.group(2)
-    return env
-
-
 # ---------------------------------------------------------------- nginx
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
-GEN_CONF = os.path.join(ROOT, "nginx", "gen-conf.sh")
+GEN_CONF = kit.GEN_CONF
 
 
 def start_nginx(prefix, upstreams, extra_args=()):
@@ -426,133 +372,27 @@ def start_nginx(prefix, upstreams, extra_args=()):
     started on it as a daemon and registered with tests/run.sh.
     Returns (port, pid)."""
     shutil.rmtree(prefix, ignore_errors=True)
-    os.makedirs(prefix)
     port = free_port()
-    conf = os.path.join(prefix, "nginx.conf")
-    args = [GEN_CONF, "--prefix", prefix, "--listen", f"127.0.0.1:{port}", "-o", conf]
-    for u in upstreams:
-        args += ["--upstream", u]
-    args += list(extra_args)
-    p = subprocess.run(args, capture_output=True, text=True, timeout=30)
-    if p.returncode != 0:
-        fail(f"gen-conf.sh failed: {p.stderr}")
-    p = subprocess.run([NGINX, "-p", prefix, "-c", conf, "-e",
-                        os.path.join(prefix, "error.log"), "-g", "daemon on;"],
-                       capture_output=True, text=True, timeout=30)
-    if p.returncode != 0:
-        fail(f"nginx did not start: {p.stderr}\n{tail(os.path.join(prefix, 'error.log'))}")
-    pid = None
-    deadline = time.monotonic() + 5
-    while pid is None and time.monotonic() < deadline:
-        try:
-            pid = int(open(os.path.join(prefix, "nginx.pid")).read().strip())
-        except (OSError, ValueError):
-            time.sleep(0.05)
-    if pid is None:
-        fail("nginx wrote no pid file")
+    try:
+        pid = kit.start_nginx(prefix, port, upstreams, gen_args=extra_args)
+    except kit.KitError as e:
+        fail(f"nginx did not start: {e}\n{tail(os.path.join(prefix, 'error.log'))}")
     register_pid(pid)               # run.sh kills it if we die
     return port, pid
 
 
 # ---------------------------------------------------------------- HTTP
 
-Response = namedtuple("Response", "status headers body raw")
+# For tests that send or parse requests themselves.
+_encode_body = kit.encode_body
+_make_response = kit.make_response
 
 
-def _encode_body(body, headers):
-    if body is None:
-        return None
-    if isinstance(body, (dict, list)):
-        headers.setdefault("Content-Type", "application/json")
-        return json.dumps(body).encode()
-    if isinstance(body, str):
-        return body.encode()
-    return body
-
-
-def _make_response(status, header_items, raw):
-    headers = {}
-    for k, v in header_items:
-        headers[k.lower()] = v
-    body = raw
-    ctype = headers.get("content-type", "")
-    text = raw.decode("utf-8", "replace")
-    if "json" in ctype or text[:1] in ("{", "["):
-        try:
-            body = json.loads(text)
-        except ValueError:
-            body = text
-    else:
-        body = text
-    return Response(status, headers, body, raw)
-
-
-def request(port, method, path, headers=None, body=None, timeout=HTTP_TIMEOUT):
-    """One request on a fresh connection. Raises OSError/HTTPException on
-    transport errors (connection refused, timeout, reset)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        headers = dict(headers or {})
-        data = _encode_body(body, headers)
-        conn.request(method, path, body=data, headers=headers)
-        resp = conn.getresponse()
-        raw = resp.read()
-        return _make_response(resp.status, resp.getheaders(), raw)
-    finally:
-        conn.close()
-
-
-class Client:
-    """A keep-alive connection (one per thread); reconnects after errors."""
-
-    def __init__(self, port, timeout=HTTP_TIMEOUT):
-        self.port = port
-        self.timeout = timeout
-        self.conn = None
-
-    def connect(self):
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
-            self.conn.connect()
-        return self
-
-    def close(self):
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def request(self, method, path, headers=None, body=None):
-        self.connect()
-        headers = dict(headers or {})
-        data = _encode_body(body, headers)
-        try:
-            self.conn.request(method, path, body=data, headers=headers)
-            resp = self.conn.getresponse()
-            raw = resp.read()
-        except Exception:
-            self.close()
-            raise
-        if resp.will_close:
-            self.close()
-        return _make_response(resp.status, resp.getheaders(), raw)
-
-    def seckill(self, voucher_id, user_id):
-        return self.request("POST", f"/voucher/{voucher_id}/seckill",
-                            {"X-User-Id": str(user_id)})
-
-
-def voucher_body(title, stock, ahead=3600):
-    """The body of POST /admin/vouchers for a sale that began a minute ago and
-    ends 'ahead' seconds from now."""
-    now = int(time.time())
-    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-    return {"title": title, "stock": stock, "beginTime": iso(now - 60), "endTime": iso(now + ahead)}
-
-
-def new_voucher(srv, token, stock, title="test voucher"):
-    """Creates a voucher on sale now through srv's admin API; its id."""
-    r = srv.post("/admin/vouchers", {"Authorization": f"Bearer {token}"},
-                 voucher_body(title, stock))
+def new_voucher(srv, token, stock, title="test voucher", ahead=3600):
+    """Creates a voucher on sale now through the admin API of srv (a Server,
+    a port or a base URL); its id."""
+    r = request(getattr(srv, "port", srv), "POST", "/admin/vouchers",
+                {"Authorization": f"Bearer {token}"}, voucher_body(title, stock, ahead))
     if r.status != 201:
         fail(f"create voucher -> {r.status} {r.body!r}")
     return r.body["voucherId"]
@@ -603,7 +443,7 @@ def raw_request(port, data, timeout=5.0):
     if parsed is None:
         fail(f"unparsable answer: {buf[:200]!r}")
     status, items, body, _complete = parsed
-    return _make_response(status, items, body)
+    return kit.make_response(status, items, body)
 
 
 def _parse_raw(buf):
@@ -677,20 +517,19 @@ def run_concurrently(port_for_worker, jobs_per_worker, fn, workers, start_barrie
 # ---------------------------------------------------------------- psql / redis
 
 def psql(sql, dsn=None, timeout=30):
-    """Runs one SQL command; returns rows as lists of strings."""
-    cmd = ["psql", "-X", "-q", "-A", "-t", "-F", "\t", "-v", "ON_ERROR_STOP=1",
-           "-d", dsn or PG_DSN, "-c", sql]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        fail(f"psql failed ({p.returncode}) for {sql!r}: {p.stderr.strip()}")
-    return [line.split("\t") for line in p.stdout.splitlines() if line != ""]
+    """Runs SQL (kit.psql: on stdin, each statement its own transaction);
+    returns rows as lists of strings."""
+    try:
+        return kit.psql(dsn or PG_DSN, sql, timeout)
+    except kit.KitError as e:
+        fail(f"{e} (for {sql!r})")
 
 
 def psql_value(sql, dsn=None):
-    rows = psql(sql, dsn)
-    if len(rows) != 1 or len(rows[0]) != 1:
-        fail(f"expected one value from {sql!r}, got {rows!r}")
-    return rows[0][0]
+    try:
+        return kit.psql_value(dsn or PG_DSN, sql, 30)
+    except kit.KitError as e:
+        fail(str(e))
 
 
 def redis(args, url=None, timeout=10):

@@ -58,15 +58,8 @@ def stack(cmd, timeout=90):
     return ss.run_stack(cmd, RUN_DIR, timeout, INSTANCES=2, THREADS=4, LOG_LEVEL="warn")
 
 
-def admin(method, path, body=None):
-    return ss.request(S["port"], method, path, {"Authorization": f"Bearer {S['token']}"}, body)
-
-
 def new_voucher(title, stock):
-    r = admin("POST", "/admin/vouchers", ss.voucher_body(title, stock))
-    if r.status != 201:
-        fail(f"create voucher: {r.status} {r.raw!r}")
-    return str(r.body["voucherId"])
+    return str(ss.new_voucher(S["port"], S["token"], stock, title))
 
 
 # ---------------------------------------------------------------- the browser

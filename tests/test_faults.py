@@ -42,10 +42,11 @@ import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
 sys.path.insert(0, os.path.join(ss.ROOT, "loadtest"))
+import check_invariants as checker  # noqa: E402
+import kit  # noqa: E402
 import slowloris  # noqa: E402
 
 ROOT = ss.ROOT
-CHECKER = os.path.join(ROOT, "loadtest", "check_invariants.py")
 RUN_DIR = os.path.join(ss.TEST_TMP, "faults-stack")
 SALE_S = float(os.environ.get("FAULTS_SALE_S", "12"))
 OUTAGE_S = float(os.environ.get("FAULTS_OUTAGE_S", "3"))
@@ -63,54 +64,35 @@ _SCRUB = ("LOCK_LEASE_MS", "DEMO_PAUSE_MS", "DEMO_DELAY_MS", "REDIS_TIMEOUT_MS",
 
 # ---------------------------------------------------------------- the stack
 
-def stack(cmd, timeout=120):
-    return ss.run_stack(cmd, RUN_DIR, timeout, _SCRUB, INSTANCES=2, DEMO_RANDOM_USER=0,
-                        THREADS=4, LOG_LEVEL="warn")
-
-
-class Stack:
-    """The running stack's facts (ports, DSN, pids) and its processes."""
+class Stack(kit.Stack):
+    """The local stack (kit.Stack, 2 instances) and what these tests do to it."""
 
     def __init__(self):
-        e = ss.stack_env_file(RUN_DIR)
-        self.env = e
-        self.nginx = int(e["NGINX_PORT"])
-        self.app_ports = [int(p) for p in e["INSTANCE_PORTS"].split()]
-        self.dsn = e["PG_DSN"]
-        self.redis_url = e["REDIS_URL"]
-        self.redis_port = int(e["REDIS_PORT"])
-        self.token = e["ADMIN_TOKEN"]
+        super().__init__(RUN_DIR, ss.stack_settings({"INSTANCES": 2, "DEMO_RANDOM_USER": 0,
+                                                     "THREADS": 4, "LOG_LEVEL": "warn"}), _SCRUB)
         self.spawned = []          # Popen of processes this test restarted
+        self.images = {}           # how the launcher started each instance
 
-    def pidfile(self, name):
-        return os.path.join(RUN_DIR, "pids", f"{name}.pid")
+    @property
+    def nginx(self):
+        return self.nginx_port
 
-    def pid(self, name):
-        with open(self.pidfile(name)) as f:
-            return int(f.readline())
+    @property
+    def redis_port(self):
+        return int(self.info["REDIS_PORT"])
 
     def set_pid(self, name, pid):
-        """Points the launcher's pid file at a restarted process (the second
-        line, the command-line pattern it checks, stays)."""
-        with open(self.pidfile(name)) as f:
-            lines = f.read().splitlines()
-        lines[0] = str(pid)
-        with open(self.pidfile(name) + ".tmp", "w") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(self.pidfile(name) + ".tmp", self.pidfile(name))
+        super().set_pid(name, pid)
         ss.register_pid(pid)
 
-    def admin(self, method, path, body=None):
-        return ss.request(self.nginx, method, path, {"Authorization": f"Bearer {self.token}"}, body)
-
     def new_voucher(self, stock=STOCK):
-        r = self.admin("POST", "/admin/vouchers", ss.voucher_body("faults", stock, ahead=86400))
-        if r.status != 201:
-            fail(f"create voucher: {r.status} {r.raw!r}")
-        return int(r.body["voucherId"])
+        try:
+            return self.create_voucher(stock, "faults")
+        except kit.KitError as e:
+            fail(f"create voucher: {e}")
 
     def redis(self, *args, timeout=5):
-        return ss.redis(list(args), url=self.redis_url, timeout=timeout)
+        return ss.redis(list(args), url=self.info["REDIS_URL"], timeout=timeout)
 
     def wait_ready(self, port, timeout=20):
         deadline = time.monotonic() + timeout
@@ -131,19 +113,15 @@ class Stack:
 
 
 def wait_gone(pid, timeout=10):
-    deadline = time.monotonic() + timeout
-    while ss.pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if ss.pid_alive(pid):
+    if not kit.wait_gone(pid, timeout):
         fail(f"pid {pid} still alive after {timeout}s")
 
 
 def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    st = kit.proc_status(pid)
+    if st is None:
+        fail(f"pid {pid} is gone")
+    return st["VmRSS"]
 
 
 ProcImage = namedtuple("ProcImage", "argv env cwd")
@@ -164,11 +142,12 @@ _state = {}
 
 def the_stack():
     if "stack" not in _state:
-        p = stack("start")
-        if p.returncode != 0:
-            stack("stop")
-            fail(f"stack.sh start: exit {p.returncode}\n{p.stderr}")
         st = Stack()
+        p = st.run("start")
+        if p.returncode != 0:
+            st.run("stop")
+            fail(f"stack.sh start: exit {p.returncode}\n{p.stderr}")
+        st.read_env()
         ss.register_stack_pids(RUN_DIR)
         st.images = {f"app-{i + 1}": snapshot(st.pid(f"app-{i + 1}")) for i in range(2)}
         _state["stack"] = st
@@ -179,12 +158,7 @@ def respawn_instance(st, name, **overrides):
     """Starts instance 'name' again as the launcher did (same argv,
     environment, directory), with environment overrides; waits until ready."""
     img = st.images[name]
-    env = dict(img.env)
-    for k, v in overrides.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = str(v)
+    env = kit.with_settings(img.env, overrides)
     log = open(os.path.join(RUN_DIR, "logs", f"{name}.log"), "ab")
     p = subprocess.Popen(img.argv, env=env, cwd=img.cwd, stdin=subprocess.DEVNULL, stdout=log,
                          stderr=log, start_new_session=True)
@@ -233,7 +207,7 @@ class Load:
         return self
 
     def _worker(self, i, label, port):
-        conn = None
+        client = kit.Client(port, timeout=self.timeout)
         user = self.user_bases[i]
         next_at = time.monotonic()
         while not self.stop_event.is_set():
@@ -241,41 +215,25 @@ class Load:
             t0 = time.monotonic()
             status = code = inst = oid = ra = err = None
             try:
-                if conn is None:
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=self.timeout)
-                conn.request("POST", f"/voucher/{self.voucher}/seckill",
-                             headers={"X-User-Id": str(user), "Content-Length": "0"})
-                r = conn.getresponse()
-                raw = r.read()
-                status = r.status
-                inst = r.getheader("X-Instance-Id")
-                ra = r.getheader("Retry-After")
-                try:
-                    body = json.loads(raw)
-                except ValueError:
-                    body = {}
+                r = client.request("POST", f"/voucher/{self.voucher}/seckill",
+                                   {"X-User-Id": str(user)})
+                status, body = r.status, r.body if isinstance(r.body, dict) else {}
+                inst = r.headers.get("x-instance-id")
+                ra = r.headers.get("retry-after")
                 if status == 200:
                     oid = body.get("orderId")
                 else:
                     code = body.get("error")
-                if r.will_close:
-                    conn.close()
-                    conn = None
             except ConnectionRefusedError:
                 err = "refused"
-                conn = None
             except (OSError, http.client.HTTPException) as e:
                 err = type(e).__name__
-                if conn is not None:
-                    conn.close()
-                conn = None
             with self.lock:
                 self.records.append(Rec(label, user, t0, time.monotonic(), status, code, inst,
                                         oid, ra, err))
             next_at = max(next_at + 1.0 / self.rate, time.monotonic() - 1.0 / self.rate)
             self.stop_event.wait(max(0.0, next_at - time.monotonic()))
-        if conn is not None:
-            conn.close()
+        client.close()
 
     def stop(self):
         self.stop_event.set()
@@ -302,7 +260,7 @@ def tally(recs):
 
 
 def pct(values, p):
-    return slowloris.percentile(values, p) if values else 0.0
+    return kit.percentile(values, p) if values else 0.0
 
 
 def check_invariants(st, voucher, recs, label, extra_ids=()):
@@ -313,15 +271,18 @@ def check_invariants(st, voucher, recs, label, extra_ids=()):
     path = os.path.join(ss.TEST_TMP, f"faults-{label}-ids.txt")
     with open(path, "w") as f:
         f.write("".join(i + "\n" for i in ids))
-    args = [sys.executable, CHECKER, "--dsn", st.dsn, "--voucher", str(voucher), "--ids", path,
-            "--ok-responses", str(len(ids)), "--unknown-responses", str(unknown)]
-    p = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    print("    " + p.stdout.strip().replace("\n", "\n    "), flush=True)
-    if p.returncode != 0:
-        fail(f"{label}: check_invariants exit {p.returncode}:\n{p.stdout}{p.stderr}")
+    verify(f"{label}: ", st, voucher, path, len(ids), unknown)
     orders = int(ss.psql_value(f"SELECT count(*) FROM tb_voucher_order WHERE voucher_id = {voucher}",
                                dsn=st.dsn))
     return {"answers200": len(ids), "unknownOutcome": unknown, "orders": orders}
+
+
+def verify(what, st, voucher, ids_path, ok, unknown):
+    """loadtest/check_invariants.py's verdict, printed; fails unless they hold."""
+    rc, lines, error = checker.verify(st.dsn, [voucher], ids_path, None, ok, unknown)
+    print("    " + "\n    ".join(lines + ([error] if error else [])), flush=True)
+    if rc != 0:
+        fail(f"{what}check_invariants exit {rc}:\n" + "\n".join(lines) + (error or ""))
 
 
 def lock_keys(st):
@@ -870,20 +831,14 @@ WRK_CONNECTIONS = 32
 
 def wrk_sale(st, v, seconds, out_dir):
     """wrk with loadtest/wrk_sale.lua (distinct users, order ids captured)
-    through nginx; returns (summary dict, order ids file)."""
+    through nginx: kit.run_wrk's figures."""
     os.makedirs(out_dir, exist_ok=True)
-    ids = os.path.join(out_dir, "order-ids.txt")
-    summ = os.path.join(out_dir, "wrk-summary.json")
-    env = dict(os.environ, WRK_IDS_FILE=ids, WRK_SUMMARY=summ,
-               WRK_USER_BASE=str(6_000_000_000_000 + (os.getpid() % 1000) * 10 ** 9))
-    p = subprocess.run(["wrk", "-t", "2", "-c", str(WRK_CONNECTIONS), "-d", f"{int(seconds)}s", "--timeout", "10s",
-                        "-s", os.path.join(ROOT, "loadtest", "wrk_sale.lua"),
-                        f"http://127.0.0.1:{st.nginx}/voucher/{v}/seckill"],
-                       capture_output=True, text=True, timeout=seconds + 60, env=env)
-    if p.returncode != 0 or not os.path.exists(summ):
-        fail(f"wrk failed ({p.returncode}): {p.stdout[-500:]}{p.stderr[-500:]}")
-    with open(summ) as f:
-        return json.load(f), ids
+    try:
+        return kit.run_wrk(f"http://127.0.0.1:{st.nginx}/voucher/{v}/seckill", WRK_CONNECTIONS,
+                           seconds, out_dir, 6_000_000_000_000 + (os.getpid() % 1000) * 10 ** 9,
+                           threads=2, latency=False)
+    except kit.KitError as e:
+        fail(f"wrk failed: {e}")
 
 
 @test
@@ -906,17 +861,17 @@ def memory_bounded_over_a_sale():
     t = threading.Thread(target=sampler, daemon=True)
     t.start()
     try:
-        summ, ids = wrk_sale(st, v, SALE_S, os.path.join(ss.TEST_TMP, "faults-rss"))
+        w = wrk_sale(st, v, SALE_S, os.path.join(ss.TEST_TMP, "faults-rss"))
     finally:
         done.set()
         t.join(5)
     time.sleep(1.0)
     after = {n: rss_kib(p) for n, p in pids.items()}
-    statuses = summ.get("statuses", {})
-    errors = summ.get("errors", {})
-    figs = {"saleS": SALE_S, "requests": summ.get("requests"),
-            "reqPerS": round(summ.get("requests", 0) / SALE_S), "statuses": statuses,
-            "wrkErrors": errors, "p99ms": round(summ.get("latencyUs", {}).get("p99", 0) / 1000, 1)}
+    statuses = w["statuses"]
+    errors = w["socketErrors"]
+    figs = {"saleS": SALE_S, "requests": w["requests"],
+            "reqPerS": round(w["requests"] / SALE_S), "statuses": statuses,
+            "wrkErrors": {**errors, "status": w["nonHttpErrors"]}, "p99ms": round(w["p99Ms"], 1)}
     problems = []
     for n in pids:
         s = samples[n] or [after[n]]
@@ -929,16 +884,10 @@ def memory_bounded_over_a_sale():
     ok = int(statuses.get("200", 0))
     # wrk stops at -d without reading the answers in flight (one per
     # connection): those buyers may have bought.
-    unknown = sum(int(n) for k, n in statuses.items() if k in ("502", "504")) + \
-        int(errors.get("timeout", 0)) + int(errors.get("read", 0)) + \
-        int(errors.get("write", 0)) + WRK_CONNECTIONS
-    p = subprocess.run([sys.executable, CHECKER, "--dsn", st.dsn, "--voucher", str(v), "--ids", ids,
-                        "--ok-responses", str(ok), "--unknown-responses", str(unknown)],
-                       capture_output=True, text=True, timeout=120)
-    print("    " + p.stdout.strip().replace("\n", "\n    "), flush=True)
+    unknown = sum(n for k, n in statuses.items() if k in ("502", "504")) + \
+        errors["timeout"] + errors["read"] + errors["write"] + WRK_CONNECTIONS
     show("memory", figs)
-    if p.returncode != 0:
-        fail(f"check_invariants exit {p.returncode}:\n{p.stdout}{p.stderr}")
+    verify("", st, v, w["idsFile"], ok, unknown)
     if set(statuses) != {"200"}:
         fail(f"answers other than 200 during the sale: {statuses}")
     # A sanitizer build keeps freed memory in quarantine (ASan) or shadow
@@ -968,7 +917,7 @@ def no_lock_outlives_its_lease():
 
 def teardown():
     st = _state.get("stack")
-    p = stack("stop")
+    p = (st or Stack()).run("stop")
     if p.returncode != 0:
         print(p.stderr)
     if st is not None:

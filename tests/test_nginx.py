@@ -11,10 +11,15 @@ small Python HTTP servers behind it that answer, hang up, or hang:
   - X-Request-Id is passed (made up when absent), keep-alive to the upstreams,
     the access log names the upstream, nothing is written outside the prefix;
   - make bench's stand-in upstream (loadtest/upstream200.c) frames requests as
-    nginx expects and keeps its connections.
+    nginx expects and keeps its connections;
+  - /admin, /metrics and /stats answer only the allow-list (--allow; loopback
+    by default): a client on 127.0.0.2 with an allow-list of 127.0.0.1 gets
+    403 with the JSON error body, whatever the spelling of the path or its
+    headers, and reaches every other path.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
+import http.client
 import json
 import os
 import re
@@ -328,6 +333,97 @@ def nginx_own_client_errors_are_json():
     expect_json_error(r, 404, "not_found")
     if good.requests:
         fail(f"requests nginx refused reached the instance: {good.requests}")
+
+
+def request_from(source, port, method, path, headers=None, body=None, timeout=15):
+    """One request from the loopback address 'source' (Linux routes all of
+    127.0.0.0/8 to lo, so 127.0.0.2 reaches a server on 127.0.0.1)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout,
+                                      source_address=(source, 0))
+    try:
+        headers = dict(headers or {})
+        data = ss._encode_body(body, headers)
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        return ss._make_response(resp.status, resp.getheaders(), resp.read())
+    finally:
+        conn.close()
+
+
+OPS_PATHS = [("GET", "/stats"), ("GET", "/metrics"), ("POST", "/admin/vouchers"),
+             ("POST", "/admin/vouchers/1/reset"), ("GET", "/stats?voucher=1"),
+             ("GET", "/%61dmin/vouchers"), ("GET", "//stats"), ("GET", "/metrics/"),
+             ("GET", "/./admin/vouchers"), ("DELETE", "/admin/vouchers/1")]
+PUBLIC_PATHS = [("GET", "/health"), ("GET", "/ready"), ("GET", "/voucher/1"),
+                ("POST", "/voucher/1/seckill")]
+
+
+@nginx_test
+def ops_paths_answer_the_allow_list_only():
+    app = upstream("ok")
+    n = Nginx([app.addr], ["--allow", "127.0.0.1"])
+    for method, path in OPS_PATHS:
+        before = len(app.requests)
+        r = request_from("127.0.0.2", n.port, method, path,
+                         {"X-Forwarded-For": "127.0.0.1", "X-Real-IP": "127.0.0.1",
+                          "Authorization": "Bearer x"}, b"{}" if method == "POST" else None)
+        try:
+            expect_json_error(r, 403, "forbidden")
+        except AssertionError as e:
+            fail(f"{method} {path} from 127.0.0.2: {e}")
+        if not r.headers.get("x-request-id"):
+            fail(f"{method} {path}: 403 without X-Request-Id")
+        if len(app.requests) != before:
+            fail(f"{method} {path} from 127.0.0.2 reached the instance: {app.requests[before:]}")
+    for method, path in PUBLIC_PATHS:
+        r = request_from("127.0.0.2", n.port, method, path, {"X-User-Id": "1"})
+        if r.status != 200 or r.body.get("ok") is not True:
+            fail(f"{method} {path} from 127.0.0.2: {r.status} {r.raw[:200]!r}")
+    r = request_from("127.0.0.2", n.port, "GET", "/dashboard/")
+    if r.status != 200 or "<html" not in str(r.body).lower():
+        fail(f"the dashboard page from 127.0.0.2: {r.status} {r.raw[:200]!r}")
+    # From the allowed address everything goes through, the dashboard's
+    # /stats polling included.
+    for method, path in OPS_PATHS[:5] + PUBLIC_PATHS:
+        r = request_from("127.0.0.1", n.port, method, path, {"X-User-Id": "1"},
+                         b"{}" if method == "POST" else None)
+        if r.status != 200 or r.body.get("ok") is not True:
+            fail(f"{method} {path} from 127.0.0.1: {r.status} {r.raw[:200]!r}")
+    r = request_from("127.0.0.1", n.port, "GET", "/dashboard/")
+    if r.status != 200:
+        fail(f"the dashboard page from 127.0.0.1: {r.status}")
+
+
+@nginx_test
+def allow_list_defaults_to_loopback_and_takes_cidrs():
+    app = upstream("ok")
+    # Default: all of 127.0.0.0/8 and ::1.
+    n = Nginx([app.addr])
+    geo = re.search(r"geo \$seckill_ops_client \{(.*?)\}", open(os.path.join(n.dir, "nginx.conf")).read(),
+                    re.S).group(1)
+    entries = [l.strip() for l in geo.strip().splitlines()]
+    if entries != ["default 0;", "127.0.0.0/8 1;", "::1 1;"]:
+        fail(f"default allow-list: {entries}")
+    r = request_from("127.0.0.2", n.port, "GET", "/stats")
+    if r.status != 200:
+        fail(f"127.0.0.2 is loopback and allowed by default: {r.status} {r.raw[:200]!r}")
+    n.stop()
+    # A CIDR that leaves 127.0.0.2 out; NGINX_ALLOW is the default of --allow.
+    env = dict(os.environ, NGINX_ALLOW="127.0.0.0/31 10.0.0.0/8")
+    d = os.path.join(ss.TEST_TMP, f"nginx-allow-env-{os.getpid()}")
+    p = subprocess.run([ss.GEN_CONF, "--prefix", d, "--upstream", app.addr], env=env,
+                       capture_output=True, text=True, timeout=30)
+    if p.returncode != 0 or "127.0.0.0/31 1;" not in p.stdout or "10.0.0.0/8 1;" not in p.stdout:
+        fail(f"NGINX_ALLOW was not used: {p.stderr}")
+    n = Nginx([app.addr], ["--allow", "127.0.0.0/31"])
+    if request_from("127.0.0.1", n.port, "GET", "/metrics").status != 200:
+        fail("127.0.0.1 is in 127.0.0.0/31")
+    expect_json_error(request_from("127.0.0.2", n.port, "GET", "/metrics"), 403, "forbidden")
+    for bad in ("", "localhost", "10.0.0.0/8 300.1", "1.2.3.4; deny", "1.2.3.4/8;"):
+        p = subprocess.run([ss.GEN_CONF, "--prefix", d, "--upstream", app.addr, "--allow", bad],
+                           capture_output=True, text=True, timeout=30)
+        if p.returncode == 0:
+            fail(f"gen-conf.sh accepted --allow {bad!r}")
 
 
 @nginx_test

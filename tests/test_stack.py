@@ -85,16 +85,8 @@ def check(*args):
                           capture_output=True, text=True, timeout=60, env=env)
 
 
-def admin(method, path, body=None):
-    token = env_file()["ADMIN_TOKEN"]
-    return ss.request(base_port(), method, path, {"Authorization": f"Bearer {token}"}, body)
-
-
 def new_voucher(stock):
-    r = admin("POST", "/admin/vouchers", ss.voucher_body("t", stock))
-    if r.status != 201:
-        fail(f"create voucher: {r.status} {r.raw!r}")
-    return int(r.body["voucherId"])
+    return int(ss.new_voucher(base_port(), env_file()["ADMIN_TOKEN"], stock, "t"))
 
 
 def both_instances(res):
