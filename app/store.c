@@ -61,12 +61,15 @@ static const statement statements[] = {
      * synchronous_standby_names asks for it). A transactional logical message
      * is the smallest such write (no table, no row: no contention); without
      * a write Postgres would commit it asynchronously. Concurrent callers
-     * share one flush (Postgres's group commit). Only when order $1 exists:
-     * a refusal wrote nothing that needs waiting for, and then this writes
+     * share one flush (Postgres's group commit). Only when order $1 exists,
+     * which the first column says: an order the statement reported but
+     * whose commit failed has no row, and must not read as flushed; a
+     * refusal wrote nothing that needs waiting for, and then this writes
      * nothing either and returns without a flush. */
     { "wait_durable", 1,
-      "SELECT pg_logical_emit_message(true, 'seckill.durable', '')"
-      " WHERE EXISTS (SELECT 1 FROM tb_voucher_order WHERE id = $1)" },
+      "SELECT o.found,"
+      "       CASE WHEN o.found THEN pg_logical_emit_message(true, 'seckill.durable', '') END"
+      "  FROM (SELECT EXISTS (SELECT 1 FROM tb_voucher_order WHERE id = $1) AS found) o" },
 
     /* The step-by-step transaction (store_order_steps). */
     { "fence_advance", 2,
@@ -287,13 +290,17 @@ store_status store_order_create(PGconn *pg, const store_order *o)
     return st;
 }
 
-/* Reads the results of one pipeline segment (a statement and its Sync):
- * returns the statement's first result (caller clears; NULL when none came)
- * and sets *synced when the Sync was reached. Two NULLs in a row mean the
- * connection has nothing more to give (it broke). */
+/* Reads every result of one pipeline segment (its statements and its
+ * Sync): returns the first error among them, else the first result (caller
+ * clears; NULL when none came), and sets *synced when the Sync was
+ * reached. A segment is one implicit transaction whose COMMIT runs at the
+ * Sync: a statement can succeed and its commit still fail (a deferred
+ * constraint, a serialization failure, the server shutting down), and that
+ * error comes as a result of its own after the statement's. Two NULLs in a
+ * row mean the connection has nothing more to give (it broke). */
 static PGresult *segment_read(PGconn *pg, int *synced)
 {
-    PGresult *first = NULL, *r;
+    PGresult *kept = NULL, *r;
     int nulls = 0;
 
     *synced = 0;
@@ -308,12 +315,15 @@ static PGresult *segment_read(PGconn *pg, int *synced)
             *synced = 1;
             break;
         }
-        if (first == NULL)
-            first = r;
-        else
+        if (kept == NULL || (PQresultStatus(r) == PGRES_FATAL_ERROR &&
+                             PQresultStatus(kept) != PGRES_FATAL_ERROR)) {
+            PQclear(kept);
+            kept = r;
+        } else {
             PQclear(r);
+        }
     }
-    return first;
+    return kept;
 }
 
 store_status store_order_send_early(PGconn *pg, const store_order *o, store_early *e)
@@ -324,6 +334,7 @@ store_status store_order_send_early(PGconn *pg, const store_order *o, store_earl
     store_status st;
 
     memset(e, 0, sizeof *e);
+    e->order_id = o->order_id;
     order_params_fill(&p, o, 1);
     e->t0 = util_mono_us();
     if (!PQenterPipelineMode(pg))
@@ -355,8 +366,14 @@ store_status store_order_finish_early(PGconn *pg, store_early *e, store_status s
     if (e->segments == 2 && e->read == 1) {
         res = segment_read(pg, &synced);
         rec_backend(REC_PG, util_mono_us() - t0, synced);
-        if (st == STORE_OK && (!synced || PQresultStatus(res) != PGRES_TUPLES_OK))
+        if (st == STORE_OK && (!synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
+                               PQntuples(res) != 1))
             st = result_error(pg, res, "wait_durable");
+        else if (st == STORE_OK && PQgetvalue(res, 0, 0)[0] != 't') {
+            /* Reported, yet not there: its commit failed after the statement. */
+            log_warn("store: order %" PRId64 " reported, but its commit failed", e->order_id);
+            st = STORE_UNAVAILABLE;
+        }
         PQclear(res);
     } else if (st == STORE_OK) {
         st = STORE_UNAVAILABLE;                  /* the wait was never sent */

@@ -54,13 +54,16 @@ store_status store_order_create(PGconn *pg, const store_order *o);
  * fsync). The outcome is visible to others at once but not yet durable:
  * store_order_finish_early (call it exactly once after every send, with
  * the send's status) reads the wait and returns the status to answer with:
- * STORE_OK only once the commit is on disk, else STORE_UNAVAILABLE. A
+ * STORE_OK only once the commit is on disk and the order's row is there
+ * (a commit can fail after its statement succeeded), else
+ * STORE_UNAVAILABLE. A
  * crash in between loses the order and its deduction together. If the
  * connection is left in pipeline mode (PQpipelineStatus) it must be
  * re-opened. */
 typedef struct store_early {
     int segments;             /* statements sent, each with its Sync */
     int read;                 /* segments read */
+    int64_t order_id;
     int64_t t0;
 } store_early;
 

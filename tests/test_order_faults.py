@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""The order path when its parts misbehave: each test forces one fault and
+checks what the buyer is told and what Postgres and Redis hold after.
+
+  commit failure      a deferred constraint trigger refuses the COMMIT of
+                      one buyer's order: never 200, no row (every strategy)
+  clock step          the wall clock stepped back (TEST_CLOCK_STEP_MS) holds
+                      neither a batch's gathering nor the stats publisher
+  request deadline    work not started by REQUEST_DEADLINE_MS is answered 503
+                      and not done: behind a stalled database (work queue,
+                      per-voucher gate, batch queue, a batch's one-by-one
+                      retry); a stopped Postgres backend frees its worker
+                      within PG_STATEMENT_TIMEOUT_MS + 1 s
+  fencing gap         without the unique constraint, a stale holder that
+                      commits while the new holder waits on the fence row
+                      still leaves one order
+  lost lock replies   a batch's lock granted after its reply was lost is
+                      released; a release that failed does not let the
+                      worker's next request of that user re-enter the lock
+  sale window         the order statement itself refuses a sale outside the
+                      voucher's window (409 ended / not_started)
+
+Faults come from a psql session that holds the voucher row, triggers the
+test installs (and drops) on tb_voucher_order, SIGSTOP of one Postgres
+backend, and a TCP proxy in front of Redis that this test controls.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seckill_server as ss  # noqa: E402
+from seckill_server import fail, psql, psql_value, test  # noqa: E402
+
+TOKEN = "order-faults-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+UNIQUE = "uq_voucher_order_user_voucher"
+
+
+# ---------------------------------------------------------------- helpers
+
+def server(name, **env):
+    return ss.Server(name, {"ADMIN_TOKEN": TOKEN, "LOG_LEVEL": "warn", **env})
+
+
+def voucher(srv, stock=100, begin=None, end=None):
+    """A voucher on sale now (or between the Unix times begin and end)."""
+    body = ss.voucher_body("order faults", stock)
+    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+    if begin is not None:
+        body["beginTime"] = iso(begin)
+    if end is not None:
+        body["endTime"] = iso(end)
+    r = srv.post("/admin/vouchers", AUTH, body)
+    if r.status != 201:
+        fail(f"create voucher -> {r.status} {r.body!r}")
+    return r.body["voucherId"]
+
+
+def orders_of(vid, uid=None):
+    where = f"voucher_id = {vid}" + (f" AND user_id = {uid}" if uid is not None else "")
+    return int(psql_value(f"SELECT count(*) FROM tb_voucher_order WHERE {where}"))
+
+
+def stock_of(vid):
+    return int(psql_value(f"SELECT stock FROM tb_voucher WHERE voucher_id = {vid}"))
+
+
+def answer(r):
+    if isinstance(r, Exception):
+        return (type(r).__name__, str(r))
+    return (r.status, r.body.get("error") if isinstance(r.body, dict) else r.body)
+
+
+def in_background(fn, *args):
+    """Runs fn(*args) in a thread; returns (thread, box): box["r"] is its
+    result or the exception it raised."""
+    box = {}
+
+    def run():
+        try:
+            box["r"] = fn(*args)
+        except Exception as e:          # noqa: BLE001 - reported by the caller
+            box["r"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def wait_for(what, cond, timeout=10.0, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(step)
+    fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def lock_waiters(app):
+    """Backends of instance 'app' (its application_name) waiting on a lock."""
+    return int(psql_value("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                          f"'{app}' AND wait_event_type = 'Lock'"))
+
+
+class RowHolder:
+    """A psql session holding voucher 'vid''s row lock (SELECT ... FOR
+    UPDATE) until release(): buyers' statements wait behind it, as behind a
+    stalled database."""
+
+    def __init__(self, vid, name="order-faults-holder"):
+        self.name = name
+        self.proc = subprocess.Popen(
+            ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d",
+             f"{ss.PG_DSN} application_name={name}"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            text=True)
+        ss.register_pid(self.proc.pid)
+        self.proc.stdin.write("BEGIN;\nSELECT 1 FROM tb_voucher WHERE voucher_id = "
+                              f"{vid} FOR UPDATE;\n")
+        self.proc.stdin.flush()
+        wait_for("the row holder's lock", lambda: psql_value(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+            f"'{name}' AND state = 'idle in transaction'") == "1")
+
+    def release(self):
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.write("COMMIT;\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        ss.unregister_pid(self.proc.pid)
+        self.proc = None
+
+
+class commit_refused:
+    """A deferred constraint trigger on tb_voucher_order whose check fails at
+    COMMIT for users lo..hi: the order statement itself succeeds, its commit
+    does not. (deferred=False: the INSERT itself fails.)"""
+
+    def __init__(self, lo, hi, deferred=True):
+        self.lo, self.hi, self.deferred = lo, hi, deferred
+
+    def __enter__(self):
+        when = "DEFERRABLE INITIALLY DEFERRED" if self.deferred else "NOT DEFERRABLE"
+        psql("CREATE OR REPLACE FUNCTION order_faults_refuse() RETURNS trigger "
+             "LANGUAGE plpgsql AS $$ BEGIN "
+             "IF NEW.user_id BETWEEN TG_ARGV[0]::bigint AND TG_ARGV[1]::bigint THEN "
+             "RAISE EXCEPTION 'order_faults: commit refused for user %', NEW.user_id; END IF; "
+             "RETURN NULL; END $$;\n"
+             "DROP TRIGGER IF EXISTS order_faults_refuse ON tb_voucher_order;\n"
+             "CREATE CONSTRAINT TRIGGER order_faults_refuse AFTER INSERT ON tb_voucher_order "
+             f"{when} FOR EACH ROW EXECUTE FUNCTION order_faults_refuse('{self.lo}', '{self.hi}');")
+        return self
+
+    def __exit__(self, *exc):
+        psql("DROP TRIGGER IF EXISTS order_faults_refuse ON tb_voucher_order;\n"
+             "DROP FUNCTION IF EXISTS order_faults_refuse();")
+
+
+class without_unique:
+    """Drops the unique constraint for the block (the demo ladder runs
+    without it); restores it after, the duplicates made on purpose first
+    deleted."""
+
+    def __enter__(self):
+        psql(f"ALTER TABLE tb_voucher_order DROP CONSTRAINT IF EXISTS {UNIQUE}")
+
+    def __exit__(self, *exc):
+        psql("DELETE FROM tb_voucher_order o USING tb_voucher_order p "
+             "WHERE o.user_id = p.user_id AND o.voucher_id = p.voucher_id AND o.id > p.id")
+        psql(f"ALTER TABLE tb_voucher_order ADD CONSTRAINT {UNIQUE} UNIQUE (user_id, voucher_id)")
+
+
+class RedisProxy:
+    """A TCP proxy in front of the test's Redis. set(up=True) discards what
+    clients send, set(down=True) what Redis answers (the command runs, its
+    reply is lost); a connection that lost bytes is closed once both
+    directions flow again, as a real network partition would leave it."""
+
+    def __init__(self):
+        self.upstream = int(ss.REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.port = self.lsock.getsockname()[1]
+        self.mu = threading.Lock()
+        self.drop = {"up": False, "down": False}
+        self.pairs = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            try:
+                u = socket.create_connection(("127.0.0.1", self.upstream), timeout=5)
+            except OSError:
+                c.close()
+                continue
+            u.settimeout(None)
+            pair = {"c": c, "u": u, "tainted": False}
+            with self.mu:
+                self.pairs.append(pair)
+            threading.Thread(target=self._pump, args=(pair, c, u, "up"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(pair, u, c, "down"), daemon=True).start()
+
+    def _pump(self, pair, src, dst, direction):
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                self._close(pair)
+                return
+            with self.mu:
+                dropping = self.drop[direction]
+                if dropping:
+                    pair["tainted"] = True
+            if dropping:
+                continue
+            try:
+                dst.sendall(data)
+            except OSError:
+                self._close(pair)
+                return
+
+    def _close(self, pair):
+        for s in (pair["c"], pair["u"]):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        with self.mu:
+            if pair in self.pairs:
+                self.pairs.remove(pair)
+
+    def set(self, up=False, down=False):
+        with self.mu:
+            self.drop = {"up": up, "down": down}
+            tainted = [p for p in self.pairs if p["tainted"]] if not (up or down) else []
+        for p in tainted:
+            self._close(p)
+
+    def close(self):
+        self.closed = True
+        self.lsock.close()
+        with self.mu:
+            pairs = list(self.pairs)
+        for p in pairs:
+            self._close(p)
+
+
+def pttl(key):
+    return int(ss.redis(["PTTL", key]))
+
+
+# ---------------------------------------------------------------- 1. commit failures
+
+@test
+def a_failed_commit_is_never_answered_200():
+    """The order statement succeeds and its COMMIT fails (a deferred
+    constraint trigger refuses it): the buyer gets 503 (or 409), never 200,
+    and there is no row; the other buyers are served. Every strategy: the
+    early lock release (pipelined, the default), the plain one-statement
+    commit, the stepwise pessimistic transaction, and group commit."""
+    configs = [("early", {}), ("plain", {"EARLY_LOCK_RELEASE": 0}),
+               ("pessimistic", {"SECKILL_STOCK": "pessimistic"}),
+               ("batched", {"SECKILL_STOCK": "batched", "BATCH_WINDOW_US": 200000})]
+    refused_lo, refused_hi = 8_100_000, 8_100_999
+    for k, (name, env) in enumerate(configs):
+        srv = server(f"commitfail-{name}", **env)
+        try:
+            vid = voucher(srv, 50)
+            fine = 8_200_000 + 100 * k
+            bad = refused_lo + 100 * k
+            with commit_refused(refused_lo, refused_hi):
+                # A batch of good buyers with one refused among them, at once.
+                users = [bad] + list(range(fine, fine + 4))
+                jobs = [(u,) for u in users]
+                res = ss.run_concurrently(lambda i: srv.port, [[j] for j in jobs],
+                                          lambda c, j: c.seckill(vid, j[0]), len(jobs))
+                got = {j[0]: answer(r) for j, r in res}
+                again = answer(srv.seckill(vid, bad))     # the same worker's next request
+            if got[bad][0] not in (503, 409) or again[0] not in (503, 409):
+                fail(f"{name}: a buyer whose commit failed was answered {got[bad]}, "
+                     f"then {again}")
+            if orders_of(vid, bad) != 0:
+                fail(f"{name}: an order row exists for the buyer whose commit failed")
+            if any(got[u][0] != 200 for u in users[1:]):
+                fail(f"{name}: buyers beside the refused one: {got}")
+            if orders_of(vid) != 4 or stock_of(vid) != 46:
+                fail(f"{name}: orders {orders_of(vid)}, stock {stock_of(vid)}; want 4, 46")
+            after = answer(srv.seckill(vid, bad))       # the trigger gone: it sells
+            if after[0] != 200 or orders_of(vid, bad) != 1:
+                fail(f"{name}: after the fault the buyer got {after}")
+        finally:
+            srv.stop_ok()
+
+
+if __name__ == "__main__":
+    ss.main()
