@@ -56,10 +56,13 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static queue queues[NQUEUES];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
+/* The gathering window is a timed wait: on the monotonic clock, so that a
+ * step of the wall clock (NTP, an operator) cannot hold a batch. */
 static void init(void)
 {
     for (int i = 0; i < NQUEUES; i++)
-        pthread_cond_init(&queues[i].full, NULL);
+        if (util_cond_init_monotonic(&queues[i].full) != 0)
+            abort();
 }
 
 static scratch *scratch_new(int n)
@@ -280,10 +283,7 @@ static void submit(conn_set *cs, stock_buyer *b, stock_done_fn done, void *arg)
         q->s = scratch_new(g_cfg.batch_max);
     while (q->head != NULL) {
         struct timespec deadline;
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_nsec += (long)g_cfg.batch_window_us * 1000L;
-        deadline.tv_sec += deadline.tv_nsec / 1000000000L;
-        deadline.tv_nsec %= 1000000000L;
+        util_deadline(CLOCK_MONOTONIC, g_cfg.batch_window_us, &deadline);
         while (q->n < g_cfg.batch_max &&
                pthread_cond_timedwait(&q->full, &mu, &deadline) != ETIMEDOUT)
             ;

@@ -94,6 +94,9 @@ static const option_def options[] = {
       "demo only: sleep this long inside the critical section to widen races" },
     { "DEMO_PAUSE_MS", "demo-pause-ms", OPT_INT, F(demo_pause_ms), 0, 60000, "0",
       "demo only: pause this long after taking the lock (a GC pause: shows fencing)" },
+    { "TEST_CLOCK_STEP_MS", "test-clock-step-ms", OPT_INT, F(test_clock_step_ms), 0, 3600000,
+      "0", "testing only: timed waits read the wall clock this far ahead, as if it were "
+      "stepped back by it each time (shows that no wait depends on the wall clock)" },
     { "RETRY_AFTER_S", "retry-after", OPT_INT, F(retry_after_s), 0, 3600, "1",
       "Retry-After seconds sent with 503" },
 };

@@ -52,6 +52,7 @@ typedef struct config {
     int batch_max;              /* batched: buyers settled in one transaction at most */
     int early_lock_release;     /* optimistic: async commit, then wait for the flush */
     int batch_window_us;        /* batched: how long a batch gathers buyers */
+    int test_clock_step_ms;     /* testing only: util_set_test_clock_step_ms */
     char instance_uuid[37];     /* random per process; lock owner prefix */
 } config;
 

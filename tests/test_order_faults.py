@@ -316,5 +316,47 @@ def a_failed_commit_is_never_answered_200():
             srv.stop_ok()
 
 
+# ---------------------------------------------------------------- 2. clock steps
+
+CLOCK_STEP_MS = 2500
+
+
+@test
+def a_wall_clock_step_holds_neither_a_batch_nor_the_publisher():
+    """TEST_CLOCK_STEP_MS=D makes every wall-clock reading behind a timed
+    wait D ahead, as if the clock were stepped back by D just after it was
+    read. A batch's gathering window (1 ms) must not last D, nor the stats
+    publisher's one-second tick 1 s + D: both wait on the monotonic clock."""
+    srv = server("clockstep", SECKILL_STOCK="batched", TEST_CLOCK_STEP_MS=CLOCK_STEP_MS)
+    try:
+        vid = voucher(srv, 50)
+        took = []
+        for uid in range(8_300_000, 8_300_004):
+            t0 = time.monotonic()
+            r = srv.seckill(vid, uid)
+            took.append(time.monotonic() - t0)
+            if r.status != 200:
+                fail(f"buyer {uid}: {answer(r)}")
+        if max(took) > 1.0:
+            fail(f"a batch of one buyer was held {max(took):.2f}s with the wall clock stepped "
+                 f"back {CLOCK_STEP_MS} ms (answers took {[round(t, 2) for t in took]})")
+        # The publisher refreshes its key (PX 5000) every second: its age
+        # stays under about 1 s, not 1 s + D.
+        key = "seckill:instance:clockstep"
+        wait_for("the publisher's first tick", lambda: pttl(key) > 0)
+        oldest, t_end = 0, time.monotonic() + 4.0
+        while time.monotonic() < t_end:
+            left = pttl(key)
+            if left < 0:
+                fail(f"the publisher's key expired (pttl {left})")
+            oldest = max(oldest, 5000 - left)
+            time.sleep(0.05)
+        if oldest > 1800:
+            fail(f"the stats publisher's key went {oldest} ms without a refresh (tick 1000 ms; "
+                 f"wall clock stepped back {CLOCK_STEP_MS} ms)")
+    finally:
+        srv.stop_ok()
+
+
 if __name__ == "__main__":
     ss.main()
