@@ -97,6 +97,9 @@ static const option_def options[] = {
     { "TEST_CLOCK_STEP_MS", "test-clock-step-ms", OPT_INT, F(test_clock_step_ms), 0, 3600000,
       "0", "testing only: timed waits read the wall clock this far ahead, as if it were "
       "stepped back by it each time (shows that no wait depends on the wall clock)" },
+    { "REQUEST_DEADLINE_MS", "request-deadline-ms", OPT_INT, F(request_deadline_ms), 0, 600000,
+      "8000", "work not started this long after a request arrived is answered 503 and not "
+      "done (below the proxy's read timeout; 0: no deadline)" },
     { "RETRY_AFTER_S", "retry-after", OPT_INT, F(retry_after_s), 0, 3600, "1",
       "Retry-After seconds sent with 503" },
 };

@@ -45,6 +45,7 @@ typedef struct config {
     char id_prefix[64];         /* icr:{prefix}:{yyyy:MM:dd} */
     int demo_random_user;
     int retry_after_s;
+    int request_deadline_ms;    /* work not started by then: 503, not done (0: none) */
     int lock_strategy;          /* enum lock_strategy (SECKILL_LOCK) */
     int stock_strategy;         /* enum stock_strategy (SECKILL_STOCK) */
     int demo_delay_ms;          /* sleep between the reads and the writes (demo only) */

@@ -192,16 +192,24 @@ void conn_redis_broken(conn_set *cs)
 
 PGconn *conn_pg_open(char *err, size_t errlen)
 {
-    char timeout[16], options[64];
-    /* Our defaults first: later keywords win, so PG_DSN can override them. */
+    char timeout[16], options[64], user_timeout[16];
+    /* Our defaults first: later keywords win, so PG_DSN can override them.
+     * A peer that vanished (host down, network cut) is noticed by TCP
+     * itself: keepalives on an idle or waiting connection (5 s, then 3
+     * probes 2 s apart), tcp_user_timeout for data sent and never
+     * acknowledged, as long as one round trip may last (store.c bounds
+     * every wait for an answer the same way, which also covers a server
+     * that stopped answering while its kernel still acknowledges). The
+     * connect itself is bounded by connect_timeout. */
     const char *keys[] = { "connect_timeout", "application_name", "options", "keepalives",
                            "keepalives_idle", "keepalives_interval", "keepalives_count",
-                           "dbname", NULL };
-    const char *vals[] = { timeout, g_cfg.instance_id, options, "1", "5", "2", "3",
+                           "tcp_user_timeout", "dbname", NULL };
+    const char *vals[] = { timeout, g_cfg.instance_id, options, "1", "5", "2", "3", user_timeout,
                            g_cfg.pg_dsn[0] ? g_cfg.pg_dsn : NULL, NULL };
     PGconn *pg;
 
     snprintf(timeout, sizeof timeout, "%d", g_cfg.pg_connect_timeout_s);
+    snprintf(user_timeout, sizeof user_timeout, "%d", g_cfg.pg_statement_timeout_ms + 1000);
     snprintf(options, sizeof options, "-c statement_timeout=%d", g_cfg.pg_statement_timeout_ms);
     pg = PQconnectdbParams(keys, vals, 1);
     if (pg == NULL) {

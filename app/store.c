@@ -1,13 +1,17 @@
 /* store: Postgres access through prepared statements. */
 #include "store.h"
+#include "config.h"
 #include "log.h"
 #include "rec.h"
 #include "util.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 typedef struct statement {
@@ -154,11 +158,81 @@ static const statement statements[] = {
 
 #define NSTATEMENTS (sizeof statements / sizeof statements[0])
 
+/*---- round trips, each with the client's own bound ----*/
+
+/* statement_timeout (PG_STATEMENT_TIMEOUT_MS) ends a slow statement on the
+ * server. A server that cannot answer at all - a stopped or hung process,
+ * a host whose kernel still acknowledges while the database is gone - ends
+ * nothing, and libpq's blocking calls would wait for it forever (TCP
+ * keepalives and tcp_user_timeout, set in conn.c, only catch a peer whose
+ * kernel is gone too). So every wait for an answer is bounded here, a
+ * second past the statement timeout: the connection is then shut down
+ * and the call fails as unavailable (the statement's outcome is unknown:
+ * a retry is safe, it sells or answers already_ordered). */
+int store_round_trip_ms(void)
+{
+    return g_cfg.pg_statement_timeout_ms + STORE_SLACK_MS;
+}
+
+/* Waits until a result can be read from 'pg' without blocking, at most
+ * until 'until' (util_mono_us). 0, or -1 when the connection failed, or
+ * timed out and was shut down: it is CONNECTION_BAD then. */
+static int await_input(PGconn *pg, int64_t until)
+{
+    while (PQisBusy(pg)) {
+        struct pollfd pfd = { .fd = PQsocket(pg), .events = POLLIN };
+        int64_t left = until - util_mono_us();
+        int rc;
+
+        if (pfd.fd < 0)
+            return -1;
+        if (left <= 0) {
+            log_warn("store: no answer from Postgres within %d ms: closing the connection",
+                     store_round_trip_ms());
+            shutdown(pfd.fd, SHUT_RDWR);
+            PQconsumeInput(pg);             /* reads the end: the connection is bad now */
+            return -1;
+        }
+        rc = poll(&pfd, 1, (int)((left + 999) / 1000));
+        if (rc < 0 && errno != EINTR)
+            return -1;
+        if (rc > 0 && !PQconsumeInput(pg))
+            return -1;
+    }
+    return 0;
+}
+
+/* The result of the command just sent, as PQexec gives it (the last one,
+ * or the first error), read within the bound; NULL when the connection
+ * failed or timed out (PQerrorMessage says why). */
+static PGresult *collect(PGconn *pg)
+{
+    int64_t until = util_mono_us() + (int64_t)store_round_trip_ms() * 1000;
+    PGresult *kept = NULL, *r;
+
+    for (;;) {
+        if (await_input(pg, until) != 0) {
+            PQclear(kept);
+            return NULL;
+        }
+        if ((r = PQgetResult(pg)) == NULL)
+            return kept;
+        if (kept != NULL && PQresultStatus(kept) == PGRES_FATAL_ERROR) {
+            PQclear(r);
+        } else {
+            PQclear(kept);
+            kept = r;
+        }
+    }
+}
+
 int store_prepare(PGconn *pg)
 {
     for (size_t i = 0; i < NSTATEMENTS; i++) {
-        PGresult *res = PQprepare(pg, statements[i].name, statements[i].sql,
-                                  statements[i].nparams, NULL);
+        PGresult *res = PQsendPrepare(pg, statements[i].name, statements[i].sql,
+                                      statements[i].nparams, NULL)
+                            ? collect(pg)
+                            : NULL;
         int ok = res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK;
         if (!ok)
             log_error("store: prepare %s: %s", statements[i].name, PQerrorMessage(pg));
@@ -200,13 +274,14 @@ static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)
 static PGresult *exec(PGconn *pg, const char *name, int n, const char *const *vals)
 {
     int64_t t0 = util_mono_us();
-    return observed(pg, PQexecPrepared(pg, name, n, vals, NULL, NULL, 0), t0);
+    PGresult *res = PQsendQueryPrepared(pg, name, n, vals, NULL, NULL, 0) ? collect(pg) : NULL;
+    return observed(pg, res, t0);
 }
 
 static PGresult *timed_exec(PGconn *pg, const char *sql)
 {
     int64_t t0 = util_mono_us();
-    return observed(pg, PQexec(pg, sql), t0);
+    return observed(pg, PQsendQuery(pg, sql) ? collect(pg) : NULL, t0);
 }
 
 static int64_t get_i64(const PGresult *res, int row, int col)
@@ -300,11 +375,14 @@ store_status store_order_create(PGconn *pg, const store_order *o)
  * row mean the connection has nothing more to give (it broke). */
 static PGresult *segment_read(PGconn *pg, int *synced)
 {
+    int64_t until = util_mono_us() + (int64_t)store_round_trip_ms() * 1000;
     PGresult *kept = NULL, *r;
     int nulls = 0;
 
     *synced = 0;
     while (nulls < 2) {
+        if (await_input(pg, until) != 0)
+            break;
         if ((r = PQgetResult(pg)) == NULL) {
             nulls++;
             continue;
@@ -383,6 +461,15 @@ store_status store_order_finish_early(PGconn *pg, store_early *e, store_status s
         if (st == STORE_OK)
             st = STORE_UNAVAILABLE;
     }
+    return st;
+}
+
+store_status store_ping(PGconn *pg)
+{
+    PGresult *res = timed_exec(pg, "SELECT 1");
+    store_status st = PQresultStatus(res) == PGRES_TUPLES_OK ? STORE_OK
+                                                             : result_error(pg, res, "ping");
+    PQclear(res);
     return st;
 }
 

@@ -28,8 +28,18 @@ typedef struct store_voucher {
     int64_t end_time;
 } store_voucher;
 
+/* Every call waits for Postgres at most store_round_trip_ms() per round
+ * trip (PG_STATEMENT_TIMEOUT_MS + STORE_SLACK_MS): a server that stopped
+ * answering is given up, its connection shut down (CONNECTION_BAD: the
+ * caller re-opens it) and the call fails as STORE_UNAVAILABLE. */
+#define STORE_SLACK_MS 1000
+int store_round_trip_ms(void);
+
 /* Prepares every statement on a fresh session. Returns 0 or -1. */
 int store_prepare(PGconn *pg);
+
+/* SELECT 1 (readiness). */
+store_status store_ping(PGconn *pg);
 
 store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *out);
 

@@ -358,5 +358,130 @@ def a_wall_clock_step_holds_neither_a_batch_nor_the_publisher():
         srv.stop_ok()
 
 
+# ---------------------------------------------------------------- 3. request deadlines
+
+DEADLINE_MS = 1500
+
+
+@test
+def a_buyer_queued_past_its_deadline_gets_503_and_no_order():
+    """Buyer A's statement waits behind a held voucher row (a stalled
+    database); buyer B waits behind A: in the work queue (one worker), at
+    the per-voucher gate (several workers), or in the batch's queue. The
+    row is freed after B's deadline (REQUEST_DEADLINE_MS): A, started in
+    time, is served; B, not started by its deadline, gets 503 and no order
+    is made for it, then or later."""
+    configs = [("queue", {"THREADS": 1}), ("gate", {"THREADS": 4}),
+               ("batch", {"THREADS": 2, "SECKILL_STOCK": "batched"}),
+               ("pessimistic", {"THREADS": 1, "SECKILL_STOCK": "pessimistic"})]
+    for k, (name, env) in enumerate(configs):
+        srv = server(f"deadline-{name}", REQUEST_DEADLINE_MS=DEADLINE_MS,
+                     PG_STATEMENT_TIMEOUT_MS=20000, **env)
+        holder = None
+        try:
+            vid = voucher(srv, 50)
+            a, b = 8_400_000 + 10 * k, 8_400_001 + 10 * k
+            if srv.seckill(vid, 8_400_009 + 10 * k).status != 200:   # voucher cached
+                fail(f"{name}: the first sale failed")
+            holder = RowHolder(vid)
+            ta, ra = in_background(srv.seckill, vid, a)
+            wait_for(f"{name}: buyer A waiting on the row", lambda: lock_waiters(srv.name) >= 1)
+            tb, rb = in_background(srv.seckill, vid, b)
+            time.sleep(DEADLINE_MS / 1000 + 0.5)
+            holder.release()
+            ta.join(15)
+            tb.join(15)
+            if answer(ra.get("r"))[0] != 200:
+                fail(f"{name}: buyer A, started before its deadline: {answer(ra.get('r'))}")
+            if answer(rb.get("r")) != (503, "unavailable"):
+                fail(f"{name}: buyer B, queued past its deadline: {answer(rb.get('r'))}, "
+                     f"orders of B {orders_of(vid, b)}")
+            time.sleep(0.5)
+            if orders_of(vid, b) != 0 or stock_of(vid) != 48:
+                fail(f"{name}: after B's 503: its orders {orders_of(vid, b)}, stock {stock_of(vid)}")
+            if answer(srv.seckill(vid, b))[0] != 200:
+                fail(f"{name}: B's retry was not served")
+        finally:
+            if holder is not None:
+                holder.release()
+            srv.stop_ok()
+
+
+@test
+def a_batch_retried_one_by_one_respects_the_deadline():
+    """A batch's statement starts in time, waits behind a held voucher row
+    past its buyers' deadline, then fails (a trigger refuses one buyer's
+    row): the one-by-one retry must not order the others after their
+    deadline; they get 503 and no order."""
+    srv = server("deadline-retry", SECKILL_STOCK="batched", THREADS=4, BATCH_WINDOW_US=300000,
+                 REQUEST_DEADLINE_MS=DEADLINE_MS, PG_STATEMENT_TIMEOUT_MS=20000)
+    holder = None
+    try:
+        vid = voucher(srv, 50)
+        if srv.seckill(vid, 8_500_099).status != 200:
+            fail("the first sale failed")
+        refused, others = 8_500_000, [8_500_001, 8_500_002, 8_500_003]
+        with commit_refused(refused, refused, deferred=False):
+            holder = RowHolder(vid)
+            threads = [in_background(srv.seckill, vid, u) for u in [refused] + others]
+            wait_for("the batch waiting on the row", lambda: lock_waiters(srv.name) >= 1)
+            time.sleep(DEADLINE_MS / 1000 + 0.5)
+            holder.release()
+            for t, _box in threads:
+                t.join(15)
+        got = {u: answer(box.get("r")) for u, (_t, box) in zip([refused] + others, threads)}
+        placed = {u: orders_of(vid, u) for u in others}
+        if any(got[u] != (503, "unavailable") for u in others) or any(placed.values()):
+            fail(f"after the failed batch, past the deadline: answers {got}, orders {placed}")
+    finally:
+        if holder is not None:
+            holder.release()
+        srv.stop_ok()
+
+
+@test
+def a_stopped_postgres_backend_frees_its_worker_within_the_bound():
+    """The worker's Postgres backend is stopped (SIGSTOP: its kernel still
+    acknowledges, so neither keepalives nor statement_timeout can end the
+    wait). The buyer gets 503 within PG_STATEMENT_TIMEOUT_MS + 1 s and the
+    worker serves the next request on a new session."""
+    srv = server("blackhole-pg", THREADS=1, PG_STATEMENT_TIMEOUT_MS=1000)
+    pid = None
+    try:
+        vid = voucher(srv, 50)
+        if srv.seckill(vid, 8_600_000).status != 200:
+            fail("the first sale failed")
+        pids = [int(p[0]) for p in psql(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'blackhole-pg' "
+            "AND backend_type = 'client backend'")]
+        if len(pids) != 1:
+            fail(f"expected the one worker's backend, found {pids}")
+        pid = pids[0]
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            r = answer(srv.seckill(vid, 8_600_001, timeout=8))
+        except OSError as e:
+            r = answer(e)
+        took = time.monotonic() - t0
+        if r != (503, "unavailable") or took > 3.0:
+            fail(f"a buyer on a stopped backend: {r} after {took:.1f}s (bound: 1 s statement "
+                 "timeout + 1 s)")
+        t0 = time.monotonic()
+        g = srv.get(f"/voucher/{vid}", timeout=8)
+        if g.status != 200 or time.monotonic() - t0 > 3.0:
+            fail(f"the worker's next request: {g.status} after {time.monotonic() - t0:.1f}s")
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        srv.stop_ok()
+    # The stopped backend ran what it had been sent once resumed: an
+    # answer of unknown outcome, whole or not at all.
+    time.sleep(0.5)
+    orders = orders_of(vid, 8_600_001)
+    if orders > 1 or stock_of(vid) != 50 - 1 - orders:
+        fail(f"after the resume: orders {orders}, stock {stock_of(vid)}")
+
+
 if __name__ == "__main__":
     ss.main()
