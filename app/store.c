@@ -27,17 +27,19 @@ static const statement statements[] = {
       "       extract(epoch FROM begin_time)::bigint, extract(epoch FROM end_time)::bigint"
       "  FROM tb_voucher WHERE voucher_id = $1" },
 
-    /* Fence, duplicate check, deduction and insert in one statement: the row
-     * lock taken by the UPDATE is held only until this statement's commit.
-     * The fence row moves only forward; a stale token leaves it and
-     * everything else untouched. */
+    /* The order, after fence_advance in the same transaction (one round
+     * trip, store_order_create): the duplicate check, the deduction and the
+     * insert. A statement reads what was committed when it started, so the
+     * fence row is locked by a statement of its own first: this one starts
+     * after the lock was granted, hence after whoever held it before (an
+     * older holder of the same user's lock) committed, and its duplicate
+     * check sees that holder's order. The fence row moves only forward;
+     * "fence" holds when it carries this holder's token, i.e. no newer
+     * holder wrote before us (stale: nothing is written). The row lock
+     * taken by the UPDATE is held only until this transaction's commit. */
     { "order_create", 6,
       "WITH fence AS ("
-      "    INSERT INTO tb_lock_fence (lock_key, token) SELECT $4::text, $5::bigint"
-      "     WHERE $4::text IS NOT NULL"
-      "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
-      "     WHERE tb_lock_fence.token <= EXCLUDED.token"
-      "    RETURNING 1"
+      "    SELECT 1 FROM tb_lock_fence WHERE lock_key = $4::text AND token = $5::bigint"
       "), dup AS ("
       "    SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1 LIMIT 1"
       "), upd AS ("
@@ -91,21 +93,27 @@ static const statement statements[] = {
     { "order_insert", 3,
       "INSERT INTO tb_voucher_order (id, user_id, voucher_id) VALUES ($1, $2, $3)" },
 
-    /* Group commit: the whole batch in one statement. The voucher row is
-     * locked first (FOR UPDATE), so 'win' counts against the latest stock. */
+    /* Group commit: the fence rows of the whole batch, then (order_batch)
+     * its orders, in one transaction and one round trip, for the same
+     * reason as fence_advance before order_create. Keys in order, so that
+     * two batches lock shared rows in the same order. */
+    { "fence_batch", 2,
+      "INSERT INTO tb_lock_fence (lock_key, token)"
+      "SELECT k, t FROM unnest($1::text[], $2::bigint[]) AS r(k, t)"
+      " WHERE k IS NOT NULL ORDER BY k"
+      "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
+      "     WHERE tb_lock_fence.token <= EXCLUDED.token" },
+
+    /* The voucher row is locked first (FOR UPDATE), so 'win' counts against
+     * the latest stock. */
     { "order_batch", 5,
       "WITH req AS ("
       "    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[])"
       "           WITH ORDINALITY AS r(order_id, user_id, lock_key, token, n)"
-      "), fence AS ("
-      "    INSERT INTO tb_lock_fence (lock_key, token)"
-      "    SELECT lock_key, token FROM req WHERE lock_key IS NOT NULL"
-      "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
-      "     WHERE tb_lock_fence.token <= EXCLUDED.token"
-      "    RETURNING lock_key"
       "), fenced AS ("
       "    SELECT r.* FROM req r"
-      "     WHERE r.lock_key IS NULL OR r.lock_key IN (SELECT lock_key FROM fence)"
+      "     WHERE r.lock_key IS NULL OR EXISTS (SELECT 1 FROM tb_lock_fence f"
+      "                       WHERE f.lock_key = r.lock_key AND f.token = r.token)"
       "), fresh AS ("
       "    SELECT f.*, row_number() OVER (ORDER BY f.n) AS rn FROM fenced f"
       "     WHERE NOT EXISTS (SELECT 1 FROM tb_voucher_order o"
@@ -352,27 +360,15 @@ static store_status order_result(PGconn *pg, const PGresult *res)
     return STORE_SOLD_OUT;
 }
 
-store_status store_order_create(PGconn *pg, const store_order *o)
-{
-    order_params p;
-    PGresult *res;
-    store_status st;
-
-    order_params_fill(&p, o, 0);
-    res = exec(pg, "order_create", 6, p.vals);
-    st = order_result(pg, res);
-    PQclear(res);
-    return st;
-}
-
 /* Reads every result of one pipeline segment (its statements and its
- * Sync): returns the first error among them, else the first result (caller
+ * Sync): returns the first error among them, else the last result (caller
  * clears; NULL when none came), and sets *synced when the Sync was
  * reached. A segment is one implicit transaction whose COMMIT runs at the
  * Sync: a statement can succeed and its commit still fail (a deferred
  * constraint, a serialization failure, the server shutting down), and that
- * error comes as a result of its own after the statement's. Two NULLs in a
- * row mean the connection has nothing more to give (it broke). */
+ * error comes as a result of its own after the statement's; a failed
+ * statement skips the rest (PGRES_PIPELINE_ABORTED). Two NULLs in a row
+ * mean the connection has nothing more to give (it broke). */
 static PGresult *segment_read(PGconn *pg, int *synced)
 {
     int64_t until = util_mono_us() + (int64_t)store_round_trip_ms() * 1000;
@@ -393,15 +389,68 @@ static PGresult *segment_read(PGconn *pg, int *synced)
             *synced = 1;
             break;
         }
-        if (kept == NULL || (PQresultStatus(r) == PGRES_FATAL_ERROR &&
-                             PQresultStatus(kept) != PGRES_FATAL_ERROR)) {
+        if (kept != NULL && PQresultStatus(kept) == PGRES_FATAL_ERROR) {
+            PQclear(r);
+        } else {
             PQclear(kept);
             kept = r;
-        } else {
-            PQclear(r);
         }
     }
     return kept;
+}
+
+/* A connection left in a state nobody can use: shut down, so that it reads
+ * as CONNECTION_BAD and is re-opened by its next user. */
+static void drop(PGconn *pg)
+{
+    if (PQsocket(pg) >= 0)
+        shutdown(PQsocket(pg), SHUT_RDWR);
+    PQconsumeInput(pg);
+}
+
+/* Leaves pipeline mode once every segment was read. 0, or -1 having
+ * dropped a connection that could not. */
+static int leave_pipeline(PGconn *pg)
+{
+    if (PQpipelineStatus(pg) == PQ_PIPELINE_OFF || PQexitPipelineMode(pg))
+        return 0;
+    log_warn("store: cannot leave pipeline mode: %s", PQerrorMessage(pg));
+    drop(pg);
+    return -1;
+}
+
+/* Queues the order's transaction in pipeline mode: fence_advance (when the
+ * order carries a fencing token), order_create, and the Sync that commits
+ * both. 1, or 0 when sending failed. */
+static int send_order(PGconn *pg, const order_params *p)
+{
+    const char *const fence[2] = { p->vals[3], p->vals[4] };
+
+    if (p->vals[3] != NULL && !PQsendQueryPrepared(pg, "fence_advance", 2, fence, NULL, NULL, 0))
+        return 0;
+    return PQsendQueryPrepared(pg, "order_create", 6, p->vals, NULL, NULL, 0) &&
+           PQpipelineSync(pg);
+}
+
+store_status store_order_create(PGconn *pg, const store_order *o)
+{
+    order_params p;
+    PGresult *res = NULL;
+    int synced = 0;
+    int64_t t0 = util_mono_us();
+    store_status st;
+
+    order_params_fill(&p, o, 0);
+    if (!PQenterPipelineMode(pg))
+        return result_error(pg, NULL, "order_create (pipeline)");
+    if (send_order(pg, &p))
+        res = segment_read(pg, &synced);
+    rec_backend(REC_PG, util_mono_us() - t0, synced);
+    st = synced ? order_result(pg, res) : result_error(pg, res, "order_create");
+    PQclear(res);
+    if (leave_pipeline(pg) != 0 && st == STORE_OK)
+        st = STORE_UNAVAILABLE;
+    return st;
 }
 
 store_status store_order_send_early(PGconn *pg, const store_order *o, store_early *e)
@@ -419,7 +468,7 @@ store_status store_order_send_early(PGconn *pg, const store_order *o, store_earl
         return result_error(pg, NULL, "order_create (pipeline)");
     /* Two segments, each with its own Sync, hence its own transaction: the
      * order commits (without waiting for the flush) before the wait runs. */
-    if (PQsendQueryPrepared(pg, "order_create", 6, p.vals, NULL, NULL, 0) && PQpipelineSync(pg)) {
+    if (send_order(pg, &p)) {
         e->segments = 1;
         if (PQsendQueryPrepared(pg, "wait_durable", 1, &p.vals[2], NULL, NULL, 0) &&
             PQpipelineSync(pg))
@@ -456,11 +505,8 @@ store_status store_order_finish_early(PGconn *pg, store_early *e, store_status s
     } else if (st == STORE_OK) {
         st = STORE_UNAVAILABLE;                  /* the wait was never sent */
     }
-    if (PQpipelineStatus(pg) != PQ_PIPELINE_OFF && !PQexitPipelineMode(pg)) {
-        log_warn("store: cannot leave pipeline mode: %s", PQerrorMessage(pg));
-        if (st == STORE_OK)
-            st = STORE_UNAVAILABLE;
-    }
+    if (leave_pipeline(pg) != 0 && st == STORE_OK)
+        st = STORE_UNAVAILABLE;
     return st;
 }
 
@@ -671,11 +717,24 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
     char *keys = array_text(n, orders, 2), *tokens = array_text(n, orders, 3);
     const char *vals[5] = { v, ids, users, keys, tokens };
     store_status st;
-    PGresult *res;
+    PGresult *res = NULL;
+    int fenced = 0, synced = 0;
+    int64_t t0 = util_mono_us();
 
     snprintf(v, sizeof v, "%" PRId64, n > 0 ? orders[0].voucher_id : 0);
-    res = exec(pg, "order_batch", 5, vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || (size_t)PQntuples(res) != n) {
+    for (size_t i = 0; i < n && !fenced; i++)
+        fenced = orders[i].fence_key != NULL;
+    /* fence_batch, then order_batch, one transaction, one round trip. */
+    if (!PQenterPipelineMode(pg)) {
+        st = result_error(pg, NULL, "order_batch (pipeline)");
+        goto cleanup;
+    }
+    if ((!fenced || PQsendQueryPrepared(pg, "fence_batch", 2, &vals[3], NULL, NULL, 0)) &&
+        PQsendQueryPrepared(pg, "order_batch", 5, vals, NULL, NULL, 0) && PQpipelineSync(pg))
+        res = segment_read(pg, &synced);
+    rec_backend(REC_PG, util_mono_us() - t0, synced);
+    if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
+        (size_t)PQntuples(res) != n) {
         st = result_error(pg, res, "order_batch");
         goto cleanup;
     }

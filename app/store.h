@@ -51,13 +51,15 @@ typedef struct store_order {
     int64_t fence_token;
 } store_order;
 
-/* The whole order in one statement, hence one transaction: fencing-token
- * check, duplicate check, optimistic deduction (stock > 0), insert. A unique
- * violation rolls all of it back and reads as STORE_DUPLICATE. */
+/* The whole order in one transaction and one round trip (pipelined): the
+ * fence row advanced by a statement of its own (locked), then one statement
+ * with the duplicate check, the optimistic deduction (stock > 0) and the
+ * insert, whose snapshot is taken after the fence row was granted. A
+ * unique violation rolls all of it back and reads as STORE_DUPLICATE. */
 store_status store_order_create(PGconn *pg, const store_order *o);
 
 /* Early lock release, in one round trip. store_order_send_early sends the
- * same statement, committed without waiting for its WAL flush, and behind
+ * same transaction, committed without waiting for its WAL flush, and behind
  * it a wait for that flush; it returns the order's outcome as soon as its
  * commit is done, so the voucher row is free for the next buyer while this
  * commit is still being written (a hot row otherwise sells one order per
@@ -111,7 +113,7 @@ store_status store_stock_write_back(PGconn *pg, int64_t voucher_id, int64_t seen
 store_status store_stock_cas(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows);
 
 /* Group commit (stock strategy "batched"): settles 'n' buyers of one voucher
- * in one statement. Each gets its own answer in 'results' (STORE_OK,
+ * in one transaction (their fence rows, then one statement), one round trip. Each gets its own answer in 'results' (STORE_OK,
  * STORE_SOLD_OUT for those past the stock, STORE_DUPLICATE,
  * STORE_STALE_TOKEN); stock never goes below zero and the first buyers in
  * 'orders' are served first. Users must be distinct within a batch. Returns

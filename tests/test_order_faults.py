@@ -483,5 +483,54 @@ def a_stopped_postgres_backend_frees_its_worker_within_the_bound():
         fail(f"after the resume: orders {orders}, stock {stock_of(vid)}")
 
 
+# ---------------------------------------------------------------- 4. the fencing gap
+
+@test
+def fencing_alone_keeps_one_order_when_a_stale_holder_commits_late():
+    """Without the unique constraint. Holder A (lease 500 ms) writes the
+    fence row, then its statement waits behind a held voucher row; its lease
+    runs out and holder B, on another instance, takes the user's lock with a
+    newer token: B's write waits on the fence row A holds. The row is freed,
+    A commits its order; B's duplicate check must see it (409), or the user
+    has two orders. Early release, the plain commit, and group commit."""
+    configs = [("early", {}), ("plain", {"EARLY_LOCK_RELEASE": 0}),
+               ("batched", {"SECKILL_STOCK": "batched"})]
+    for k, (name, env) in enumerate(configs):
+        a = server(f"gap-{name}-a", LOCK_LEASE_MS=500, **env)
+        b = server(f"gap-{name}-b", **env)
+        holder = None
+        user = 8_700_000 + k
+        try:
+            vid = voucher(a, 10)
+            for srv, uid in ((a, 8_700_100 + k), (b, 8_700_200 + k)):    # cached, connected
+                if srv.seckill(vid, uid).status != 200:
+                    fail(f"{name}: the first sales failed")
+            with without_unique():
+                holder = RowHolder(vid)
+                ta, ra = in_background(a.seckill, vid, user)
+                wait_for(f"{name}: A's write waiting on the voucher row",
+                         lambda: lock_waiters(a.name) >= 1)
+                wait_for(f"{name}: A's lease to run out",
+                         lambda: pttl(f"lock:order:{user}") == -2, timeout=5)
+                tb, rb = in_background(b.seckill, vid, user)
+                wait_for(f"{name}: B's write waiting on A's transaction",
+                         lambda: lock_waiters(b.name) >= 1)
+                holder.release()
+                ta.join(15)
+                tb.join(15)
+                orders = orders_of(vid, user)
+            got = (answer(ra.get("r")), answer(rb.get("r")))
+            if orders != 1:
+                fail(f"{name}: {orders} orders for one user without the unique constraint; "
+                     f"answers A {got[0]}, B {got[1]}")
+            if got != ((200, None), (409, "already_ordered")):
+                fail(f"{name}: answers A {got[0]}, B {got[1]}; want 200 then already_ordered")
+        finally:
+            if holder is not None:
+                holder.release()
+            a.stop_ok()
+            b.stop_ok()
+
+
 if __name__ == "__main__":
     ss.main()
