@@ -48,6 +48,14 @@ static void make_key(void)
         abort();
 }
 
+void conn_renew_owner(conn_set *cs)
+{
+    /* A counter, not pthread_self(): ids are never reused within the process,
+     * so a new thread can never look like the reentrant owner of a stale lock. */
+    cs->thread_id = atomic_fetch_add(&next_thread_id, 1);
+    snprintf(cs->owner, sizeof cs->owner, "%s:%" PRIu64, g_cfg.instance_uuid, cs->thread_id);
+}
+
 conn_set *conn_get(void)
 {
     conn_set *cs = tls_set;
@@ -56,10 +64,7 @@ conn_set *conn_get(void)
         return cs;
     pthread_once(&set_key_once, make_key);
     cs = xcalloc(1, sizeof *cs);
-    /* A counter, not pthread_self(): ids are never reused within the process,
-     * so a new thread can never look like the reentrant owner of a stale lock. */
-    cs->thread_id = atomic_fetch_add(&next_thread_id, 1);
-    snprintf(cs->owner, sizeof cs->owner, "%s:%" PRIu64, g_cfg.instance_uuid, cs->thread_id);
+    conn_renew_owner(cs);
     if (pthread_setspecific(set_key, cs) != 0)
         abort();
     tls_set = cs;

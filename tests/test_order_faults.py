@@ -532,5 +532,87 @@ def fencing_alone_keeps_one_order_when_a_stale_holder_commits_late():
             b.stop_ok()
 
 
+# ---------------------------------------------------------------- 8. lost lock replies
+
+@test
+def a_batch_lock_granted_after_its_reply_was_lost_is_released():
+    """Batched, Redis behind a proxy that loses Redis's replies for a
+    moment: the batch's lock attempt runs in Redis (granted) but its reply
+    never comes; the buyer gets 503. The grant must not be left to its
+    lease (10 s of 409 already_ordered for that buyer): it is released at
+    the next attempt, and the buyer's retry is served."""
+    proxy = RedisProxy()
+    srv = server("lost-acquire", SECKILL_STOCK="batched", THREADS=1, REDIS_URL=proxy.url,
+                 REDIS_TIMEOUT_MS=500)
+    user = 8_800_001
+    try:
+        vid = voucher(srv, 50)
+        if srv.seckill(vid, 8_800_000).status != 200:
+            fail("the first sale failed")
+        proxy.set(down=True)
+        lost = answer(srv.seckill(vid, user))
+        proxy.set()
+        if lost != (503, "unavailable"):
+            fail(f"the buyer whose lock reply was lost: {lost}")
+        if pttl(f"lock:order:{user}") < 0:
+            fail("the lock was not granted in Redis: the test proves nothing")
+        time.sleep(0.6)                       # past the Redis circuit breaker
+        if srv.seckill(vid, 8_800_002).status != 200:
+            fail("the next buyer was not served")
+        retry = answer(srv.seckill(vid, user))
+        left = pttl(f"lock:order:{user}")
+        if retry != (200, None):
+            fail(f"the buyer's retry: {retry}; the lock granted after its reply was lost "
+                 f"is still held (pttl {left} ms)")
+    finally:
+        srv.stop_ok()
+        proxy.close()
+
+
+@test
+def a_failed_release_does_not_let_the_workers_next_request_reenter_the_lock():
+    """One worker; Redis behind a proxy that goes silent while a buyer's
+    transaction runs: its lock cannot be released (left to its lease).
+    The same worker's next request of that user must not take the lock
+    again as its reentrant owner (that would extend the dead hold's lease
+    and let the request through): it is refused like any concurrent
+    request (409), the lease runs out unextended, then the user buys."""
+    proxy = RedisProxy()
+    srv = server("lost-release", THREADS=1, REDIS_URL=proxy.url, REDIS_TIMEOUT_MS=500,
+                 LOCK_LEASE_MS=4000)
+    user, key = 8_800_101, "lock:order:8800101"
+    holder = None
+    try:
+        v1, v2 = voucher(srv, 50), voucher(srv, 50)
+        for v in (v1, v2):
+            if srv.seckill(v, 8_800_100).status != 200:
+                fail("the first sales failed")
+        holder = RowHolder(v1)
+        t, box = in_background(srv.seckill, v1, user)
+        wait_for("the buyer's statement waiting on the row", lambda: lock_waiters(srv.name) >= 1)
+        proxy.set(up=True, down=True)
+        holder.release()
+        t.join(15)
+        proxy.set()
+        first = answer(box.get("r"))
+        before = pttl(key)
+        if first != (200, None) or before < 0:
+            fail(f"the first order: {first}, its lock's pttl {before} (want 200, still held)")
+        time.sleep(0.6)                       # past the Redis circuit breaker
+        second = answer(srv.seckill(v2, user))
+        after = pttl(key)
+        if second != (409, "already_ordered") or not 0 < after < before:
+            fail(f"the worker's next request of the same user: {second}, lock pttl {before} "
+                 f"-> {after} ms (re-entered and extended?); orders {orders_of(v2, user)}")
+        wait_for("the lock's lease to run out", lambda: pttl(key) == -2, timeout=6)
+        if answer(srv.seckill(v2, user)) != (200, None):
+            fail("after the lease ran out, the user could not buy")
+    finally:
+        if holder is not None:
+            holder.release()
+        srv.stop_ok()
+        proxy.close()
+
+
 if __name__ == "__main__":
     ss.main()
