@@ -263,6 +263,10 @@ api_err order_store_error(store_status st)
     case STORE_DUPLICATE:
     case STORE_STALE_TOKEN:         /* another request of this user holds or held the lock */
         return API_ALREADY_ORDERED;
+    case STORE_NOT_STARTED:
+        return API_NOT_STARTED;
+    case STORE_ENDED:
+        return API_ENDED;
     case STORE_INVALID:
         return API_INVALID_FIELD;
     case STORE_UNAVAILABLE:

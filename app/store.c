@@ -20,6 +20,13 @@ typedef struct statement {
     const char *sql;
 } statement;
 
+/* The voucher's sale window by Postgres's clock, at the start of the
+ * statement (after any wait for the fence row): begin_time <= now <=
+ * end_time, as the instance checks it. */
+#define SALE_EARLY "(begin_time > statement_timestamp())"
+#define SALE_LATE "(end_time < statement_timestamp())"
+#define SALE_OPEN "begin_time <= statement_timestamp() AND statement_timestamp() <= end_time"
+
 /* One statement per operation keeps each call to one round trip. */
 static const statement statements[] = {
     { "voucher_get", 1,
@@ -36,15 +43,24 @@ static const statement statements[] = {
      * check sees that holder's order. The fence row moves only forward;
      * "fence" holds when it carries this holder's token, i.e. no newer
      * holder wrote before us (stale: nothing is written). The row lock
-     * taken by the UPDATE is held only until this transaction's commit. */
+     * taken by the UPDATE is held only until this transaction's commit.
+     * The sale window is checked here too, by Postgres's clock when the
+     * statement starts (SALE_OPEN; "sale" says which side it missed): the
+     * instance's own check reads its clock, in whole seconds, against a
+     * voucher cached for up to a second, before the buyer waited in a
+     * queue. */
     { "order_create", 6,
       "WITH fence AS ("
       "    SELECT 1 FROM tb_lock_fence WHERE lock_key = $4::text AND token = $5::bigint"
       "), dup AS ("
       "    SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1 LIMIT 1"
+      "), sale AS ("
+      "    SELECT " SALE_EARLY " AS early, " SALE_LATE " AS late"
+      "      FROM tb_voucher WHERE voucher_id = $1"
       "), upd AS ("
       "    UPDATE tb_voucher SET stock = stock - 1"
-      "     WHERE voucher_id = $1 AND stock > 0 AND NOT EXISTS (SELECT 1 FROM dup)"
+      "     WHERE voucher_id = $1 AND stock > 0 AND " SALE_OPEN
+      "       AND NOT EXISTS (SELECT 1 FROM dup)"
       "       AND ($4::text IS NULL OR EXISTS (SELECT 1 FROM fence))"
       "    RETURNING voucher_id"
       "), ins AS ("
@@ -59,7 +75,8 @@ static const statement statements[] = {
       ")"
       "SELECT $4::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fence),"
       "       EXISTS (SELECT 1 FROM dup), EXISTS (SELECT 1 FROM ins),"
-      "       (SELECT count(*) FROM early)" },
+      "       (SELECT count(*) FROM early),"
+      "       EXISTS (SELECT 1 FROM sale WHERE early), EXISTS (SELECT 1 FROM sale WHERE late)" },
 
     /* A transaction that wrote WAL commits synchronously: its commit flushes
      * the WAL up to its own commit record, so this returns once every commit
@@ -82,8 +99,11 @@ static const statement statements[] = {
       "INSERT INTO tb_lock_fence (lock_key, token) VALUES ($1, $2)"
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
       "     WHERE tb_lock_fence.token <= EXCLUDED.token RETURNING 1" },
-    { "order_exists", 2,
-      "SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1 LIMIT 1" },
+    /* The duplicate check and the sale window (no row: no such voucher). */
+    { "order_check", 2,
+      "SELECT EXISTS (SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1),"
+      "       " SALE_EARLY ", " SALE_LATE
+      "  FROM tb_voucher WHERE voucher_id = $1" },
     { "stock_read", 1, "SELECT stock FROM tb_voucher WHERE voucher_id = $1" },
     { "stock_read_locked", 1, "SELECT stock FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE" },
     { "stock_write", 2, "UPDATE tb_voucher SET stock = $2 WHERE voucher_id = $1" },
@@ -105,7 +125,8 @@ static const statement statements[] = {
       "     WHERE tb_lock_fence.token <= EXCLUDED.token" },
 
     /* The voucher row is locked first (FOR UPDATE), so 'win' counts against
-     * the latest stock. */
+     * the latest stock; no one wins outside the sale window ('b'efore it
+     * began, 'e'nded). */
     { "order_batch", 5,
       "WITH req AS ("
       "    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[])"
@@ -119,9 +140,10 @@ static const statement statements[] = {
       "     WHERE NOT EXISTS (SELECT 1 FROM tb_voucher_order o"
       "                        WHERE o.user_id = f.user_id AND o.voucher_id = $1)"
       "), v AS ("
-      "    SELECT stock FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE"
+      "    SELECT stock, " SALE_EARLY " AS early, " SALE_LATE " AS late"
+      "      FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE"
       "), win AS ("
-      "    SELECT fr.* FROM fresh fr, v WHERE fr.rn <= v.stock"
+      "    SELECT fr.* FROM fresh fr, v WHERE fr.rn <= v.stock AND NOT v.early AND NOT v.late"
       "), upd AS ("
       "    UPDATE tb_voucher SET stock = stock - (SELECT count(*) FROM win)"
       "     WHERE voucher_id = $1 AND EXISTS (SELECT 1 FROM win) RETURNING stock"
@@ -132,6 +154,8 @@ static const statement statements[] = {
       "SELECT r.n, CASE"
       "    WHEN r.n NOT IN (SELECT n FROM fenced) THEN 's'"
       "    WHEN r.n IN (SELECT n FROM win) THEN 'o'"
+      "    WHEN EXISTS (SELECT 1 FROM v WHERE early) THEN 'b'"
+      "    WHEN EXISTS (SELECT 1 FROM v WHERE late) THEN 'e'"
       "    WHEN r.n NOT IN (SELECT n FROM fresh) THEN 'd'"
       "    ELSE 'x' END"
       "  FROM req r ORDER BY r.n" },
@@ -353,10 +377,14 @@ static store_status order_result(PGconn *pg, const PGresult *res)
         return result_error(pg, (PGresult *)res, "order_create");
     if (PQgetvalue(res, 0, 0)[0] == 't')
         return STORE_STALE_TOKEN;
-    if (PQgetvalue(res, 0, 1)[0] == 't')
-        return STORE_DUPLICATE;
     if (PQgetvalue(res, 0, 2)[0] == 't')
         return STORE_OK;
+    if (PQgetvalue(res, 0, 4)[0] == 't')
+        return STORE_NOT_STARTED;
+    if (PQgetvalue(res, 0, 5)[0] == 't')
+        return STORE_ENDED;
+    if (PQgetvalue(res, 0, 1)[0] == 't')
+        return STORE_DUPLICATE;
     return STORE_SOLD_OUT;
 }
 
@@ -550,6 +578,28 @@ static store_status step(PGconn *pg, const char *name, int n, const char *const 
     return st;
 }
 
+/* order_check: STORE_OK, or why the order cannot be placed. */
+static store_status order_check(PGconn *pg, const char *const *vu)
+{
+    PGresult *res = exec(pg, "order_check", 2, vu);
+    store_status st;
+
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+        st = result_error(pg, res, "order_check");
+    else if (PQntuples(res) == 0)
+        st = STORE_NOT_FOUND;
+    else if (PQgetvalue(res, 0, 1)[0] == 't')
+        st = STORE_NOT_STARTED;
+    else if (PQgetvalue(res, 0, 2)[0] == 't')
+        st = STORE_ENDED;
+    else if (PQgetvalue(res, 0, 0)[0] == 't')
+        st = STORE_DUPLICATE;
+    else
+        st = STORE_OK;
+    PQclear(res);
+    return st;
+}
+
 store_status store_order_steps(PGconn *pg, const store_order *o, const store_stock_step *stock,
                                int delay_ms)
 {
@@ -575,14 +625,10 @@ store_status store_order_steps(PGconn *pg, const store_order *o, const store_sto
             goto cleanup;
         }
     }
-    /* One order per user: checked, not enforced (the lock and the unique
-     * constraint must do that). */
-    if ((st = step(pg, "order_exists", 2, vu, &rows, NULL)) != STORE_OK)
+    /* The sale window, by Postgres's clock, and one order per user: checked,
+     * not enforced (the lock and the unique constraint must do that). */
+    if ((st = order_check(pg, vu)) != STORE_OK)
         goto cleanup;
-    if (rows > 0) {
-        st = STORE_DUPLICATE;
-        goto cleanup;
-    }
     if (stock->read != NULL) {
         if ((st = stock->read(pg, o->voucher_id, &seen)) != STORE_OK)
             goto cleanup;
@@ -748,6 +794,12 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
             break;
         case 's':
             results[i] = STORE_STALE_TOKEN;
+            break;
+        case 'b':
+            results[i] = STORE_NOT_STARTED;
+            break;
+        case 'e':
+            results[i] = STORE_ENDED;
             break;
         default:
             results[i] = STORE_SOLD_OUT;

@@ -16,6 +16,8 @@ typedef enum store_status {
     STORE_INVALID,        /* a constraint refused the values (e.g. end before begin) */
     STORE_STALE_TOKEN,    /* a newer lock holder already wrote: this holder's lease is gone */
     STORE_CONFLICT,       /* cas: the stock changed since it was read (not sold out) */
+    STORE_NOT_STARTED,    /* the order's transaction ran before the sale window, */
+    STORE_ENDED,          /* ... or after it (by Postgres's clock) */
     STORE_UNAVAILABLE     /* connection lost, timed out or refused: answer 503 */
 } store_status;
 
@@ -113,10 +115,11 @@ store_status store_stock_write_back(PGconn *pg, int64_t voucher_id, int64_t seen
 store_status store_stock_cas(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows);
 
 /* Group commit (stock strategy "batched"): settles 'n' buyers of one voucher
- * in one transaction (their fence rows, then one statement), one round trip. Each gets its own answer in 'results' (STORE_OK,
- * STORE_SOLD_OUT for those past the stock, STORE_DUPLICATE,
- * STORE_STALE_TOKEN); stock never goes below zero and the first buyers in
- * 'orders' are served first. Users must be distinct within a batch. Returns
+ * in one transaction (their fence rows, then one statement), one round
+ * trip. Each gets its own answer in 'results' (STORE_OK, STORE_SOLD_OUT for
+ * those past the stock, STORE_DUPLICATE, STORE_STALE_TOKEN, and
+ * STORE_NOT_STARTED / STORE_ENDED outside the sale window); stock never
+ * goes below zero and the first buyers in 'orders' are served first. Users must be distinct within a batch. Returns
  * STORE_OK when the statement ran (then read 'results'), else the failure
  * shared by all (e.g. STORE_DUPLICATE on a unique violation: settle those
  * buyers one by one). */

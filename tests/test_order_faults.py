@@ -614,5 +614,53 @@ def a_failed_release_does_not_let_the_workers_next_request_reenter_the_lock():
         proxy.close()
 
 
+# ---------------------------------------------------------------- 10. the sale window
+
+@test
+def the_order_statement_refuses_a_sale_outside_the_window():
+    """The instance checks the window against its own clock and a voucher
+    cached for up to 1 s; the order's transaction checks it again against
+    Postgres's clock. The window is moved under the cache (an instance
+    with a stale entry, or a skewed clock): the sale is refused 409 ended /
+    not_started, with no order, for every strategy that writes. And a sale
+    just after the end, within the second the instance's check still
+    lets through, is refused too."""
+    configs = [("optimistic", {}), ("plain", {"EARLY_LOCK_RELEASE": 0}),
+               ("pessimistic", {"SECKILL_STOCK": "pessimistic"}),
+               ("batched", {"SECKILL_STOCK": "batched"}), ("cas", {"SECKILL_STOCK": "cas"})]
+    for k, (name, env) in enumerate(configs):
+        srv = server(f"window-{name}", **env)
+        try:
+            base = 8_900_000 + 100 * k
+            for shift, want in (("begin_time = now() - interval '1 hour', "
+                                 "end_time = now() - interval '2 seconds'", "ended"),
+                                ("begin_time = now() + interval '1 hour', "
+                                 "end_time = now() + interval '2 hours'", "not_started")):
+                vid = voucher(srv, 10)
+                if srv.seckill(vid, base).status != 200:          # the voucher is cached
+                    fail(f"{name}: the first sale failed")
+                psql(f"UPDATE tb_voucher SET {shift} WHERE voucher_id = {vid}")
+                got = answer(srv.seckill(vid, base + 1))
+                if got != (409, want) or orders_of(vid, base + 1) != 0 or stock_of(vid) != 9:
+                    fail(f"{name}: a sale with the window moved under the cache ({want}): "
+                         f"{got}, orders {orders_of(vid, base + 1)}, stock {stock_of(vid)}")
+        finally:
+            srv.stop_ok()
+    # Just after the end: the instance's check reads whole seconds.
+    srv = server("window-closing")
+    try:
+        end = int(time.time()) + 2
+        vid = voucher(srv, 10, begin=end - 60, end=end)
+        if srv.seckill(vid, 8_999_000).status != 200:
+            fail("the sale before the end failed")
+        while time.time() < end + 0.15:
+            time.sleep(0.01)
+        got = answer(srv.seckill(vid, 8_999_001))
+        if got != (409, "ended") or orders_of(vid, 8_999_001) != 0:
+            fail(f"a sale {time.time() - end:.2f}s after the end: {got}")
+    finally:
+        srv.stop_ok()
+
+
 if __name__ == "__main__":
     ss.main()
