@@ -94,12 +94,15 @@ static const statement statements[] = {
       "       CASE WHEN o.found THEN pg_logical_emit_message(true, 'seckill.durable', '') END"
       "  FROM (SELECT EXISTS (SELECT 1 FROM tb_voucher_order WHERE id = $1) AS found) o" },
 
-    /* The step-by-step transaction (store_order_steps). */
+    /* The fence row, advanced by a statement of its own (locked until the
+     * commit): before order_create, and first in the step-by-step
+     * transaction (store_order_steps), whose other statements follow. */
     { "fence_advance", 2,
       "INSERT INTO tb_lock_fence (lock_key, token) VALUES ($1, $2)"
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
       "     WHERE tb_lock_fence.token <= EXCLUDED.token RETURNING 1" },
-    /* The duplicate check and the sale window (no row: no such voucher). */
+    /* The step-by-step transaction's duplicate check and sale window (no
+     * row: no such voucher), then its stock steps and insert. */
     { "order_check", 2,
       "SELECT EXISTS (SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1),"
       "       " SALE_EARLY ", " SALE_LATE
