@@ -354,6 +354,8 @@ def a_wall_clock_step_holds_neither_a_batch_nor_the_publisher():
         if oldest > 1800:
             fail(f"the stats publisher's key went {oldest} ms without a refresh (tick 1000 ms; "
                  f"wall clock stepped back {CLOCK_STEP_MS} ms)")
+        print(f"  step {CLOCK_STEP_MS} ms: a batch's answer took at most {max(took) * 1000:.0f} ms,"
+              f" the publisher's key was at most {oldest} ms old", flush=True)
     finally:
         srv.stop_ok()
 
@@ -467,6 +469,7 @@ def a_stopped_postgres_backend_frees_its_worker_within_the_bound():
         if r != (503, "unavailable") or took > 3.0:
             fail(f"a buyer on a stopped backend: {r} after {took:.1f}s (bound: 1 s statement "
                  "timeout + 1 s)")
+        print(f"  stopped backend: 503 after {took:.2f}s (bound 2 s)", flush=True)
         t0 = time.monotonic()
         g = srv.get(f"/voucher/{vid}", timeout=8)
         if g.status != 200 or time.monotonic() - t0 > 3.0:
