@@ -17,7 +17,7 @@ enum opt_type { OPT_INT, OPT_LONG, OPT_STR, OPT_BOOL, OPT_LEVEL, OPT_LOCK, OPT_S
 
 static const char *const lock_names[] = { "none", "local", "setnx", "owner", "reentrant" };
 static const char *const stock_names[] = { "naive", "cas", "optimistic", "pessimistic",
-                                           "batched" };
+                                           "batched", "redis" };
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -82,7 +82,27 @@ static const option_def options[] = {
     { "SECKILL_LOCK", "lock", OPT_LOCK, F(lock_strategy), 0, 0, "reentrant",
       "per-user lock: none, local, setnx, owner or reentrant (only reentrant is safe)" },
     { "SECKILL_STOCK", "stock", OPT_STOCK, F(stock_strategy), 0, 0, "optimistic",
-      "stock deduction: naive, cas, optimistic, pessimistic or batched (naive oversells)" },
+      "stock deduction: naive, cas, optimistic, pessimistic, batched or redis (Redis-first "
+      "admission, orders persisted by a consumer; naive oversells)" },
+    { "REDIS_ORDER_DURABILITY", "redis-order-durability", OPT_STR, F(redis_order_durability), 0,
+      0, "aof", "redis: when an order admitted in Redis is answered 200: aof (Redis must run "
+      "appendonly yes, appendfsync always: checked), wait (WAIT for REDIS_ORDER_WAIT_REPLICAS "
+      "replicas) or none (unsafe: a Redis crash loses acknowledged orders)" },
+    { "REDIS_ORDER_WAIT_REPLICAS", "redis-order-wait-replicas", OPT_INT,
+      F(redis_order_wait_replicas), 1, 16, "1", "redis, durability wait: replicas that must "
+      "acknowledge an order before its 200" },
+    { "REDIS_ORDER_WAIT_MS", "redis-order-wait-ms", OPT_INT, F(redis_order_wait_ms), 1, 60000,
+      "200", "redis, durability wait: how long WAIT waits for them (fewer: 503)" },
+    { "CONSUMERS", "consumers", OPT_INT, F(consumers), 0, 1, "1",
+      "redis: 1 runs a stream consumer in this instance (persists admitted orders to "
+      "Postgres); 0: this instance only admits" },
+    { "CONSUMER_BATCH_MAX", "consumer-batch-max", OPT_INT, F(consumer_batch_max), 1, 10000,
+      "500", "redis: orders the consumer reads from the stream and persists in one transaction "
+      "at most" },
+    { "CONSUMER_CLAIM_IDLE_MS", "consumer-claim-idle-ms", OPT_INT, F(consumer_claim_idle_ms),
+      100, 3600000, "20000", "redis: orders delivered to a consumer that has not acknowledged "
+      "them for this long are claimed by another (XAUTOCLAIM); must exceed the slowest batch, "
+      "3 x (PG_STATEMENT_TIMEOUT_MS + 1000)" },
     { "EARLY_LOCK_RELEASE", "early-lock-release", OPT_BOOL, F(early_lock_release), 0, 1, "1",
       "optimistic: commit without waiting for the WAL flush, so the voucher row is free at once; "
       "answer only after the flush (0: the row lock is held through the flush)" },
@@ -640,6 +660,13 @@ int config_load(int argc, char **argv)
     if (config_parse_redis_url(g_cfg.redis_url_text, &g_cfg.redis) != 0) {
         fprintf(stderr, "seckill: invalid REDIS_URL '%s': expected "
                         "redis://[[user]:password@]host[:port][/db]\n", g_cfg.redis_url_text);
+        return -1;
+    }
+    if (strcmp(g_cfg.redis_order_durability, "aof") != 0 &&
+        strcmp(g_cfg.redis_order_durability, "wait") != 0 &&
+        strcmp(g_cfg.redis_order_durability, "none") != 0) {
+        fprintf(stderr, "seckill: invalid REDIS_ORDER_DURABILITY '%s': aof, wait or none\n",
+                g_cfg.redis_order_durability);
         return -1;
     }
     if (g_cfg.instance_id[0] == '\0')

@@ -18,7 +18,7 @@ typedef struct redis_url {
  * exist to be measured. */
 enum lock_strategy { LOCKS_NONE, LOCKS_LOCAL, LOCKS_SETNX, LOCKS_OWNER, LOCKS_REENTRANT };
 enum stock_strategy { STOCKS_NAIVE, STOCKS_CAS, STOCKS_OPTIMISTIC, STOCKS_PESSIMISTIC,
-                      STOCKS_BATCHED };
+                      STOCKS_BATCHED, STOCKS_REDIS };
 
 typedef struct config {
     int port;
@@ -53,6 +53,12 @@ typedef struct config {
     int batch_max;              /* batched: buyers settled in one transaction at most */
     int early_lock_release;     /* optimistic: async commit, then wait for the flush */
     int batch_window_us;        /* batched: how long a batch gathers buyers */
+    char redis_order_durability[8]; /* redis: "aof", "wait" or "none" */
+    int redis_order_wait_replicas;
+    int redis_order_wait_ms;
+    int consumers;              /* redis: 1 runs a stream consumer here */
+    int consumer_batch_max;     /* redis: stream entries persisted in one transaction */
+    int consumer_claim_idle_ms; /* redis: XAUTOCLAIM's min-idle-time */
     int test_clock_step_ms;     /* testing only: util_set_test_clock_step_ms */
     char instance_uuid[37];     /* random per process; lock owner prefix */
 } config;

@@ -185,6 +185,34 @@ static void write_locks(FILE *f, const char *inst)
                   lf.stale_tokens);
 }
 
+/* Redis-first: the consumer of this instance. */
+static void write_stream(FILE *f, const char *inst)
+{
+    uint64_t orders, nb, max_us, last_us;
+    char labels[256];
+    rec_histogram lag;
+
+    rec_landed_counts(&orders, &nb, &lag, &max_us, &last_us);
+    write_counter(f, "seckill_stream_orders_landed_total",
+                  "Orders persisted from the stream by this instance's consumer (redis).", inst,
+                  orders);
+    write_counter(f, "seckill_stream_batches_total", "Batches it persisted.", inst, nb);
+    write_counter(f, "seckill_stream_claimed_total",
+                  "Stream entries it claimed from an idle (crashed) consumer.", inst,
+                  rec_event_count(REC_STREAM_CLAIMED));
+    write_counter(f, "seckill_stream_dead_letters_total",
+                  "Stream entries it moved to the dead-letter stream: acknowledged orders "
+                  "that did not land.", inst, rec_event_count(REC_STREAM_DEAD_LETTER));
+    write_counter(f, "seckill_stream_stale_total",
+                  "Stream entries of a sale reset since, dropped.", inst,
+                  rec_event_count(REC_STREAM_STALE));
+    fprintf(f, "# HELP seckill_stream_ack_to_row_seconds From an order's acknowledgement "
+               "(its stream entry) to its row's commit.\n"
+               "# TYPE seckill_stream_ack_to_row_seconds histogram\n");
+    snprintf(labels, sizeof labels, "instance=\"%s\"", inst);
+    write_histogram(f, "seckill_stream_ack_to_row_seconds", labels, &lag);
+}
+
 static void write_vouchers(FILE *f, const cJSON *vouchers)
 {
     static const struct {
@@ -234,6 +262,7 @@ void expo_metrics(FILE *f, const cJSON *vouchers)
     write_requests(f, inst);
     write_backends(f, inst);
     write_locks(f, inst);
+    write_stream(f, inst);
     if (vouchers != NULL)
         write_vouchers(f, vouchers);
 }
@@ -318,4 +347,22 @@ void expo_counters_json(cJSON *obj)
     cJSON_AddNumberToObject(b, "buyers", (double)buyers);
     cJSON_AddNumberToObject(b, "largest", (double)largest);
     cJSON_AddItemToObject(obj, "batch", b);
+    {
+        uint64_t orders, nb, max_us, last_us;
+        rec_histogram lag;
+        cJSON *c = cJSON_CreateObject();
+
+        rec_landed_counts(&orders, &nb, &lag, &max_us, &last_us);
+        cJSON_AddNumberToObject(c, "landed", (double)orders);
+        cJSON_AddNumberToObject(c, "batches", (double)nb);
+        cJSON_AddNumberToObject(c, "claimed", (double)rec_event_count(REC_STREAM_CLAIMED));
+        cJSON_AddNumberToObject(c, "deadLettered",
+                                (double)rec_event_count(REC_STREAM_DEAD_LETTER));
+        cJSON_AddNumberToObject(c, "stale", (double)rec_event_count(REC_STREAM_STALE));
+        cJSON_AddNumberToObject(c, "lagMsLast", (double)last_us / 1000.0);
+        cJSON_AddNumberToObject(c, "lagMsMax", (double)max_us / 1000.0);
+        cJSON_AddNumberToObject(c, "lagMsMean",
+                                orders > 0 ? (double)lag.sum_us / 1000.0 / (double)orders : 0.0);
+        cJSON_AddItemToObject(obj, "consumer", c);
+    }
 }

@@ -10,6 +10,7 @@
 #include "log.h"
 #include "expo.h"
 #include "peers.h"
+#include "stock.h"
 #include "store.h"
 #include "util.h"
 #include "vcache.h"
@@ -246,15 +247,27 @@ static http_outcome h_seckill(http_req *r, const char *arg, size_t arg_len)
     /* 2. Again: the cache may have missed on the event thread. */
     if (!vcache_get(r->voucher_id, &v)) {
         uint64_t gen = vcache_generation();
-        if ((pg = pg_or_respond(r, cs)) == NULL)
-            return HTTP_ANSWERED;
-        st = store_voucher_get(pg, r->voucher_id, &v);
-        if (st != STORE_OK)
-            return send_store_error(r, st);
+        if (stock_keeps_vouchers()) {
+            /* Redis-first: the voucher as Redis holds it, so that a sale
+             *    goes on while Postgres is away. Not there: the script
+             *    rebuilds it from Postgres (or finds no such voucher). */
+            st = stock_voucher_get(cs, r->voucher_id, &v);
+            if (st == STORE_NOT_FOUND)
+                goto order;
+            if (st != STORE_OK)
+                return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
+        } else {
+            if ((pg = pg_or_respond(r, cs)) == NULL)
+                return HTTP_ANSWERED;
+            st = store_voucher_get(pg, r->voucher_id, &v);
+            if (st != STORE_OK)
+                return send_store_error(r, st);
+        }
         vcache_put(&v, gen);
     }
     if ((err = voucher_verdict(&v)) != API_OK)
         return http_send_error(r, err, NULL);
+order:
 
     /* 3-6. Lock and id, transaction, release, answer (app/order.c): answered
      *    by seckill_reply, here or on the worker that settles the order's
@@ -295,6 +308,12 @@ static http_outcome h_stats(http_req *r, const char *arg, size_t arg_len)
     if (st != STORE_OK) {
         cJSON_Delete(o);
         return send_store_error(r, STORE_UNAVAILABLE);
+    }
+    if (stock_stats(c, o, vouchers) != 0) {
+        if (c->err)
+            conn_redis_broken(cs);
+        cJSON_Delete(o);
+        return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
     }
     expo_counters_json(o);
     instances = cJSON_AddArrayToObject(o, "instances");
@@ -384,6 +403,7 @@ static http_outcome h_admin_create(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs;
     PGconn *pg;
+    store_voucher v;
     cJSON *o;
     payload_voucher in;
     const char *why;
@@ -403,6 +423,11 @@ static http_outcome h_admin_create(http_req *r, const char *arg, size_t arg_len)
     st = store_voucher_create(pg, in.title, in.stock, in.begin_time, in.end_time, &id);
     if (st != STORE_OK)
         return send_store_error(r, st);
+    /* The strategy's own copy (redis): without it the first buyer
+     * rebuilds it from Postgres. */
+    if (stock_keeps_vouchers() && (store_voucher_get(pg, id, &v) != STORE_OK ||
+                                   stock_voucher_loaded(cs, &v) != 0))
+        log_warn("admin: voucher %" PRId64 " not loaded into Redis: its first buyer loads it", id);
     log_info("admin: voucher %" PRId64 " created, stock %" PRId64, id, in.stock);
     o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "voucherId", (double)id);
@@ -436,6 +461,13 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
         st = store_voucher_get(pg, id, &v);
     if (st != STORE_OK)
         return send_store_error(r, st);
+    /* The strategy's own copy (redis): the new sale there too. Reset with
+     * orders of the old sale still in the stream: the consumers drop them
+     * (their generation is the old one). */
+    if (stock_voucher_loaded(cs, &v) != 0) {
+        log_error("admin: voucher %" PRId64 " reset in Postgres but not in Redis", id);
+        return http_send_error(r, API_UNAVAILABLE, "redis unavailable: reset again");
+    }
     /* Every instance drops what it cached about vouchers (sold-out flags):
      * a stale flag would undersell. Without Redis the others catch up when
      * their entries expire (VCACHE_TTL_MS). */

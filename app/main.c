@@ -5,6 +5,7 @@
 #include "bcast.h"
 #include "config.h"
 #include "conn.h"
+#include "consumer.h"
 #include "handlers.h"
 #include "http.h"
 #include "lock.h"
@@ -90,8 +91,12 @@ int main(int argc, char **argv)
         log_error("cannot start the broadcast subscriber thread");
         goto out_lock;
     }
-    if (http_start(handlers_routes, handlers_route_count) != 0)
+    if (consumer_start() != 0) {
+        log_error("cannot start the stream consumer thread");
         goto out_bcast;
+    }
+    if (http_start(handlers_routes, handlers_route_count) != 0)
+        goto out_consumer;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
@@ -111,6 +116,10 @@ int main(int argc, char **argv)
     log_info("signal %d: finishing requests in flight, then stopping", sig);
     http_stop(SHUTDOWN_GRACE_MS);
     rc = EXIT_SUCCESS;
+out_consumer:
+    /* After the last request: what they admitted is persisted by this
+     * consumer or, once idle long enough, claimed by another. */
+    consumer_stop();
 out_bcast:
     bcast_stop();
 out_lock:

@@ -224,6 +224,11 @@ void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t dea
          * worker touches neither Redis nor Postgres. */
         j->buyer.lock_pending = 1;
         stock_settle(cs, NULL, &j->buyer, settled, j);
+    } else if (stock_alone()) {
+        /* Redis-first: the strategy's script is the whole admission - the
+         *    one-order-per-user check included, atomically - and Postgres
+         *    gets the order later: no lock, no Postgres on this path. */
+        stock_settle(cs, NULL, &j->buyer, settled, j);
     } else if ((pg = reach(cs, j)) != NULL && take_lock(cs, j) && take_id(cs, j) &&
                !stock_past_deadline(&j->buyer)) {
         /* 4. Stock and order in one transaction, the stock strategy's way;

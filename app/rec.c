@@ -23,6 +23,8 @@ static histogram backend_latency[REC_BACKEND_COUNT];
 static _Atomic uint64_t backend_errors[REC_BACKEND_COUNT];
 static _Atomic uint64_t events[REC_EVENT_COUNT];
 static _Atomic uint64_t batches, batch_buyers, batch_largest;
+static histogram landed_lag;
+static _Atomic uint64_t landed_orders, landed_batches, landed_max_us, landed_last_us;
 
 static void observe(histogram *h, int64_t us)
 {
@@ -129,4 +131,33 @@ void rec_batch_counts(uint64_t *b, uint64_t *buyers, uint64_t *largest)
     *b = atomic_load_explicit(&batches, memory_order_relaxed);
     *buyers = atomic_load_explicit(&batch_buyers, memory_order_relaxed);
     *largest = atomic_load_explicit(&batch_largest, memory_order_relaxed);
+}
+
+void rec_landed_batch(int n)
+{
+    atomic_fetch_add_explicit(&landed_batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&landed_orders, (uint64_t)n, memory_order_relaxed);
+}
+
+void rec_landed(int64_t lag_us)
+{
+    uint64_t us = lag_us < 0 ? 0 : (uint64_t)lag_us;
+    uint64_t seen = atomic_load_explicit(&landed_max_us, memory_order_relaxed);
+
+    observe(&landed_lag, (int64_t)us);
+    atomic_store_explicit(&landed_last_us, us, memory_order_relaxed);
+    while (us > seen && !atomic_compare_exchange_weak_explicit(&landed_max_us, &seen, us,
+                                                               memory_order_relaxed,
+                                                               memory_order_relaxed))
+        ;
+}
+
+void rec_landed_counts(uint64_t *orders, uint64_t *b, rec_histogram *lag, uint64_t *max_us,
+                       uint64_t *last_us)
+{
+    *orders = atomic_load_explicit(&landed_orders, memory_order_relaxed);
+    *b = atomic_load_explicit(&landed_batches, memory_order_relaxed);
+    snapshot(&landed_lag, lag);
+    *max_us = atomic_load_explicit(&landed_max_us, memory_order_relaxed);
+    *last_us = atomic_load_explicit(&landed_last_us, memory_order_relaxed);
 }

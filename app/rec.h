@@ -42,6 +42,9 @@ enum rec_event {
     REC_DEMO_LOCK_RELEASED,
     REC_DEMO_LOCK_NOT_OWNER,
     REC_STALE_TOKEN,
+    REC_STREAM_CLAIMED,      /* redis: a stream entry claimed from an idle consumer */
+    REC_STREAM_DEAD_LETTER,  /* ... moved to the dead-letter stream (never persisted) */
+    REC_STREAM_STALE,        /* ... of a sale since reset: dropped */
     REC_EVENT_COUNT
 };
 
@@ -49,6 +52,11 @@ void rec_note(enum rec_event ev);
 
 /* Group commit ("batched"): one settled batch of 'buyers'. */
 void rec_batch(int buyers);
+
+/* Redis-first: one batch of 'n' orders persisted by the consumer; 'lag_us'
+ * for each, from its admission (acknowledgement) to its commit. */
+void rec_landed_batch(int n);
+void rec_landed(int64_t lag_us);
 
 /*---- reading: for the exposition only ----*/
 
@@ -77,5 +85,10 @@ uint64_t rec_event_count(enum rec_event ev);
 
 /* Batches settled, buyers settled in them, and the largest batch. */
 void rec_batch_counts(uint64_t *batches, uint64_t *buyers, uint64_t *largest);
+
+/* Orders landed, their batches, the acknowledgement-to-row lag (histogram,
+ * largest, last). */
+void rec_landed_counts(uint64_t *orders, uint64_t *batches, rec_histogram *lag,
+                       uint64_t *max_us, uint64_t *last_us);
 
 #endif

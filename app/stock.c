@@ -13,6 +13,7 @@ static const stock_backend *const backends[] = {
     [STOCKS_OPTIMISTIC] = &stock_optimistic,
     [STOCKS_PESSIMISTIC] = &stock_pessimistic,
     [STOCKS_BATCHED] = &stock_batched,
+    [STOCKS_REDIS] = &stock_redis_first,
 };
 #define NBACKENDS (sizeof backends / sizeof backends[0])
 
@@ -29,7 +30,32 @@ int stock_start(int strategy, char *err, size_t errlen)
     /* The one-statement order has no gap to widen: slowed, it runs step by step. */
     if (be == &stock_optimistic && g_cfg.demo_delay_ms > 0)
         be = &stock_optimistic_steps;
-    return 0;
+    return be->start != NULL ? be->start(err, errlen) : 0;
+}
+
+int stock_alone(void)
+{
+    return be->alone;
+}
+
+int stock_keeps_vouchers(void)
+{
+    return be->load != NULL;
+}
+
+int stock_voucher_loaded(conn_set *cs, const store_voucher *v)
+{
+    return be->load != NULL ? be->load(cs, v) : 0;
+}
+
+store_status stock_voucher_get(conn_set *cs, int64_t voucher_id, store_voucher *out)
+{
+    return be->voucher != NULL ? be->voucher(cs, voucher_id, out) : STORE_NOT_FOUND;
+}
+
+int stock_stats(redisContext *c, cJSON *root, cJSON *vouchers)
+{
+    return be->stats != NULL ? be->stats(c, root, vouchers) : 0;
 }
 
 int stock_deferred(void)

@@ -7,13 +7,18 @@
  *                 strategy slowed by DEMO_DELAY_MS; the default never
  *                 reaches them
  *   batch.c       batched: group commit by a leader worker
+ *   stock_redis.c redis: Redis-first admission by a Lua script; the orders
+ *                 reach Postgres through a stream (consumer.c)
  *
- * Every strategy writes the order in one transaction with the fencing
- * token, the duplicate check and the deduction together, and answers with
- * a store_status. */
+ * Every Postgres strategy writes the order in one transaction with the
+ * fencing token, the duplicate check and the deduction together; the
+ * Redis-first one admits in Redis alone (no lock, no Postgres: "alone").
+ * Each answers with a store_status. */
 #ifndef SECKILL_STOCK_H
 #define SECKILL_STOCK_H
 
+#include <cJSON.h>
+#include <hiredis/hiredis.h>
 #include <libpq-fe.h>
 
 #include "conn.h"
@@ -65,6 +70,18 @@ typedef struct stock_backend {
      * settling worker already at work for its voucher and returns 1; else
      * returns 0 having done nothing. Never blocks, never does I/O. */
     int (*join)(stock_buyer *b, stock_done_fn done, void *arg);
+    /* Admits without the per-user lock and without Postgres: settle gets
+     * no connection and draws the order id itself. */
+    int alone;
+    /* Optional: at start (0, or -1 with 'err'); after a voucher was
+     * created or reset in Postgres (0 or -1); the strategy's own figures
+     * for GET /stats (0, or -1 when Redis failed). */
+    int (*start)(char *err, size_t errlen);
+    int (*load)(conn_set *cs, const store_voucher *v);
+    /* The voucher as the strategy keeps it: STORE_OK, STORE_NOT_FOUND
+     * when it does not (yet), STORE_UNAVAILABLE. */
+    store_status (*voucher)(conn_set *cs, int64_t voucher_id, store_voucher *out);
+    int (*stats)(redisContext *c, cJSON *root, cJSON *vouchers);
 } stock_backend;
 
 /* Picks the strategy (enum stock_strategy; DEMO_DELAY_MS > 0 picks the
@@ -75,10 +92,18 @@ int stock_deferred(void);
 int stock_joinable(void);
 void stock_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done, void *arg);
 int stock_join(stock_buyer *b, stock_done_fn done, void *arg);
+int stock_alone(void);
+/* 1 when the strategy keeps its own state of the vouchers (redis). */
+int stock_keeps_vouchers(void);
+/* The strategy's hooks (no-ops, returning 0, where it has none). */
+int stock_voucher_loaded(conn_set *cs, const store_voucher *v);
+store_status stock_voucher_get(conn_set *cs, int64_t voucher_id, store_voucher *out);
+int stock_stats(redisContext *c, cJSON *root, cJSON *vouchers);
 
 /* The strategies (their modules). */
 extern const stock_backend stock_optimistic, stock_pessimistic;
 extern const stock_backend stock_naive, stock_cas, stock_optimistic_steps;
 extern const stock_backend stock_batched;
+extern const stock_backend stock_redis_first;
 
 #endif

@@ -163,6 +163,43 @@ static const statement statements[] = {
       "    ELSE 'x' END"
       "  FROM req r ORDER BY r.n" },
 
+    /* Redis-first ("redis"): the consumer's batch of orders already
+     * admitted in Redis. The voucher row is locked by a statement of its
+     * own first (orders_lock), so that this one's snapshot, taken after
+     * the lock was granted, sees every order another consumer committed
+     * for the voucher before: an entry persisted twice (a consumer that was
+     * slow, not dead, when its entries were claimed) is then 'fresh' for
+     * one of them only, and the stock is taken once. The deduction is the
+     * optimistic one for n units ("stock >= n": the database never goes
+     * below zero whatever Redis said); none of the batch lands when it
+     * fails. An id already taken by another order (another user or
+     * voucher: a Redis that lost its id counter and issued it again) is
+     * not a re-delivery: the batch is refused ('clash'), never skipped. */
+    { "orders_lock", 1, "SELECT 1 FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE" },
+    { "orders_persist", 3,
+      "WITH req AS ("
+      "    SELECT * FROM unnest($2::bigint[], $3::bigint[]) AS r(order_id, user_id)"
+      "), fresh AS ("
+      "    SELECT r.* FROM req r"
+      "     WHERE NOT EXISTS (SELECT 1 FROM tb_voucher_order o WHERE o.id = r.order_id)"
+      "), clash AS ("
+      "    SELECT 1 FROM req r JOIN tb_voucher_order o ON o.id = r.order_id"
+      "     WHERE o.user_id <> r.user_id OR o.voucher_id <> $1"
+      "), upd AS ("
+      "    UPDATE tb_voucher SET stock = stock - (SELECT count(*) FROM fresh)"
+      "     WHERE voucher_id = $1 AND stock >= (SELECT count(*) FROM fresh)"
+      "       AND EXISTS (SELECT 1 FROM fresh) AND NOT EXISTS (SELECT 1 FROM clash)"
+      "    RETURNING 1"
+      "), ins AS ("
+      "    INSERT INTO tb_voucher_order (id, user_id, voucher_id)"
+      "    SELECT order_id, user_id, $1 FROM fresh WHERE EXISTS (SELECT 1 FROM upd) RETURNING id"
+      ")"
+      "SELECT (SELECT count(*) FROM fresh), (SELECT count(*) FROM ins),"
+      "       EXISTS (SELECT 1 FROM tb_voucher WHERE voucher_id = $1),"
+      "       EXISTS (SELECT 1 FROM clash)" },
+    /* The buyers of a voucher, to rebuild its Redis state. */
+    { "voucher_buyers", 1, "SELECT user_id FROM tb_voucher_order WHERE voucher_id = $1" },
+
     { "voucher_create", 4,
       "INSERT INTO tb_voucher (title, stock, initial_stock, begin_time, end_time)"
       "VALUES ($1, $2, $2, to_timestamp($3), to_timestamp($4)) RETURNING voucher_id" },
@@ -816,6 +853,75 @@ cleanup:
     free(users);
     free(keys);
     free(tokens);
+    return st;
+}
+
+store_status store_orders_persist(PGconn *pg, int64_t voucher_id, const store_order *orders,
+                                  size_t n, int64_t *inserted)
+{
+    char v[24];
+    char *ids = array_text(n, orders, 0), *users = array_text(n, orders, 1);
+    const char *vals[3] = { v, ids, users };
+    store_status st;
+    PGresult *res = NULL;
+    int synced = 0;
+    int64_t t0 = util_mono_us(), fresh;
+
+    *inserted = 0;
+    snprintf(v, sizeof v, "%" PRId64, voucher_id);
+    /* orders_lock, then orders_persist: one transaction, one round trip. */
+    if (!PQenterPipelineMode(pg)) {
+        st = result_error(pg, NULL, "orders_persist (pipeline)");
+        goto cleanup;
+    }
+    if (PQsendQueryPrepared(pg, "orders_lock", 1, vals, NULL, NULL, 0) &&
+        PQsendQueryPrepared(pg, "orders_persist", 3, vals, NULL, NULL, 0) && PQpipelineSync(pg))
+        res = segment_read(pg, &synced);
+    rec_backend(REC_PG, util_mono_us() - t0, synced);
+    if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
+        PQntuples(res) != 1) {
+        st = result_error(pg, res, "orders_persist");
+        goto cleanup;
+    }
+    fresh = get_i64(res, 0, 0);
+    *inserted = get_i64(res, 0, 1);
+    if (PQgetvalue(res, 0, 2)[0] != 't')
+        st = STORE_NOT_FOUND;
+    else if (PQgetvalue(res, 0, 3)[0] == 't')
+        st = STORE_CONFLICT;
+    else if (*inserted != fresh)
+        st = STORE_SOLD_OUT;
+    else
+        st = STORE_OK;
+cleanup:
+    PQclear(res);
+    free(ids);
+    free(users);
+    return st;
+}
+
+store_status store_voucher_buyers(PGconn *pg, int64_t voucher_id, int64_t **users, size_t *n)
+{
+    char v[24];
+    const char *vals[1] = { v };
+    store_status st;
+    PGresult *res;
+
+    *users = NULL;
+    *n = 0;
+    snprintf(v, sizeof v, "%" PRId64, voucher_id);
+    res = exec(pg, "voucher_buyers", 1, vals);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        st = result_error(pg, res, "voucher_buyers");
+        goto cleanup;
+    }
+    *n = (size_t)PQntuples(res);
+    *users = xmalloc(sizeof **users * (*n + 1));
+    for (size_t i = 0; i < *n; i++)
+        (*users)[i] = get_i64(res, (int)i, 0);
+    st = STORE_OK;
+cleanup:
+    PQclear(res);
     return st;
 }
 

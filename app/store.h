@@ -126,6 +126,25 @@ store_status store_stock_cas(PGconn *pg, int64_t voucher_id, int64_t seen, int *
 store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
                                store_status *results);
 
+/* Redis-first: persists 'n' orders of one voucher admitted in Redis, in
+ * one transaction and one round trip (the voucher row locked first): the
+ * orders whose id is not there yet are inserted and the stock taken for
+ * them by one "stock = stock - n WHERE stock >= n". Idempotent on the order
+ * id: an order already there is skipped, and counts as persisted.
+ * '*inserted' says how many rows this call wrote. STORE_OK: all of them
+ * are there now; STORE_SOLD_OUT: the stock in Postgres is short of them,
+ * nothing written; STORE_NOT_FOUND: no such voucher; STORE_DUPLICATE: a
+ * user in the batch already has another order of the voucher (the unique
+ * constraint), nothing written; STORE_CONFLICT: an order id of the batch
+ * belongs to another order (not a re-delivery), nothing written;
+ * STORE_UNAVAILABLE: Postgres failed. */
+store_status store_orders_persist(PGconn *pg, int64_t voucher_id, const store_order *orders,
+                                  size_t n, int64_t *inserted);
+
+/* The users who ordered 'voucher_id' ('*users' malloc'ed, caller frees;
+ * set even when empty). */
+store_status store_voucher_buyers(PGconn *pg, int64_t voucher_id, int64_t **users, size_t *n);
+
 store_status store_voucher_create(PGconn *pg, const char *title, int64_t stock,
                                   int64_t begin_time, int64_t end_time, int64_t *voucher_id);
 

@@ -178,7 +178,9 @@ class Server:
                   "LOCK_LEASE_MS", "REDIS_TIMEOUT_MS", "PG_CONNECT_TIMEOUT_S",
                   "PG_STATEMENT_TIMEOUT_MS", "ID_PREFIX", "RETRY_AFTER_S",
                   "DEMO_DELAY_MS", "DEMO_PAUSE_MS", "WATCHDOG_TIMEOUT_MS",
-                  "REQUEST_DEADLINE_MS", "TEST_CLOCK_STEP_MS"):
+                  "REQUEST_DEADLINE_MS", "TEST_CLOCK_STEP_MS", "REDIS_ORDER_DURABILITY",
+                  "REDIS_ORDER_WAIT_REPLICAS", "REDIS_ORDER_WAIT_MS", "CONSUMERS",
+                  "CONSUMER_BATCH_MAX", "CONSUMER_CLAIM_IDLE_MS"):
             env.pop(k, None)
         return kit.with_settings(env, self.env_overrides)
 
@@ -282,10 +284,14 @@ class Server:
 
 
 class RedisServer:
-    """A dedicated redis-server (no persistence) on a given or free port."""
+    """A dedicated redis-server on a given or free port: no persistence, or
+    the redis-server options in 'args' (e.g. ["--appendonly", "yes"]), which
+    override the defaults; start() again after kill() restarts it on the
+    same port and directory (its AOF, if any)."""
 
-    def __init__(self, port=None):
+    def __init__(self, port=None, args=()):
         self.port = port or free_port()
+        self.args = list(args)
         self.proc = None
         self.dir = os.path.join(TEST_TMP, f"redis-{self.port}")
         os.makedirs(self.dir, exist_ok=True)
@@ -299,7 +305,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
              "--appendonly", "no", "--daemonize", "no", "--dir", self.dir,
-             "--logfile", self.log_path],
+             "--logfile", self.log_path] + self.args,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _track(self.proc)
         deadline = time.monotonic() + timeout

@@ -1,0 +1,554 @@
+/* consumer: stream entries to Postgres rows, in batches (consumer.h). */
+#include "consumer.h"
+#include "config.h"
+#include "conn.h"
+#include "idw.h"
+#include "log.h"
+#include "rec.h"
+#include "stock_redis.h"
+#include "store.h"
+#include "util.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define RETRY_PAUSE_MS 200            /* after a failure of Redis or Postgres */
+#define DURABILITY_CHECK_MS 1000
+#define SINGLE_ATTEMPTS 3             /* an entry alone, Postgres answering, before it is poison */
+
+static pthread_t thread;
+static _Atomic int stop_flag;
+static int running;
+
+/* One stream entry, parsed. */
+typedef struct entry {
+    char id[48];                      /* its stream id, "<ms>-<seq>" */
+    int64_t voucher_id, user_id, order_id, gen;
+    int readable;                     /* every field present and in range */
+    int done;                         /* settled in this round */
+} entry;
+
+/* The thread's state: touched by this thread only. */
+typedef struct consumer {
+    redisContext *c;
+    PGconn *pg;
+    char name[128];                   /* consumer name in the group */
+    char cursor[48];                  /* XAUTOCLAIM's, between rounds */
+    int own_pending;                  /* entries delivered to us and not settled */
+    int64_t next_claim_us, next_check_us;
+    entry *e;                         /* CONSUMER_BATCH_MAX of them */
+    store_order *orders;
+    const char **argv;                /* XACK/XDEL arguments */
+} consumer;
+
+static void pause_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+static void redis_drop(consumer *k)
+{
+    if (k->c != NULL)
+        redisFree(k->c);
+    k->c = NULL;
+    k->own_pending = 1;               /* whatever we held is ours again on return */
+}
+
+static void pg_drop(consumer *k)
+{
+    if (k->pg != NULL)
+        PQfinish(k->pg);
+    k->pg = NULL;
+}
+
+/* The group, created with the stream when missing (a new Redis, or one
+ * that restarted empty). 0, or -1. */
+static int ensure_group(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "XGROUP CREATE %s %s 0 MKSTREAM", STOCK_REDIS_STREAM,
+                                 STOCK_REDIS_GROUP);
+    int rc = -1;
+
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_STATUS || (r->type == REDIS_REPLY_ERROR &&
+                                          strncmp(r->str, "BUSYGROUP", 9) == 0))
+        rc = 0;
+    else
+        log_warn("consumer: XGROUP CREATE: %s", r->type == REDIS_REPLY_ERROR ? r->str : "?");
+    freeReplyObject(r);
+    return rc;
+}
+
+static int64_t field_i64(const redisReply *f, const char *name, int *found)
+{
+    for (size_t i = 0; i + 1 < f->elements; i += 2) {
+        const redisReply *k = f->element[i], *v = f->element[i + 1];
+        if (k->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING &&
+            strcmp(k->str, name) == 0) {
+            char *end;
+            long long x = strtoll(v->str, &end, 10);
+            if (*end == '\0' && end != v->str) {
+                (*found)++;
+                return x;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Fills 'out' from one entry of a reply ([id, [field, value, ...]]).
+ * 0, or -1 when the reply has no id at all (nothing to settle). */
+static int parse_entry(const redisReply *e, entry *out)
+{
+    const redisReply *f;
+    int found = 0;
+    int64_t t, count;
+
+    memset(out, 0, sizeof *out);
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+        e->element[0]->type != REDIS_REPLY_STRING || e->element[0]->len >= sizeof out->id)
+        return -1;
+    memcpy(out->id, e->element[0]->str, e->element[0]->len + 1);
+    f = e->element[1];
+    if (f->type != REDIS_REPLY_ARRAY)
+        return 0;                     /* deleted meanwhile: unreadable, settled as poison */
+    out->voucher_id = field_i64(f, "v", &found);
+    out->user_id = field_i64(f, "u", &found);
+    t = field_i64(f, "t", &found);
+    count = field_i64(f, "c", &found);
+    out->gen = field_i64(f, "g", &found);
+    out->order_id = idw_compose(t, count);
+    out->readable = found == 5 && out->voucher_id > 0 && out->user_id > 0 && out->order_id > 0;
+    return 0;
+}
+
+/* Parses an array of entries into k->e from index 'n'. The new count. */
+static int take_entries(consumer *k, const redisReply *list, int n)
+{
+    if (list == NULL || list->type != REDIS_REPLY_ARRAY)
+        return n;
+    for (size_t i = 0; i < list->elements && n < g_cfg.consumer_batch_max; i++)
+        if (parse_entry(list->element[i], &k->e[n]) == 0)
+            n++;
+    return n;
+}
+
+/* XREADGROUP from 'from' (">": new entries, waiting up to 'block_ms';
+ * "0": our own pending ones, at once). The number of entries read, or -1. */
+static int read_stream(consumer *k, const char *from, int block_ms)
+{
+    char count[16], block[16];
+    const char *argv[11];
+    int argc = 0, n = 0;
+    redisReply *r;
+
+    snprintf(count, sizeof count, "%d", g_cfg.consumer_batch_max);
+    snprintf(block, sizeof block, "%d", block_ms);
+    argv[argc++] = "XREADGROUP";
+    argv[argc++] = "GROUP";
+    argv[argc++] = STOCK_REDIS_GROUP;
+    argv[argc++] = k->name;
+    argv[argc++] = "COUNT";
+    argv[argc++] = count;
+    if (block_ms > 0) {
+        argv[argc++] = "BLOCK";
+        argv[argc++] = block;
+    }
+    argv[argc++] = "STREAMS";
+    argv[argc++] = STOCK_REDIS_STREAM;
+    argv[argc++] = from;
+    r = redisCommandArgv(k->c, argc, argv, NULL);
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_ERROR) {
+        log_warn("consumer: XREADGROUP: %s", r->str);
+        if (strncmp(r->str, "NOGROUP", 7) == 0)
+            ensure_group(k->c);
+        n = -1;
+    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+               r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements == 2) {
+        n = take_entries(k, r->element[0]->element[1], 0);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+/* XAUTOCLAIM: entries another consumer left idle longer than the claim
+ * bound become ours. The number claimed, or -1. */
+static int claim(consumer *k)
+{
+    char idle[16], count[16];
+    redisReply *r;
+    int n = 0;
+
+    snprintf(idle, sizeof idle, "%d", g_cfg.consumer_claim_idle_ms);
+    snprintf(count, sizeof count, "%d", g_cfg.consumer_batch_max);
+    r = redisCommand(k->c, "XAUTOCLAIM %s %s %s %s %s COUNT %s", STOCK_REDIS_STREAM,
+                     STOCK_REDIS_GROUP, k->name, idle, k->cursor, count);
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_ERROR) {
+        if (strncmp(r->str, "NOGROUP", 7) == 0)
+            ensure_group(k->c);
+        else
+            log_warn("consumer: XAUTOCLAIM: %s", r->str);
+        n = -1;
+    } else if (r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
+               r->element[0]->type == REDIS_REPLY_STRING &&
+               r->element[0]->len < sizeof k->cursor) {
+        memcpy(k->cursor, r->element[0]->str, r->element[0]->len + 1);
+        n = take_entries(k, r->element[1], 0);
+        for (int i = 0; i < n; i++)
+            rec_note(REC_STREAM_CLAIMED);
+        if (n > 0)
+            log_warn("consumer: claimed %d orders left idle over %d ms by another consumer",
+                     n, g_cfg.consumer_claim_idle_ms);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+/* Reads every reply of a MULTI ... EXEC of 'cmds' commands sent before;
+ * 0 when EXEC ran them all. */
+static int exec_replies(redisContext *c, int cmds)
+{
+    int rc = 0;
+
+    for (int i = 0; i < cmds; i++) {
+        void *reply = NULL;
+        redisReply *r;
+        if (redisGetReply(c, &reply) != REDIS_OK)
+            return -1;
+        r = reply;
+        if (r->type == REDIS_REPLY_ERROR || (i == cmds - 1 && r->type != REDIS_REPLY_ARRAY)) {
+            log_warn("consumer: MULTI: %s", r->type == REDIS_REPLY_ERROR ? r->str : "aborted");
+            rc = -1;
+        }
+        freeReplyObject(r);
+    }
+    return rc;
+}
+
+/* The 'n' entries k->e[idx[...]] leave the stream: XACK, XDEL and, for
+ * persisted ones, the voucher's landed counter, in one MULTI (atomic for
+ * stock_load.lua's rebuild, which reads both). When 'dead_reason' is set
+ * (n is 1 then) the entry is copied to the dead-letter stream first.
+ * 0, or -1 when Redis failed (the entries stay pending: persisting them
+ * again changes nothing). */
+static int settle(consumer *k, const int *idx, int n, int64_t voucher_id, int landed,
+                  const char *dead_reason)
+{
+    char key[96], num[4][24];
+    int cmds = 0;
+
+    k->argv[0] = "XACK";
+    k->argv[1] = STOCK_REDIS_STREAM;
+    k->argv[2] = STOCK_REDIS_GROUP;
+    for (int i = 0; i < n; i++)
+        k->argv[3 + i] = k->e[idx[i]].id;
+    if (redisAppendCommand(k->c, "MULTI") != REDIS_OK)
+        return -1;
+    cmds++;
+    if (dead_reason != NULL) {
+        const entry *e = &k->e[idx[0]];
+        snprintf(num[0], sizeof num[0], "%" PRId64, e->voucher_id);
+        snprintf(num[1], sizeof num[1], "%" PRId64, e->user_id);
+        snprintf(num[2], sizeof num[2], "%" PRId64, e->order_id);
+        snprintf(num[3], sizeof num[3], "%" PRId64, e->gen);
+        if (redisAppendCommand(k->c, "XADD %s * entry %s v %s u %s o %s g %s reason %s consumer %s",
+                               STOCK_REDIS_DEAD, e->id, num[0], num[1], num[2], num[3],
+                               dead_reason, k->name) != REDIS_OK)
+            return -1;
+        cmds++;
+    }
+    if (redisAppendCommandArgv(k->c, 3 + n, k->argv, NULL) != REDIS_OK)
+        return -1;
+    cmds++;
+    k->argv[0] = "XDEL";
+    k->argv[1] = STOCK_REDIS_STREAM;
+    for (int i = 0; i < n; i++)
+        k->argv[2 + i] = k->e[idx[i]].id;
+    if (redisAppendCommandArgv(k->c, 2 + n, k->argv, NULL) != REDIS_OK)
+        return -1;
+    cmds++;
+    if (landed > 0) {
+        stock_redis_key(key, sizeof key, voucher_id, ":landed");
+        if (redisAppendCommand(k->c, "INCRBY %s %d", key, landed) != REDIS_OK)
+            return -1;
+        cmds++;
+    }
+    if (redisAppendCommand(k->c, "EXEC") != REDIS_OK)
+        return -1;
+    cmds++;
+    if (exec_replies(k->c, cmds) != 0)
+        return -1;
+    for (int i = 0; i < n; i++)
+        k->e[idx[i]].done = 1;
+    return 0;
+}
+
+static int dead_letter(consumer *k, int i, const char *reason)
+{
+    if (settle(k, &i, 1, k->e[i].voucher_id, 0, reason) != 0)
+        return -1;
+    rec_note(REC_STREAM_DEAD_LETTER);
+    log_error("consumer: order %" PRId64 " (entry %s, voucher %" PRId64 ", user %" PRId64
+              ") moved to %s: %s", k->e[i].order_id, k->e[i].id, k->e[i].voucher_id,
+              k->e[i].user_id, STOCK_REDIS_DEAD, reason);
+    return 0;
+}
+
+static PGconn *pg_get(consumer *k)
+{
+    char err[256];
+
+    if (k->pg != NULL && PQstatus(k->pg) != CONNECTION_OK)
+        pg_drop(k);
+    if (k->pg == NULL && (k->pg = conn_pg_open(err, sizeof err)) == NULL)
+        log_warn("consumer: Postgres: %s", err);
+    return k->pg;
+}
+
+static int64_t id_ms(const char *id)
+{
+    return strtoll(id, NULL, 10);
+}
+
+/* Records the lag of the 'n' entries just committed. */
+static void landed(consumer *k, const int *idx, int n)
+{
+    int64_t now = util_wall_ms();
+
+    rec_landed_batch(n);
+    for (int i = 0; i < n; i++)
+        rec_landed((now - id_ms(k->e[idx[i]].id)) * 1000);
+}
+
+static const char *poison_reason(store_status st)
+{
+    switch (st) {
+    case STORE_SOLD_OUT:
+        return "no stock left in Postgres";
+    case STORE_NOT_FOUND:
+        return "no such voucher";
+    case STORE_DUPLICATE:
+        return "the user already has another order of this voucher";
+    case STORE_INVALID:
+        return "refused by a constraint";
+    case STORE_CONFLICT:
+        return "its order id belongs to another order (the id counter went back)";
+    default:
+        return "Postgres refused it";
+    }
+}
+
+/* Persists the entries idx[0..n-1] of one voucher. 0 when each is settled
+ * (landed or dead-lettered), -1 when Postgres or Redis failed: the rest
+ * stay pending to us. */
+static int persist(consumer *k, int64_t voucher_id, const int *idx, int n)
+{
+    int64_t inserted;
+    store_status st;
+    PGconn *pg;
+
+    if ((pg = pg_get(k)) == NULL)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        const entry *e = &k->e[idx[i]];
+        k->orders[i] = (store_order){ .order_id = e->order_id, .voucher_id = voucher_id,
+                                      .user_id = e->user_id };
+    }
+    st = store_orders_persist(pg, voucher_id, k->orders, (size_t)n, &inserted);
+    if (st == STORE_OK) {
+        landed(k, idx, n);
+        return settle(k, idx, n, voucher_id, n, NULL);
+    }
+    if (PQstatus(pg) != CONNECTION_OK) {
+        pg_drop(k);
+        return -1;
+    }
+    /* Refused as a whole: one by one, so that the one that cannot be
+     * persisted is found and set aside, and the others land. */
+    log_warn("consumer: batch of %d orders of voucher %" PRId64 " refused (%d): one by one", n,
+             voucher_id, (int)st);
+    for (int i = 0; i < n; i++) {
+        int attempts = 0;
+        do {
+            st = store_orders_persist(pg, voucher_id, &k->orders[i], 1, &inserted);
+            if (st != STORE_UNAVAILABLE)
+                break;
+            if (PQstatus(pg) != CONNECTION_OK) {
+                pg_drop(k);
+                return -1;
+            }
+        } while (++attempts < SINGLE_ATTEMPTS);
+        if (st == STORE_OK) {
+            landed(k, &idx[i], 1);
+            if (settle(k, &idx[i], 1, voucher_id, 1, NULL) != 0)
+                return -1;
+        } else if (dead_letter(k, idx[i], poison_reason(st)) != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Settles the 'n' entries in k->e: per voucher, the stale ones dropped,
+ * the others persisted. 0, or -1 when something stays pending. */
+static int process(consumer *k, int n)
+{
+    int *idx = xmalloc(sizeof *idx * (size_t)(n > 0 ? n : 1));
+    int rc = 0;
+
+    for (int i = 0; i < n && rc == 0; i++) {
+        entry *e = &k->e[i];
+        if (e->done)
+            continue;
+        if (!e->readable) {
+            rc = dead_letter(k, i, "unreadable entry");
+            continue;
+        }
+        /* This voucher's entries, and its current sale's generation. */
+        int64_t vid = e->voucher_id, gen = 0;
+        int m = 0, stale = 0;
+        char key[96];
+        redisReply *r;
+
+        stock_redis_key(key, sizeof key, vid, ":gen");
+        r = redisCommand(k->c, "GET %s", key);
+        if (r == NULL || (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_NIL)) {
+            freeReplyObject(r);
+            rc = -1;
+            break;
+        }
+        gen = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : 0;
+        freeReplyObject(r);
+        for (int j = i; j < n; j++) {
+            if (k->e[j].done || !k->e[j].readable || k->e[j].voucher_id != vid)
+                continue;
+            if (k->e[j].gen == gen)
+                idx[m++] = j;
+            else
+                idx[n - 1 - stale++] = j;       /* from the end: disjoint from the front */
+        }
+        if (stale > 0) {
+            if (settle(k, &idx[n - stale], stale, vid, 0, NULL) != 0) {
+                rc = -1;
+                break;
+            }
+            for (int s = 0; s < stale; s++)
+                rec_note(REC_STREAM_STALE);
+            log_info("consumer: dropped %d orders of voucher %" PRId64 " from before its reset",
+                     stale, vid);
+        }
+        if (m > 0)
+            rc = persist(k, vid, idx, m);
+    }
+    free(idx);
+    return rc;
+}
+
+/* One round: claim what crashed consumers left, else our own pending
+ * entries, else new ones; persist them. */
+static void round_once(consumer *k)
+{
+    int64_t now = util_mono_us();
+    int block = g_cfg.redis_timeout_ms / 2 < 200 ? g_cfg.redis_timeout_ms / 2 : 200;
+    int n = 0;
+
+    if (now >= k->next_check_us) {
+        k->next_check_us = now + DURABILITY_CHECK_MS * 1000LL;
+        stock_redis_check_durability(k->c);
+    }
+    if (k->c->err == 0 && now >= k->next_claim_us) {
+        int every = g_cfg.consumer_claim_idle_ms / 4;
+        k->next_claim_us = now + (int64_t)(every < 100 ? 100 : every) * 1000;
+        n = claim(k);
+    }
+    if (n == 0 && k->own_pending && k->c->err == 0) {
+        n = read_stream(k, "0", 0);
+        if (n == 0)
+            k->own_pending = 0;
+    }
+    if (n == 0 && k->c->err == 0)
+        n = read_stream(k, ">", block < 1 ? 1 : block);
+    if (n > 0 && process(k, n) != 0) {
+        k->own_pending = 1;
+        pause_ms(RETRY_PAUSE_MS);
+    }
+    if (n < 0 && k->c->err == 0)
+        pause_ms(RETRY_PAUSE_MS);
+    if (k->c->err)
+        redis_drop(k);
+}
+
+static void *consumer_main(void *arg)
+{
+    consumer *k = arg;
+    char err[256];
+
+    while (!atomic_load(&stop_flag)) {
+        if (k->c == NULL) {
+            if ((k->c = conn_redis_open(err, sizeof err)) == NULL || ensure_group(k->c) != 0) {
+                if (k->c != NULL)
+                    redis_drop(k);
+                pause_ms(RETRY_PAUSE_MS);
+                continue;
+            }
+            k->own_pending = 1;
+        }
+        round_once(k);
+    }
+    redis_drop(k);
+    pg_drop(k);
+    free(k->e);
+    free(k->orders);
+    free(k->argv);
+    free(k);
+    return NULL;
+}
+
+int consumer_start(void)
+{
+    consumer *k;
+
+    if (g_cfg.stock_strategy != STOCKS_REDIS || g_cfg.consumers == 0 || running)
+        return 0;
+    k = xcalloc(1, sizeof *k);
+    /* A name of its own per process: a restarted instance does not take
+     * over its predecessor's entries as if they were being worked on; they
+     * are claimed once idle, like any dead consumer's. */
+    snprintf(k->name, sizeof k->name, "%s:%.8s", g_cfg.instance_id, g_cfg.instance_uuid);
+    snprintf(k->cursor, sizeof k->cursor, "0-0");
+    k->e = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->e);
+    k->orders = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->orders);
+    k->argv = xcalloc((size_t)g_cfg.consumer_batch_max + 3, sizeof *k->argv);
+    atomic_store(&stop_flag, 0);
+    if (pthread_create(&thread, NULL, consumer_main, k) != 0) {
+        free(k->e);
+        free(k->orders);
+        free(k->argv);
+        free(k);
+        return -1;
+    }
+    running = 1;
+    log_info("consumer %s: persisting %s in batches of up to %d (claim after %d ms idle)",
+             k->name, STOCK_REDIS_STREAM, g_cfg.consumer_batch_max, g_cfg.consumer_claim_idle_ms);
+    return 0;
+}
+
+void consumer_stop(void)
+{
+    if (!running)
+        return;
+    atomic_store(&stop_flag, 1);
+    pthread_join(thread, NULL);
+    running = 0;
+}

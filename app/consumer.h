@@ -1,0 +1,34 @@
+/* consumer: the Redis-first strategy's way to Postgres (stock_redis.h).
+ *
+ * One thread per instance, a consumer of the group STOCK_REDIS_GROUP on the
+ * stream STOCK_REDIS_STREAM, with its own Redis and Postgres connections.
+ * It reads up to CONSUMER_BATCH_MAX orders (XREADGROUP), persists those of
+ * each voucher in one transaction (store_orders_persist: one deduction of
+ * n units, one multi-row insert, idempotent on the order id), and only
+ * after the commit acknowledges and deletes them (XACK, XDEL and the
+ * voucher's landed counter in one MULTI). So the stream holds exactly the
+ * orders not yet in Postgres: its length is the backlog.
+ *
+ * - Postgres down: the batch stays pending to this consumer, which retries
+ *   it (its own pending entries first) until Postgres answers.
+ * - A consumer that died with entries delivered to it: another claims them
+ *   once they were idle CONSUMER_CLAIM_IDLE_MS (XAUTOCLAIM), a bound above
+ *   the slowest batch; a consumer that was only slow and commits them too
+ *   takes no second unit (the order id makes the write idempotent).
+ * - A poison entry (unreadable, or refused by Postgres on its own: no such
+ *   voucher, no stock left in Postgres, another order of the same user) is
+ *   moved to STOCK_REDIS_DEAD with its reason and counted
+ *   (seckill_stream_dead_letters_total), not retried forever.
+ * - An entry of a sale that was reset since (its generation is not the
+ *   voucher's) is dropped and counted. */
+#ifndef SECKILL_CONSUMER_H
+#define SECKILL_CONSUMER_H
+
+/* Starts the thread when the stock strategy is "redis" and CONSUMERS is 1
+ * (else does nothing). 0, or -1 when the thread cannot start. */
+int consumer_start(void);
+
+/* Stops the thread after its current batch (idempotent). */
+void consumer_stop(void);
+
+#endif

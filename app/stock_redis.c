@@ -1,0 +1,503 @@
+/* stock_redis: Redis-first admission (stock_redis.h). */
+#include "stock_redis.h"
+#include "config.h"
+#include "idw.h"
+#include "log.h"
+#include "rec.h"
+#include "script.h"
+#include "stock.h"
+#include "util.h"
+
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static script_file admit_script = { .name = "order_admit" };
+static script_file load_script = { .name = "stock_load" };
+
+/* The durability verdict, shared by the workers and written by whoever
+ * checked last (the consumer, every second). */
+enum durability { DUR_UNKNOWN, DUR_OK, DUR_NOT };
+static atomic_int durability = DUR_UNKNOWN;
+
+#define REBUILD_ATTEMPTS 5
+
+void stock_redis_key(char *buf, size_t n, int64_t voucher_id, const char *suffix)
+{
+    snprintf(buf, n, "seckill:v:{%" PRId64 "}%s", voucher_id, suffix);
+}
+
+static int mode_is(const char *m)
+{
+    return strcmp(g_cfg.redis_order_durability, m) == 0;
+}
+
+/* CONFIG GET 'name' on 'c': its value copied to 'out'. 0, or -1. */
+static int config_get(redisContext *c, const char *name, char *out, size_t n)
+{
+    redisReply *r = redisCommand(c, "CONFIG GET %s", name);
+    int rc = -1;
+
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[1]->type == REDIS_REPLY_STRING) {
+        snprintf(out, n, "%s", r->element[1]->str);
+        rc = 0;
+    } else if (r->type == REDIS_REPLY_ERROR) {
+        log_warn("stock_redis: CONFIG GET %s: %s", name, r->str);
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+int stock_redis_check_durability(redisContext *c)
+{
+    char aof[16], fsync[16];
+    int verdict;
+
+    if (!mode_is("aof")) {
+        atomic_store(&durability, DUR_OK);
+        return 0;
+    }
+    if (config_get(c, "appendonly", aof, sizeof aof) != 0 ||
+        config_get(c, "appendfsync", fsync, sizeof fsync) != 0)
+        return -1;
+    verdict = strcmp(aof, "yes") == 0 && strcmp(fsync, "always") == 0 ? DUR_OK : DUR_NOT;
+    if (atomic_exchange(&durability, verdict) != verdict && verdict == DUR_NOT)
+        log_error("stock_redis: Redis runs appendonly %s, appendfsync %s: an order it "
+                  "acknowledges may be lost in a crash, so orders are refused (503) until it "
+                  "runs appendonly yes, appendfsync always (or set REDIS_ORDER_DURABILITY)",
+                  aof, fsync);
+    return verdict == DUR_OK ? 0 : 1;
+}
+
+int stock_redis_start(char *err, size_t errlen)
+{
+    char why[256];
+    redisContext *c;
+
+    if (script_file_load(&admit_script, g_cfg.lua_dir, admit_script.name, err, errlen) != 0 ||
+        script_file_load(&load_script, g_cfg.lua_dir, load_script.name, err, errlen) != 0)
+        return -1;
+    if (mode_is("none"))
+        log_warn("REDIS_ORDER_DURABILITY=none: an order is answered 200 before Redis made it "
+                 "durable; a Redis crash loses the orders of its last fsync interval");
+    /* Refuse to start against a Redis that would lose acknowledged orders;
+     * one that is not up yet is checked when it is. */
+    c = conn_redis_open(why, sizeof why);
+    if (c == NULL)
+        return 0;
+    if (stock_redis_check_durability(c) == 1) {
+        snprintf(err, errlen, "REDIS_ORDER_DURABILITY=aof needs Redis with appendonly yes and "
+                              "appendfsync always");
+        redisFree(c);
+        return -1;
+    }
+    redisFree(c);
+    return 0;
+}
+
+static int64_t int_reply(redisReply *r);
+
+/* The script's keys for a voucher. */
+typedef struct vkeys {
+    char hash[64], buyers[72], landed[72], gen[72];
+} vkeys;
+
+static void vkeys_fill(vkeys *k, int64_t voucher_id)
+{
+    stock_redis_key(k->hash, sizeof k->hash, voucher_id, "");
+    stock_redis_key(k->buyers, sizeof k->buyers, voucher_id, ":buyers");
+    stock_redis_key(k->landed, sizeof k->landed, voucher_id, ":landed");
+    stock_redis_key(k->gen, sizeof k->gen, voucher_id, ":gen");
+}
+
+/* Runs stock_load.lua. Its integer reply, or -2 when Redis failed. */
+static int run_load(redisContext *c, const vkeys *k, const char *mode, const store_voucher *v,
+                    int64_t landed, const int64_t *buyers, size_t nbuyers)
+{
+    size_t argc = 13 + nbuyers, i;
+    const char **argv = xmalloc(sizeof *argv * argc);
+    char (*num)[24] = xmalloc(sizeof *num * (6 + nbuyers));
+    redisReply *r;
+    int rc = -2;
+
+    argv[0] = k->hash;
+    argv[1] = k->buyers;
+    argv[2] = STOCK_REDIS_STREAM;
+    argv[3] = k->landed;
+    argv[4] = k->gen;
+    argv[5] = mode;
+    snprintf(num[0], sizeof num[0], "%" PRId64, v->voucher_id);
+    snprintf(num[1], sizeof num[1], "%" PRId64, v->stock);
+    snprintf(num[2], sizeof num[2], "%" PRId64, v->initial_stock);
+    snprintf(num[3], sizeof num[3], "%" PRId64, v->begin_time);
+    snprintf(num[4], sizeof num[4], "%" PRId64, v->end_time);
+    snprintf(num[5], sizeof num[5], "%" PRId64, landed);
+    for (i = 0; i < 6; i++)
+        argv[6 + i] = num[i];
+    argv[12] = v->title;
+    for (i = 0; i < nbuyers; i++) {
+        snprintf(num[6 + i], sizeof num[6 + i], "%" PRId64, buyers[i]);
+        argv[13 + i] = num[6 + i];
+    }
+    r = script_file_run(c, &load_script, 5, (int)argc, argv, NULL);
+    if (r == NULL)
+        goto cleanup;
+    if (r->type == REDIS_REPLY_INTEGER)
+        rc = (int)r->integer;
+    else
+        log_warn("stock_redis: stock_load: %s", r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
+cleanup:
+    freeReplyObject(r);
+    free(num);
+    free(argv);
+    return rc;
+}
+
+int stock_redis_load(redisContext *c, const store_voucher *v)
+{
+    vkeys k;
+
+    vkeys_fill(&k, v->voucher_id);
+    return run_load(c, &k, "fresh", v, 0, NULL, 0) == 1 ? 0 : -1;
+}
+
+/* GET of an integer key (absent: 0). 0, or -1. */
+static int get_int(redisContext *c, const char *key, int64_t *out)
+{
+    redisReply *r = redisCommand(c, "GET %s", key);
+    int rc = -1;
+
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_NIL) {
+        *out = 0;
+        rc = 0;
+    } else if (r->type == REDIS_REPLY_STRING) {
+        *out = strtoll(r->str, NULL, 10);
+        rc = 0;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+/* The voucher's Redis state, rebuilt from Postgres (stock_load.lua says
+ * how): STORE_OK when it exists now. */
+static store_status rebuild(conn_set *cs, redisContext *c, int64_t voucher_id)
+{
+    store_voucher v;
+    int64_t landed, *buyers = NULL;
+    size_t nbuyers = 0;
+    store_status st = STORE_UNAVAILABLE;
+    PGconn *pg;
+    vkeys k;
+
+    vkeys_fill(&k, voucher_id);
+    for (int attempt = 0; attempt < REBUILD_ATTEMPTS; attempt++) {
+        int rc;
+        free(buyers);
+        buyers = NULL;
+        if (get_int(c, k.landed, &landed) != 0)
+            goto out;
+        if ((pg = conn_pg(cs)) == NULL)
+            goto out;
+        if ((st = store_voucher_get(pg, voucher_id, &v)) != STORE_OK ||
+            (st = store_voucher_buyers(pg, voucher_id, &buyers, &nbuyers)) != STORE_OK) {
+            if (st == STORE_UNAVAILABLE && PQstatus(pg) != CONNECTION_OK)
+                conn_pg_broken(cs);
+            goto out;
+        }
+        rc = run_load(c, &k, "rebuild", &v, landed, buyers, nbuyers);
+        if (rc == 0 || rc == 1) {
+            if (rc == 1)
+                log_info("stock_redis: voucher %" PRId64 " rebuilt from Postgres (%zu buyers)",
+                         voucher_id, nbuyers);
+            st = STORE_OK;
+            goto out;
+        }
+        st = STORE_UNAVAILABLE;
+        if (rc == -2)
+            goto out;
+    }
+    log_warn("stock_redis: voucher %" PRId64 ": orders kept landing while it was rebuilt",
+             voucher_id);
+out:
+    free(buyers);
+    return st;
+}
+
+/* WAIT for the replicas: 0 when enough acknowledged, 1 when too few, -1
+ * when Redis failed. */
+static int wait_replicas(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "WAIT %d %d", g_cfg.redis_order_wait_replicas,
+                                 g_cfg.redis_order_wait_ms);
+    int rc = -1;
+
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_INTEGER)
+        rc = r->integer >= g_cfg.redis_order_wait_replicas ? 0 : 1;
+    else
+        log_warn("stock_redis: WAIT: %s", r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
+    freeReplyObject(r);
+    return rc;
+}
+
+/* One run of order_admit.lua: the outcome, the order id when admitted;
+ * 'missing' set when the voucher must be rebuilt first. */
+static store_status admit(redisContext *c, store_order *o, int *missing)
+{
+    char v[24], u[24], t[24], idkey[128];
+    const char *argv[7];
+    int64_t now = util_now_s();
+    store_status st = STORE_UNAVAILABLE;
+    redisReply *r;
+    vkeys k;
+
+    *missing = 0;
+    if (now < IDW_EPOCH) {
+        log_error("stock_redis: clock before the order id epoch");
+        return STORE_UNAVAILABLE;
+    }
+    vkeys_fill(&k, o->voucher_id);
+    idw_key(g_cfg.id_prefix, now, idkey, sizeof idkey);
+    snprintf(v, sizeof v, "%" PRId64, o->voucher_id);
+    snprintf(u, sizeof u, "%" PRId64, o->user_id);
+    snprintf(t, sizeof t, "%" PRId64, now - (int64_t)IDW_EPOCH);
+    argv[0] = k.hash;
+    argv[1] = k.buyers;
+    argv[2] = STOCK_REDIS_STREAM;
+    argv[3] = idkey;
+    argv[4] = v;
+    argv[5] = u;
+    argv[6] = t;
+    r = script_file_run(c, &admit_script, 4, 7, argv, NULL);
+    if (r == NULL)
+        return STORE_UNAVAILABLE;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER) {
+        log_warn("stock_redis: order_admit: %s", r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
+        goto cleanup;
+    }
+    switch (r->element[0]->integer) {
+    case 0:
+        if (r->elements == 3 && r->element[1]->type == REDIS_REPLY_INTEGER &&
+            (o->order_id = idw_compose(now - IDW_EPOCH, r->element[1]->integer)) > 0)
+            st = STORE_OK;
+        else
+            log_error("stock_redis: order_admit: order id out of range");
+        break;
+    case 1:
+        st = STORE_SOLD_OUT;
+        break;
+    case 2:
+        st = STORE_DUPLICATE;
+        break;
+    case 3:
+        st = STORE_NOT_STARTED;
+        break;
+    case 4:
+        st = STORE_ENDED;
+        break;
+    case -1:
+        *missing = 1;
+        break;
+    default:
+        break;
+    }
+cleanup:
+    freeReplyObject(r);
+    return st;
+}
+
+static void redis_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done, void *arg)
+{
+    redisContext *c = conn_redis(cs);
+    store_status st = STORE_UNAVAILABLE;
+    int missing = 0, d;
+
+    (void)pg;                                   /* admission needs no Postgres */
+    if (c == NULL || stock_past_deadline(b))
+        goto out;
+    d = atomic_load(&durability);
+    if (d == DUR_UNKNOWN && (stock_redis_check_durability(c) < 0 ||
+                             (d = atomic_load(&durability)) == DUR_UNKNOWN))
+        goto out;
+    if (d == DUR_NOT)
+        goto out;
+    st = admit(c, &b->order, &missing);
+    if (missing) {
+        /* Not in Redis: created before Redis held it, or lost with a Redis
+         * that restarted empty. */
+        st = rebuild(cs, c, b->order.voucher_id);
+        if (st == STORE_OK)
+            st = admit(c, &b->order, &missing);
+        if (missing)
+            st = STORE_UNAVAILABLE;
+    }
+    if (st == STORE_OK && mode_is("wait") && wait_replicas(c) != 0) {
+        /* Admitted, but not known to survive a failover: not acknowledged.
+         * (The order stands: a retry answers already_ordered.) */
+        st = STORE_UNAVAILABLE;
+    }
+out:
+    if (c != NULL && c->err)
+        conn_redis_broken(cs);
+    done(cs, arg, st);
+}
+
+/* The voucher as Redis holds it (its stock is the admissions' own). */
+static store_status redis_voucher(conn_set *cs, int64_t voucher_id, store_voucher *out)
+{
+    redisContext *c = conn_redis(cs);
+    store_status st = STORE_UNAVAILABLE;
+    redisReply *r;
+    vkeys k;
+
+    if (c == NULL)
+        return STORE_UNAVAILABLE;
+    vkeys_fill(&k, voucher_id);
+    r = redisCommand(c, "HMGET %s stock initial begin end title", k.hash);
+    if (r == NULL)
+        goto out;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 5) {
+        log_warn("stock_redis: HMGET %s: %s", k.hash, r->type == REDIS_REPLY_ERROR ? r->str : "?");
+        goto out;
+    }
+    st = STORE_NOT_FOUND;
+    for (size_t i = 0; i < 5; i++)
+        if (r->element[i]->type != REDIS_REPLY_STRING)
+            goto out;
+    memset(out, 0, sizeof *out);
+    out->voucher_id = voucher_id;
+    out->stock = int_reply(r->element[0]);
+    out->initial_stock = int_reply(r->element[1]);
+    out->begin_time = int_reply(r->element[2]);
+    out->end_time = int_reply(r->element[3]);
+    snprintf(out->title, sizeof out->title, "%s", r->element[4]->str);
+    st = STORE_OK;
+out:
+    freeReplyObject(r);
+    if (c->err)
+        conn_redis_broken(cs);
+    return st;
+}
+
+static int redis_load(conn_set *cs, const store_voucher *v)
+{
+    redisContext *c = conn_redis(cs);
+    int rc;
+
+    if (c == NULL)
+        return -1;
+    rc = stock_redis_load(c, v);
+    if (c->err)
+        conn_redis_broken(cs);
+    return rc;
+}
+
+/* XPENDING's count of delivered, unacknowledged entries (-1: no group). */
+static int64_t pending_count(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "XPENDING %s %s", STOCK_REDIS_STREAM, STOCK_REDIS_GROUP);
+    int64_t n = -1;
+
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
+        r->element[0]->type == REDIS_REPLY_INTEGER)
+        n = r->element[0]->integer;
+    freeReplyObject(r);
+    return n;
+}
+
+static int64_t int_reply(redisReply *r)
+{
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_INTEGER)
+        return r->integer;
+    if (r->type == REDIS_REPLY_STRING)
+        return strtoll(r->str, NULL, 10);
+    return r->type == REDIS_REPLY_NIL ? 0 : -1;
+}
+
+int stock_redis_stats(redisContext *c, cJSON *root, cJSON *vouchers)
+{
+    cJSON *rf = cJSON_AddObjectToObject(root, "redisFirst"), *v;
+    int64_t backlog, dead, pending;
+    int all_agree = 1;
+    redisReply *r;
+
+    r = redisCommand(c, "XLEN %s", STOCK_REDIS_STREAM);
+    backlog = int_reply(r);
+    freeReplyObject(r);
+    r = redisCommand(c, "XLEN %s", STOCK_REDIS_DEAD);
+    dead = int_reply(r);
+    freeReplyObject(r);
+    if (c->err)
+        return -1;
+    pending = pending_count(c);
+    if (c->err)
+        return -1;
+    cJSON_AddStringToObject(rf, "durability", g_cfg.redis_order_durability);
+    cJSON_AddBoolToObject(rf, "durable", atomic_load(&durability) == DUR_OK);
+    cJSON_AddNumberToObject(rf, "backlog", (double)backlog);
+    cJSON_AddNumberToObject(rf, "pending", (double)(pending < 0 ? 0 : pending));
+    cJSON_AddNumberToObject(rf, "deadLetters", (double)dead);
+
+    cJSON_ArrayForEach(v, vouchers) {
+        int64_t id = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "voucherId"));
+        int64_t pg_stock = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "stock"));
+        int64_t initial = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "initialStock"));
+        int64_t orders = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "orders"));
+        int64_t rstock, rinitial, rbuyers;
+        cJSON *o;
+        vkeys k;
+        int agree;
+
+        vkeys_fill(&k, id);
+        r = redisCommand(c, "HMGET %s stock initial", k.hash);
+        if (r == NULL)
+            return -1;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type == REDIS_REPLY_NIL) {
+            freeReplyObject(r);
+            continue;                           /* not loaded: nothing sold through Redis */
+        }
+        rstock = int_reply(r->element[0]);
+        rinitial = int_reply(r->element[1]);
+        freeReplyObject(r);
+        r = redisCommand(c, "SCARD %s", k.buyers);
+        rbuyers = int_reply(r);
+        freeReplyObject(r);
+        if (c->err)
+            return -1;
+        /* Drained, both sides must tell the same story: as many orders as
+         * units taken, on each side, and as many buyers as orders. */
+        agree = backlog == 0 && rinitial == initial && rinitial - rstock == rbuyers &&
+                initial - pg_stock == orders && rbuyers == orders && rstock == pg_stock;
+        all_agree = all_agree && agree;
+        o = cJSON_AddObjectToObject(v, "redis");
+        cJSON_AddNumberToObject(o, "stock", (double)rstock);
+        cJSON_AddNumberToObject(o, "buyers", (double)rbuyers);
+        cJSON_AddNumberToObject(o, "undrained", (double)(rbuyers - orders));
+        cJSON_AddBoolToObject(o, "agree", agree);
+    }
+    cJSON_AddBoolToObject(rf, "reconciled", all_agree && dead == 0);
+    return 0;
+}
+
+const stock_backend stock_redis_first = {
+    .name = "redis",
+    .alone = 1,
+    .settle = redis_settle,
+    .start = stock_redis_start,
+    .load = redis_load,
+    .voucher = redis_voucher,
+    .stats = stock_redis_stats,
+};

@@ -1,0 +1,61 @@
+/* stock_redis: Redis-first admission, the "redis" stock strategy (stock.h).
+ *
+ * A voucher's stock and buyers live in Redis (loaded when it is created or
+ * reset, rebuilt from Postgres when missing). One Lua script
+ * (lua/order_admit.lua) decides a buyer atomically - sale window, buyer,
+ * stock - takes the unit, records the buyer, draws the order id and appends
+ * the order to the stream STOCK_REDIS_STREAM. Postgres gets the orders
+ * later, from the consumers (consumer.h), in batches.
+ *
+ * A 200 is sent only when the order survives a Redis crash
+ * (REDIS_ORDER_DURABILITY): "aof" requires Redis to run with appendonly
+ * yes and appendfsync always, which fsyncs the script's writes before its
+ * reply is sent (checked at start and every second; a Redis that does not
+ * answers 503); "wait" sends WAIT for REDIS_ORDER_WAIT_REPLICAS replicas
+ * behind the script; "none" answers at once (unsafe: the ladder's step).
+ *
+ * Where the per-user lock and the fencing token apply: not here. The
+ * script is the one-order-per-user check, atomic in Redis, so a lock
+ * around it adds a round trip and no safety; the orders are written to
+ * Postgres by consumers, not by lock holders, and their idempotence comes
+ * from the order id (and the unique constraint on user and voucher), not
+ * from a fencing token. */
+#ifndef SECKILL_STOCK_REDIS_H
+#define SECKILL_STOCK_REDIS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cJSON.h>
+#include <hiredis/hiredis.h>
+
+#include "store.h"
+
+#define STOCK_REDIS_STREAM "seckill:orders"       /* admitted, not yet persisted */
+#define STOCK_REDIS_DEAD "seckill:orders:dead"    /* entries no batch could persist */
+#define STOCK_REDIS_GROUP "seckill"               /* the consumers' group */
+
+/* "seckill:v:{<id>}" followed by 'suffix' ("" for the hash, ":buyers",
+ * ":landed", ":gen"). */
+void stock_redis_key(char *buf, size_t n, int64_t voucher_id, const char *suffix);
+
+/* Reads the scripts and, when Redis answers, checks its durability
+ * setting. Call once before serving. 0, or -1 with 'err'. */
+int stock_redis_start(char *err, size_t errlen);
+
+/* Checks on 'c' that Redis acknowledges durably as REDIS_ORDER_DURABILITY
+ * asks, and remembers the verdict for the admissions (the consumer calls
+ * it every second). 0: durable (or none asked); 1: not durable; -1: Redis
+ * failed (c->err may be set). */
+int stock_redis_check_durability(redisContext *c);
+
+/* The voucher's new sale in Redis, after its creation or reset in
+ * Postgres: stock and window from 'v', no buyers, a new generation (the
+ * previous sale's undrained orders are dropped by the consumers). 0 or -1. */
+int stock_redis_load(redisContext *c, const store_voucher *v);
+
+/* Adds to each voucher of 'vouchers' (store_stats's array) its Redis side
+ * and whether both sides agree, and to 'root' the stream's figures
+ * ("redisFirst"). 0, or -1 when Redis failed. */
+int stock_redis_stats(redisContext *c, cJSON *root, cJSON *vouchers);
+
+#endif

@@ -1,0 +1,75 @@
+-- stock_load: a voucher's Redis-first state (SECKILL_STOCK=redis), written
+-- from Postgres in one step.
+--
+-- KEYS[1]  voucher hash "seckill:v:{<id>}" (stock, initial, begin, end, gen)
+-- KEYS[2]  buyers set "seckill:v:{<id>}:buyers"
+-- KEYS[3]  the orders stream "seckill:orders"
+-- KEYS[4]  landed counter "seckill:v:{<id>}:landed": orders of the voucher the
+--          consumers persisted and removed from the stream
+-- KEYS[5]  generation counter "seckill:v:{<id>}:gen"
+-- ARGV[1]  "fresh" (voucher created or reset: a new sale, a new generation;
+--          the old sale's buyers and undrained orders no longer count) or
+--          "rebuild" (the hash is missing: Redis lost it)
+-- ARGV[2]  voucher id
+-- ARGV[3]  stock in Postgres   ARGV[4] initial stock
+-- ARGV[5]  begin   ARGV[6] end (Unix seconds)
+-- ARGV[7]  rebuild: the landed counter read before Postgres was read
+-- ARGV[8]  title
+-- ARGV[9..] rebuild: the buyers in Postgres
+--
+-- Reply: 1 written; 0 rebuild, but the hash exists (someone else rebuilt it);
+--        -1 rebuild, but orders landed since Postgres was read: read again.
+--
+-- A rebuild counts what Postgres has plus the orders still in the stream
+-- (admitted, not persisted yet) of the current generation: Postgres's stock
+-- minus those, its buyers plus theirs. An order persisted between the
+-- caller's read of Postgres and this script left the stream and moved the
+-- landed counter (the consumer does both in one MULTI): ARGV[7] catches it.
+if ARGV[1] == 'rebuild' then
+    if redis.call('exists', KEYS[1]) == 1 then
+        return 0
+    end
+    if tonumber(redis.call('get', KEYS[4]) or '0') ~= tonumber(ARGV[7]) then
+        return -1
+    end
+end
+
+local gen
+if ARGV[1] == 'fresh' then
+    gen = redis.call('incr', KEYS[5])
+else
+    gen = tonumber(redis.call('get', KEYS[5]) or '0')
+end
+redis.call('del', KEYS[1], KEYS[2])
+local stock = tonumber(ARGV[3])
+local buyers = {}
+if ARGV[1] == 'rebuild' then
+    for i = 9, #ARGV do
+        buyers[ARGV[i]] = true
+    end
+    local entries = redis.call('xrange', KEYS[3], '-', '+')
+    for _, e in ipairs(entries) do
+        local f = {}
+        for i = 1, #e[2], 2 do
+            f[e[2][i]] = e[2][i + 1]
+        end
+        if f.v == ARGV[2] and tonumber(f.g) == gen and f.u and not buyers[f.u] then
+            buyers[f.u] = true
+            stock = stock - 1
+        end
+    end
+end
+redis.call('hset', KEYS[1], 'stock', stock, 'initial', ARGV[4], 'begin', ARGV[5],
+           'end', ARGV[6], 'gen', gen, 'title', ARGV[8])
+local batch = {}
+for u in pairs(buyers) do
+    batch[#batch + 1] = u
+    if #batch == 1000 then
+        redis.call('sadd', KEYS[2], unpack(batch))
+        batch = {}
+    end
+end
+if #batch > 0 then
+    redis.call('sadd', KEYS[2], unpack(batch))
+end
+return 1
