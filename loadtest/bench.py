@@ -29,6 +29,11 @@ Redis, 2 instances at LOG_LEVEL=warn, nginx; every port picked free on
     long         a 60 s sale at 256 connections: RSS per instance after it
     batched      the instances restarted with SECKILL_STOCK=batched and more
                  THREADS: the sale again
+    redis        the instances restarted with SECKILL_STOCK=redis, Redis switched
+                 to appendonly yes, appendfsync always (CONFIG SET; back to no
+                 AOF after): the sale again, orders/s as acknowledged (200s per
+                 second of load), the time until the last order landed in
+                 Postgres, and the reconciliation of Redis and Postgres
   RSS per instance (VmRSS) before and after; CPU seconds per component
   (seckill, nginx, postgres, redis, the load tool, everything else) per run.
 
@@ -50,7 +55,9 @@ Environment (all optional):
   BENCH_THREADS        THREADS of the optimistic instances (default: the server's)
   BENCH_BATCH_THREADS  THREADS of the batched instances (default 8, the server's:
                        a queued buyer holds no worker, and 4, 8 and 16 measured alike)
-  BENCH_SKIP           comma list of ceilings,optimistic,storm,soldout,long,batched
+  BENCH_REDIS_THREADS  THREADS of the redis-first instances (default 32: a worker
+                       waits for Redis's fsync, and more of them share one)
+  BENCH_SKIP           comma list of ceilings,optimistic,storm,soldout,long,batched,redis
   BENCH_KEEP=1         leave the stack running at the end (make stop-bench stops it)
   SECKILL_BIN          server binary (default build/seckill)
 Python 3 standard library only.
@@ -85,7 +92,8 @@ REFERENCE = {"pgOneRow": 3600, "pgTxn": 2100, "redisEvalsha": 80000, "nginx": 42
 STEAL_WARN_PCT = 5     # a run with more steal than this is flagged in the table
 PACED_SHARE = 0.25   # paced latency runs offer this share of the nginx ceiling's rate
 TARGETS = {"optimisticVsOneRow": 0.9, "batchedVsOneRow": 3.0, "soldOutVsNginx": 0.9,
-           "soldOutP99Ms": 2.0, "rssMb": 20.0}
+           "soldOutP99Ms": 2.0, "rssMb": 20.0, "redisVsOneRow": 3.0, "redisVsSoldOut": 0.4,
+           "redisP99Ms": 10.0}
 
 
 def env_int(name, default):
@@ -246,12 +254,13 @@ class Bench:
         self.batch_conns = env_int("BENCH_BATCH_CONNECTIONS", 256)
         self.threads = env_int("BENCH_THREADS", 0)
         self.batch_threads = env_int("BENCH_BATCH_THREADS", 8)
+        self.redis_threads = env_int("BENCH_REDIS_THREADS", 32)
         self.skip = {s.strip() for s in os.environ.get("BENCH_SKIP", "").split(",") if s.strip()}
         self.keep = os.environ.get("BENCH_KEEP") == "1"
         self.bin = os.environ.get("SECKILL_BIN") or os.path.join(ROOT, "build", "seckill")
         self.bin = os.path.abspath(self.bin)
         self.pg_clients = 16
-        threads_max = max(self.threads or 8, self.batch_threads)
+        threads_max = max(self.threads or 8, self.batch_threads, self.redis_threads)
         self.max_conn = max(100, 2 * (threads_max + 4) + self.pg_clients + 40)
         self.stack = Stack(self.run_dir, self.bin, self.threads, self.max_conn)
         self.ceiling_nginx_pid = None
@@ -765,10 +774,122 @@ class Bench:
             fig["batchedRssBefore"] = self.stack.rss()
             fig["batchedSale"] = self.sale("sale (batched)", self.batch_conns, self.seconds)
             fig["batchedRssAfter"] = self.stack.rss()
+        if "redis" not in self.skip:
+            self.switch("redis")
+            log(f"round {i}: the service, SECKILL_STOCK=redis THREADS={self.redis_threads}"
+                " (Redis appendfsync always)")
+            fig["redisSale"] = self.redis_sale("sale (redis-first)", self.sale_conns, self.seconds)
         return fig
 
+    def redis_cli(self, *args):
+        p = run(["redis-cli", "-u", self.stack.info["REDIS_URL"], "--raw"] + [str(a) for a in args], 60)
+        return p.stdout.strip()
+
+    def redis_aof(self, on):
+        """The stack's Redis with appendonly yes, appendfsync always (a 200 of
+        the redis strategy survives a Redis crash), or without AOF again."""
+        if not on:
+            self.redis_cli("CONFIG", "SET", "appendonly", "no")
+            return
+        self.redis_cli("CONFIG", "SET", "appendfsync", "always")
+        self.redis_cli("CONFIG", "SET", "appendonly", "yes")
+        deadline = time.monotonic() + 60
+        while "aof_rewrite_in_progress:0" not in self.redis_cli("INFO", "persistence") \
+                or "aof_enabled:1" not in self.redis_cli("INFO", "persistence"):
+            if time.monotonic() > deadline:
+                raise BenchError("Redis did not finish switching AOF on")
+            time.sleep(0.1)
+
+    def drain(self, timeout=300):
+        """Seconds until the orders stream is empty and nothing is pending."""
+        t0 = time.monotonic()
+        while True:
+            backlog = int(self.redis_cli("XLEN", "seckill:orders") or 0)
+            pending = int((self.redis_cli("XPENDING", "seckill:orders", "seckill").split() or ["0"])[0])
+            if backlog == 0 and pending == 0:
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout:
+                raise BenchError(f"the stream did not drain within {timeout}s ({backlog} left)")
+            time.sleep(0.05)
+
+    def reconcile_redis(self, what, voucher):
+        """Redis and Postgres after the drain: the same stock, the same buyers,
+        no dead letters, and /stats says so. Violations are recorded."""
+        problems = []
+        r_stock = int(self.redis_cli("HGET", f"seckill:v:{{{voucher}}}", "stock"))
+        r_buyers = set(self.redis_cli("SMEMBERS", f"seckill:v:{{{voucher}}}:buyers").split())
+        rows = self.psql(f"SELECT stock FROM tb_voucher WHERE voucher_id = {int(voucher)}")
+        pg_stock = int(rows[0][0])
+        pg_buyers = {r[0] for r in self.psql(
+            f"SELECT user_id FROM tb_voucher_order WHERE voucher_id = {int(voucher)}")}
+        dead = int(self.redis_cli("XLEN", "seckill:orders:dead") or 0)
+        if r_stock != pg_stock:
+            problems.append(f"stock: Redis {r_stock}, Postgres {pg_stock}")
+        if r_buyers != pg_buyers:
+            problems.append(f"buyers: {len(r_buyers - pg_buyers)} only in Redis, "
+                            f"{len(pg_buyers - r_buyers)} only in Postgres")
+        if dead:
+            problems.append(f"{dead} dead letters")
+        st = kit.call(self.stack.base_url, "GET", "/stats", timeout=30).body
+        mine = [v for v in st.get("vouchers", []) if v.get("voucherId") == int(voucher)]
+        if not mine or not mine[0].get("redis", {}).get("agree"):
+            problems.append(f"/stats does not see the agreement: {mine[0].get('redis') if mine else None}")
+        out = "; ".join(problems) if problems else "Redis and Postgres agree"
+        self.invariant_runs.append({"run": f"{what}: reconciliation", "voucherId": voucher,
+                                    "ok": not problems, "output": [out]})
+        if problems:
+            self.violations.append(f"{what} (voucher {voucher}): reconciliation: {out}")
+            log(f"RECONCILIATION FAILED in {what} (voucher {voucher}): {out}")
+        else:
+            log(f"{what}: reconciled: stock {r_stock} and {len(r_buyers)} buyers on both sides")
+        return not problems
+
+    def redis_sale(self, what, conns, seconds, stock=10_000_000):
+        """The sale with SECKILL_STOCK=redis: orders/s as acknowledged, then
+        the drain of the stream into Postgres, the invariants (every
+        acknowledged order id a row) and the reconciliation."""
+        if self.warmup > 0:
+            wv = self.stack.create_voucher(20000, f"bench: {what} warm-up")
+            off = self.log_offset()
+            w = self.wrk(f"{self.stack.base_url}/voucher/{wv}/seckill", conns, self.warmup, ids=True)
+            self.drain()
+            self.check(f"{what} warm-up", wv, ids=w["idsFile"], ok=w["statuses"].get("200", 0),
+                       unknown=self.unknown(w, self.logged(off, wv), conns))
+        v = self.stack.create_voucher(stock, f"bench: {what}")
+        self.quiesce()
+        off = self.log_offset()
+        meter = self.cpu_meter()
+        meter.start()
+        w = self.wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds, ids=True)
+        drain_s = self.drain()
+        cpu = meter.stop()
+        w["nginxLogged"] = self.logged(off, v)
+        n, span = self.order_span(v)
+        acked = w["statuses"].get("200", 0)
+        unknown = self.unknown(w, w["nginxLogged"], conns)
+        w["unknownOutcome"] = unknown
+        self.check(what, v, ids=w["idsFile"], ok=acked, unknown=unknown)
+        reconciled = self.reconcile_redis(what, v)
+        w.pop("idsFile", None)
+        rate = acked / w["seconds"] if w["seconds"] else 0.0
+        r = {"voucherId": v, "stock": stock, "connections": conns, "orders": n, "acknowledged": acked,
+             "ordersPerSec": round(rate, 1), "landedSpanSeconds": round(span, 3),
+             "landedPerSec": round((n - 1) / span, 1) if n > 1 and span > 0 else 0.0,
+             "drainSeconds": round(drain_s, 3), "reconciled": reconciled, "wrk": w, "cpu": cpu,
+             "cpuMsPerOrder": {k: round(1000.0 * cpu[k] / n, 3) for k in
+                               ("seckill", "nginx", "postgres", "redis", "loadTool", "interrupts", "other")} if n else None}
+        log(f"{what}: {acked} orders acknowledged in {w['seconds']:.2f}s = {rate:.0f} orders/s"
+            f" (p50 {w['p50Ms']} ms, p99 {w['p99Ms']} ms); the last landed in Postgres"
+            f" {drain_s:.2f}s after the load ended")
+        return r
+
     def switch(self, strategy):
-        threads = self.batch_threads if strategy == "batched" else self.threads
+        if strategy == "redis":
+            self.redis_aof(True)
+        elif self.strategy == "redis":
+            self.redis_aof(False)
+        threads = (self.batch_threads if strategy == "batched" else
+                   self.redis_threads if strategy == "redis" else self.threads)
         extra = {"SECKILL_STOCK": strategy}
         if threads:
             extra["THREADS"] = threads
@@ -894,6 +1015,11 @@ class Bench:
             "batchedOrdersPerSec": med(["batchedSale", "ordersPerSec"]),
             "batchedP50Ms": med(["batchedSale", "wrk", "p50Ms"]),
             "batchedP99Ms": med(["batchedSale", "wrk", "p99Ms"]),
+            "redisOrdersPerSec": med(["redisSale", "ordersPerSec"]),
+            "redisP50Ms": med(["redisSale", "wrk", "p50Ms"]),
+            "redisP99Ms": med(["redisSale", "wrk", "p99Ms"]),
+            "redisDrainSeconds": med(["redisSale", "drainSeconds"]),
+            "redisLandedPerSec": med(["redisSale", "landedPerSec"]),
         }
         ranges = {k: spread(p) for k, p in {
             "pgOneRowTps": ["pgOneRow", "tps"], "pgTxnTps": ["pgTxn", "tps"],
@@ -901,7 +1027,8 @@ class Bench:
             "nginxProcRps": ["nginxProc", "rps"],
             "saleOrdersPerSec": ["sale", "ordersPerSec"], "soldOutRps": ["soldOut", "rps"],
             "soldOutP99Ms": ["soldOut", "p99Ms"], "stormRps": ["storm", "rps"],
-            "batchedOrdersPerSec": ["batchedSale", "ordersPerSec"]}.items()}
+            "batchedOrdersPerSec": ["batchedSale", "ordersPerSec"],
+            "redisOrdersPerSec": ["redisSale", "ordersPerSec"]}.items()}
         # Ratios per round, then their median (each pair measured minutes apart at most).
         def ratio_med(a, b):
             v = []
@@ -919,6 +1046,9 @@ class Bench:
             "soldOutVsNginxProc": ratio_med(g("soldOut", "rps"), g("nginxProc", "rps")),
             "nginxProcVsNginx": ratio_med(g("nginxProc", "rps"), g("nginx", "rps")),
             "stormVsRedis": ratio_med(g("storm", "rps"), g("redisEvalsha", "opsPerSec")),
+            "redisVsOneRow": ratio_med(g("redisSale", "ordersPerSec"), g("pgOneRow", "tps")),
+            "redisVsSoldOut": ratio_med(g("redisSale", "ordersPerSec"), g("soldOut", "rps")),
+            "redisVsBatched": ratio_med(g("redisSale", "ordersPerSec"), g("batchedSale", "ordersPerSec")),
         }
         # RSS: per instance, the median over the rounds (or runs).
         def rss_med(sets):
@@ -957,6 +1087,12 @@ class Bench:
                "sold-out p99 (ms), at the saturated rate")
         target("soldOutPacedP99Ms", f["soldOutPacedP99Ms"], "<", TARGETS["soldOutP99Ms"],
                f"sold-out p99 (ms), paced to {PACED_SHARE:.0%} of the nginx ceiling's rate")
+        target("redisVsOneRow", ratios["redisVsOneRow"], ">=", TARGETS["redisVsOneRow"],
+               "sale orders/s acknowledged (redis-first) / pgbench one-row tps")
+        target("redisVsSoldOut", ratios["redisVsSoldOut"], ">=", TARGETS["redisVsSoldOut"],
+               "sale orders/s (redis-first) / sold-out req/s")
+        target("redisP99Ms", f["redisP99Ms"], "<", TARGETS["redisP99Ms"],
+               f"redis-first buyer p99 (ms) at {self.sale_conns} connections")
         rss_key = "longAfter" if "longAfter" in rss_sets else "rssAfter" if "rssAfter" in rss_sets else None
         if rss_key:
             target("rssMb", max(rss_sets[rss_key]), "<=", TARGETS["rssMb"],
@@ -984,6 +1120,7 @@ class Bench:
                  ("nginxProc", "nginx to 2 upstream200 (per request)", "requests"),
                  ("sale", "sale, optimistic (per order)", "orders"),
                  ("batchedSale", "sale, batched (per order)", "orders"),
+                 ("redisSale", "sale, redis-first, to the drain (per order)", "orders"),
                  ("soldOut", "sold-out (per request)", "requests"),
                  ("storm", "storm (per request)", "requests"))
 
@@ -1034,6 +1171,18 @@ class Bench:
                 f["batchedOrdersPerSec"], "pgbench one-row", f["pgOneRowTps"], ratios["batchedVsOneRow"],
                 ">= 3", "batchedVsOneRow")
             row("  buyer latency p50 / p99 ms", f"{f['batchedP50Ms']:.1f} / {f['batchedP99Ms']:.0f}")
+        if f["redisOrdersPerSec"] is not None:
+            row(f"sale orders/s, redis-first, {self.sale_conns} c, THREADS={self.redis_threads}", f["redisOrdersPerSec"],
+                "pgbench one-row", f["pgOneRowTps"], ratios["redisVsOneRow"], ">= 3", "redisVsOneRow")
+            if f["soldOutRps"] is not None:
+                row("", "", "sold-out req/s", f["soldOutRps"], ratios["redisVsSoldOut"], ">= 0.4",
+                    "redisVsSoldOut")
+            if f["batchedOrdersPerSec"] is not None:
+                row("", "", "batched orders/s", f["batchedOrdersPerSec"], ratios["redisVsBatched"])
+            row("  buyer latency p50 / p99 ms", f"{f['redisP50Ms']:.1f} / {f['redisP99Ms']:.1f}",
+                "", None, None, "p99 < 10", "redisP99Ms")
+            row("  last order in Postgres, s after the load", f"{f['redisDrainSeconds']:.2f}")
+            row("  rows landed per second (consumers)", f["redisLandedPerSec"])
         if f.get("longOrdersPerSec") is not None:
             row(f"sale orders/s, optimistic, {self.long_seconds} s at {self.long_conns} c", f["longOrdersPerSec"],
                 "pgbench one-row", f["pgOneRowTps"],

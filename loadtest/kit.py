@@ -162,7 +162,7 @@ STACK_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_L
                "VOUCHER_ID", "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT",
                "REDIS_PORT", "EXTERNAL_PG_DSN", "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL",
                "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK", "NGINX_ALLOW",
-               "RUN_DIR")
+               "RUN_DIR", "REDIS_APPENDFSYNC")
 
 
 def stack_env(settings=None, scrub=()):

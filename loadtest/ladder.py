@@ -19,6 +19,13 @@ ones -- is asserted: the exit status is 1 when one does not reproduce.
                the same X-User-Id at once, then again 50 ms after each answer,
                for 3 s; stock 100. A holder keeps the user's lock 2 s
                (DEMO_DELAY_MS=2000; step 9: a 1.1 s stall, DEMO_PAUSE_MS)
+  redis steps  SECKILL_STOCK=redis: 300 buyers (20 concurrent), their order
+               ids kept, with the consumers off; Redis SIGKILLed right after
+               and restarted; the consumers on, the stream drained; then the
+               acknowledged orders that are not rows. Step 12 answers before
+               Redis wrote anything durable (no AOF): orders are lost, each
+               listed in steps/12-redis-lost/lost.txt; step 13 runs
+               appendfsync always: none is lost
 
 It runs a stack of its own (scripts/stack.sh, RUN_DIR default .run/ladder, free
 ports), without the unique constraint uq_voucher_order_user_voucher (it would
@@ -70,7 +77,7 @@ UNIQUE = "uq_voucher_order_user_voucher"
 # Instance settings the ladder sets itself for every step: never inherited.
 STEP_VARS = ("SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS",
              "LOCK_LEASE_MS", "WATCHDOG_TIMEOUT_MS", "DEMO_RANDOM_USER", "INSTANCES",
-             "LOG_LEVEL")
+             "LOG_LEVEL", "REDIS_ORDER_DURABILITY", "CONSUMERS")
 # The caller's variables that must not leak into the stack or the loads.
 SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
                      "LOADTEST_OUT", "ADMIN_TOKEN")
@@ -80,6 +87,7 @@ SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOU
 SALE = {"kind": "sale", "requests": 1000, "concurrency": 50, "stock": 100}
 STORM = {"kind": "storm", "connections": 8, "seconds": 3.0, "gap": 0.05, "stock": 100}
 STORM_BUCKET = 0.25                          # s: the storms' latency timeline
+CRASH = {"kind": "crash", "requests": 300, "concurrency": 20, "stock": 1000}
 STOCK_ENV = {"DEMO_DELAY_MS": 20}
 LOCK_ENV = {"DEMO_DELAY_MS": 2000}           # the user's lock is held 2 s
 
@@ -134,6 +142,16 @@ STEPS = [
          stock="batched", instances=2, env=STOCK_ENV, load=SALE, optional=True,
          expect="sells exactly the stock",
          story="one statement settles a batch of buyers"),
+    dict(num=12, key="redis-lost", title="redis-first, no AOF", lock="reentrant",
+         stock="redis", instances=2, env={"REDIS_ORDER_DURABILITY": "none", "CONSUMERS": 0},
+         redis_aof="no", load=CRASH, optional=True,
+         expect="acked orders lost, each found",
+         story="Lua admission answered at once; Redis killed right after a burst, "
+               "before the consumers persisted it, and restarted without its data"),
+    dict(num=13, key="redis-durable", title="redis-first, AOF always", lock="reentrant",
+         stock="redis", instances=2, env={"CONSUMERS": 0}, redis_aof="always", load=CRASH,
+         optional=True, expect="no acked order lost",
+         story="the same with appendfsync always: the 200 comes after the fsync"),
 ]
 
 
@@ -176,6 +194,17 @@ def check_step(step, r, results):
                     f"releases refused {r['notOwnerReleases']} >= 1"))
         out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
                     f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
+    elif k in ("redis-lost", "redis-durable"):
+        out.append((r["stockDrift"] == 0 and r["oversold"] == 0 and r["duplicateUsers"] == 0,
+                    f"Postgres: drift {r['stockDrift']}, oversold {r['oversold']}, "
+                    f"duplicate users {r['duplicateUsers']} = 0"))
+        if k == "redis-lost":
+            out.append((r["lost"] > 0, f"acknowledged orders lost {r['lost']} > 0 "
+                                       f"(of {r['ok']}), each listed in lost.txt"))
+        else:
+            out.append((r["lost"] == 0, f"acknowledged orders lost {r['lost']} = 0 "
+                                        f"(of {r['ok']})"))
+            out.append((r["reconciled"], "Redis and Postgres agree after the drain"))
     elif k == "reentrant":
         out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
                     f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
@@ -283,12 +312,134 @@ class Ladder:
         finally:
             out.close()
 
+    def redis_cli(self, *args):
+        return kit.run(["redis-cli", "-u", self.stack.info["REDIS_URL"], "--raw"]
+                       + [str(a) for a in args], 30).stdout.strip()
+
+    def redis_persistence(self, aof):
+        """The stack's Redis: AOF with appendfsync always, or none."""
+        if aof == "no":
+            self.redis_cli("CONFIG", "SET", "appendonly", "no")
+            return
+        self.redis_cli("CONFIG", "SET", "appendfsync", aof)
+        self.redis_cli("CONFIG", "SET", "appendonly", "yes")
+        deadline = time.monotonic() + 30
+        while True:
+            info = self.redis_cli("INFO", "persistence")
+            if "aof_enabled:1" in info and "aof_rewrite_in_progress:0" in info:
+                return
+            if time.monotonic() > deadline:
+                raise LadderError("Redis did not switch its AOF on")
+            time.sleep(0.1)
+
+    def redis_crash(self, aof):
+        """SIGKILL of the stack's Redis, then a new one on the same port and
+        directory: from its AOF, or (no AOF) empty."""
+        pid = self.stack.pid("redis")
+        port = int(self.stack.info["REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            if not kit.pid_alive(pid):
+                break
+            time.sleep(0.05)
+        rdir = os.path.join(self.stack.run_dir, "redis")
+        persist = ["--appendonly", "no"] if aof == "no" else ["--appendonly", "yes",
+                                                              "--appendfsync", aof]
+        p = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port),
+                              "--save", "", *persist, "--daemonize", "no", "--dir", rdir,
+                              "--logfile", os.path.join(rdir, "redis.log"), "--protected-mode", "yes"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        # stack.sh's pid file, so that 'stack.sh stop' stops the new one.
+        with open(self.stack.pidfile("redis"), "w") as f:
+            f.write(f"{p.pid}\nredis-server 127.0.0.1:{port}*\n")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if self.redis_cli("PING") == "PONG":
+                    return
+            except kit.KitError:
+                pass
+            if time.monotonic() > deadline:
+                raise LadderError("Redis did not come back")
+            time.sleep(0.1)
+
+    def drain(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            backlog = int(self.redis_cli("XLEN", "seckill:orders") or 0)
+            pending = (self.redis_cli("XPENDING", "seckill:orders", "seckill").split() or ["0"])[0]
+            if backlog == 0 and pending in ("0", ""):
+                return
+            if time.monotonic() > deadline:
+                raise LadderError(f"the stream did not drain ({backlog} left)")
+            time.sleep(0.1)
+
+    def crash(self, step, step_dir):
+        """A burst of buyers (their order ids kept), Redis killed right after
+        it while the consumers are behind (off: CONSUMERS=0), Redis back, the
+        consumers on, the drain; then which acknowledged orders are rows."""
+        load = step["load"]
+        url_path = f"/voucher/{self.voucher}/seckill"
+        acked, times, errors, lock = [], [], [0], threading.Lock()
+        users = iter(range(self.user_base + 500_000, self.user_base + 500_000 + load["requests"]))
+
+        def worker():
+            while True:
+                with lock:
+                    u = next(users, None)
+                if u is None:
+                    return
+                t0 = time.monotonic()
+                try:
+                    r = kit.call(self.base_url, "POST", url_path, headers={"X-User-Id": str(u)},
+                                 timeout=15)
+                except kit.KitError:
+                    with lock:
+                        errors[0] += 1
+                    continue
+                with lock:
+                    times.append((time.monotonic() - t0) * 1000.0)
+                    if r.status == 200:
+                        acked.append(int(r.body["orderId"]))
+
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=worker) for _ in range(load["concurrency"])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        seconds = time.monotonic() - t0
+        self.redis_crash(step["redis_aof"])
+        self.stack.configure(step["instances"], {**self.step_env(step), "CONSUMERS": 1})
+        self.drain()
+        rows = {int(r[0]) for r in kit.psql(self.dsn, "SELECT id FROM tb_voucher_order "
+                                                      f"WHERE voucher_id = {int(self.voucher)}")}
+        lost = [i for i in acked if i not in rows]
+        with open(os.path.join(step_dir, "lost.txt"), "w") as f:
+            f.write("".join(f"{i}\n" for i in lost))
+        st = kit.call(self.base_url, "GET", "/stats", timeout=30).body
+        mine = [v for v in st.get("vouchers", []) if v.get("voucherId") == self.voucher]
+        self.crash_facts = {"acked": len(acked), "lost": len(lost),
+                            "reconciled": bool(mine and mine[0].get("redis", {}).get("agree"))
+                                          and bool(st.get("redisFirst", {}).get("reconciled"))}
+        log(f"crash: {len(acked)} acknowledged, {len(lost)} of them not in Postgres after the drain"
+            f" (ids in {os.path.join(step_dir, 'lost.txt')})")
+        return load["requests"], seconds, errors[0], times
+
+    def step_env(self, step):
+        env = {"SECKILL_LOCK": step["lock"], "SECKILL_STOCK": step["stock"]}
+        env.update(step["env"])
+        return env
+
     def drive(self, step, step_dir, user):
         """Runs the step's load; returns (requests, seconds, transport errors, times)."""
         load = step["load"]
         url = f"{self.base_url}/voucher/{self.voucher}/seckill"
         if load["kind"] == "sale":
             return self.sale(load, url, step_dir)
+        if load["kind"] == "crash":
+            return self.crash(step, step_dir)
         return self.storm(load, url, user, step_dir)
 
     def sale(self, load, url, step_dir):
@@ -423,12 +574,14 @@ class Ladder:
                                 f"{num:02d}-{key}")
         shutil.rmtree(step_dir, ignore_errors=True)
         os.makedirs(step_dir)
-        env = {"SECKILL_LOCK": step["lock"], "SECKILL_STOCK": step["stock"]}
-        env.update(step["env"])
+        env = self.step_env(step)
+        self.crash_facts = {}
         log(f"step {num} ({step['title']}): {step['instances']} instance(s), "
             + " ".join(f"{k}={v}" for k, v in env.items()))
         if self.stack.configure(step["instances"], env):
             self.setup_db()
+        if step.get("redis_aof"):
+            self.redis_persistence(step["redis_aof"])
         stock = step["load"]["stock"]
         self.reset_voucher(stock)
         user = self.user_base + run_no * 100 + num
@@ -474,9 +627,13 @@ class Ladder:
             "staleTokenRejections": int(lock.get("staleTokenRejections", 0)),
             "strategiesSeen": [f"{s.get('lockStrategy')}/{s.get('stockStrategy')}" for s in stats],
             "timeline": timeline, "timelineSource": tl_source,
+            "lost": self.crash_facts.get("lost", 0),
+            "reconciled": self.crash_facts.get("reconciled", True),
         }
         r["checks"] = [{"ok": c_ok, "text": c_text} for c_ok, c_text in check_step(step, r, results)]
         r["pass"] = all(c["ok"] for c in r["checks"])
+        if step.get("redis_aof"):
+            self.redis_persistence("no")
         if ok != r["orders"]:
             log(f"note: step {num}: {ok} answers 200 but {r['orders']} orders in Postgres")
         return r
@@ -697,7 +854,8 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="half the buyers in the stock steps")
     ap.add_argument("--runs", type=int, default=1, help="run the ladder N times, then tally")
     ap.add_argument("--steps", default="", help="only these step numbers (e.g. 1,2,8)")
-    ap.add_argument("--no-batched", action="store_true", help="without the batched row")
+    ap.add_argument("--no-batched", action="store_true",
+                    help="without the comparison rows (batched, redis-first)")
     ap.add_argument("--keep-stack", action="store_true",
                     help="leave the stack running (default strategies) at the end")
     ap.add_argument("--run-dir", default=os.environ.get("LADDER_RUN_DIR",

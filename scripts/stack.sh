@@ -25,6 +25,9 @@
 #   PG_PORT, REDIS_PORT  ports of the throwaway Postgres and Redis (default 'auto')
 #   EXTERNAL_PG_DSN    use this Postgres instead of starting one (schema is loaded)
 #   EXTERNAL_REDIS_URL use this Redis instead of starting one
+#   REDIS_APPENDFSYNC  the throwaway Redis's AOF: always, everysec or no (appendonly
+#                      yes, with that appendfsync); empty: no persistence, except
+#                      with SECKILL_STOCK=redis, where it defaults to always
 #   ADMIN_TOKEN        admin token (default: RUN_DIR/admin_token, random on first use)
 #   LOG_LEVEL          instances' log level (default warn: nginx logs every request)
 #   NGINX_ALLOW        client addresses nginx serves /admin, /metrics and /stats to
@@ -55,6 +58,10 @@ PG_PORT=${PG_PORT:-auto}
 REDIS_PORT=${REDIS_PORT:-auto}
 EXTERNAL_PG_DSN=${EXTERNAL_PG_DSN:-}
 EXTERNAL_REDIS_URL=${EXTERNAL_REDIS_URL:-}
+REDIS_APPENDFSYNC=${REDIS_APPENDFSYNC:-}
+if [[ -z "$REDIS_APPENDFSYNC" && "${SECKILL_STOCK:-}" == redis ]]; then
+    REDIS_APPENDFSYNC=always
+fi
 SECKILL_BIN=${SECKILL_BIN:-$ROOT/build/seckill}
 case "$SECKILL_BIN" in /*) ;; *) SECKILL_BIN="$PWD/$SECKILL_BIN" ;; esac
 STACK_TIMEOUT=${STACK_TIMEOUT:-30}
@@ -404,9 +411,14 @@ load_schema() {
 }
 
 start_redis() {
-    local port=$1 pid
+    local port=$1 pid aof=(--appendonly no)
     mkdir -p "$RUN_DIR/redis"
-    setsid redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+    case "$REDIS_APPENDFSYNC" in
+        '') ;;
+        always | everysec | no) aof=(--appendonly yes --appendfsync "$REDIS_APPENDFSYNC") ;;
+        *) die "REDIS_APPENDFSYNC must be always, everysec or no (got '$REDIS_APPENDFSYNC')" ;;
+    esac
+    setsid redis-server --bind 127.0.0.1 --port "$port" --save '' "${aof[@]}" \
         --daemonize no --dir "$RUN_DIR/redis" --logfile "$RUN_DIR/redis/redis.log" \
         --protected-mode yes </dev/null >/dev/null 2>&1 &
     pid=$!

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""SECKILL_STOCK=redis under load, with one fault each (make faults runs
+this file; make test too). Each ends, once the stream has drained, with
+zero acknowledged orders lost, zero oversell, zero duplicates, and Redis and
+Postgres agreeing (redisfirst_kit.reconcile).
+
+  instance kill   an instance whose consumer holds delivered entries is
+                  killed (SIGKILL) mid-sale; another claims them
+  redis crash     Redis (AOF, appendfsync always) killed mid-sale and
+                  restarted from its AOF
+  postgres stop   Postgres stopped (SIGSTOP of every process) for
+                  FAULT_PG_STOP_S seconds (10) mid-sale: the sale goes on,
+                  the orders queue in the stream and land after it returns
+"""
+
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seckill_server as ss  # noqa: E402
+from seckill_server import fail, test  # noqa: E402
+from redisfirst_kit import (TOKEN, buy_all, durable_redis, rcli, reconcile,  # noqa: E402
+                            server, stats, stop_postgres_for)
+
+PG_STOP_S = float(os.environ.get("FAULT_PG_STOP_S", "10"))
+
+
+def in_background(fn):
+    out = {}
+
+    def run():
+        try:
+            out["result"] = fn()
+        except Exception as e:              # reported by join()
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def join(timeout=180):
+        t.join(timeout)
+        if t.is_alive():
+            fail("the crowd did not finish")
+        if "error" in out:
+            raise out["error"]
+        return out["result"]
+    return join
+
+
+def consumer_pending(rs, name_prefix):
+    """Entries pending to the consumers whose name starts with name_prefix."""
+    out = rcli(rs, "XINFO", "CONSUMERS", "seckill:orders", "seckill").split("\n")
+    n = 0
+    for i, word in enumerate(out):
+        if word == "name" and out[i + 1].startswith(name_prefix):
+            j = out.index("pending", i)
+            n += int(out[j + 1])
+    return n
+
+
+@test
+def an_instance_killed_with_claimed_entries_under_load_loses_no_order():
+    rs = durable_redis()
+    # The crowd buys through 'front' (no consumer). 'b' persists; 'a' takes
+    # entries too but cannot persist them (its Postgres is unreachable), so
+    # it holds delivered entries when it is killed mid-sale.
+    front = server("rff-front", rs, CONSUMERS=0)
+    b = server("rff-b", rs)
+    a = server("rff-a", rs, PG_DSN=f"host=127.0.0.1 port={ss.dead_port()} dbname=x")
+    try:
+        vid = ss.new_voucher(front, TOKEN, 1500)
+        a_name = stats(a)["instance"]
+        crowd = in_background(lambda: buy_all([front], vid, range(8100001, 8102001), workers=8))
+        deadline = time.monotonic() + 20
+        while consumer_pending(rs, a_name + ":") == 0:
+            if time.monotonic() > deadline:
+                fail("the doomed instance's consumer never held an entry")
+            time.sleep(0.02)
+        held = consumer_pending(rs, a_name + ":")
+        a.kill()
+        acked, answers = crowd()
+        bad = [x for x in answers if x[0] not in (200, 409)]
+        if bad:
+            fail(f"unexpected answers: {bad[:5]}")
+        if len(acked) != 1500:
+            fail(f"{len(acked)} orders acknowledged for a stock of 1500")
+        st, n = reconcile(b, rs, vid, acked, 1500, timeout=60)
+        claimed = stats(b)["consumer"]["claimed"]
+        if claimed < 1:
+            fail("nothing was claimed from the killed instance")
+        print(f"# killed an instance holding {held} delivered entries mid-sale: {claimed} "
+              f"claimed by another, {len(acked)} acknowledged, {n} rows, 0 lost", flush=True)
+    finally:
+        a.kill()
+        front.stop_ok()
+        b.stop_ok()
+        rs.kill()
+
+
+@test
+def a_redis_crash_with_aof_always_loses_no_acknowledged_order():
+    rs = durable_redis()
+    a = server("rff-crash", rs, REDIS_TIMEOUT_MS=300)
+    b = server("rff-crash2", rs, REDIS_TIMEOUT_MS=300)
+    try:
+        vid = ss.new_voucher(a, TOKEN, 1500)
+        crowd = in_background(lambda: buy_all([a, b], vid, range(8200001, 8201201), workers=8))
+        # Mid-sale: once some orders were acknowledged and more are coming.
+        deadline = time.monotonic() + 20
+        while int(rcli(rs, "HGET", f"seckill:v:{{{vid}}}", "stock")) > 1300:
+            if time.monotonic() > deadline:
+                fail("the sale did not start")
+            time.sleep(0.01)
+        rs.kill()                          # SIGKILL
+        time.sleep(0.5)
+        rs.start()
+        acked, answers = crowd()
+        refused = sum(1 for x in answers if x[0] == 503)
+        # The buyers refused during the outage buy again once Redis is back.
+        more, _ = buy_all([a], vid, range(8201201, 8201251), workers=4)
+        acked.update(more)
+        st, n = reconcile(a, rs, vid, acked, 1500, timeout=60)
+        print(f"# Redis SIGKILLed mid-sale and restarted from its AOF: {len(acked)} acknowledged "
+              f"({refused} answered 503 during the outage), {n} rows, 0 lost", flush=True)
+    finally:
+        a.stop_ok()
+        b.stop_ok()
+        rs.kill()
+
+
+@test
+def orders_admitted_while_postgres_is_stopped_land_after_it_returns():
+    rs = durable_redis()
+    a = server("rff-pgstop", rs)
+    b = server("rff-pgstop2", rs)
+    try:
+        vid = ss.new_voucher(a, TOKEN, 3000)
+        acked, _ = buy_all([a, b], vid, range(8300001, 8300101), workers=4)
+        during = {}
+
+        def crowd():
+            got, answers = buy_all([a, b], vid, range(8300101, 8301101), workers=8)
+            during["acked"] = got
+            during["answers"] = answers
+            during["backlog"] = int(rcli(rs, "XLEN", "seckill:orders"))
+
+        t0 = time.monotonic()
+        stop_postgres_for(PG_STOP_S, crowd)
+        back = time.monotonic()
+        got = during["acked"]
+        if len(got) != 1000:
+            bad = [x for x in during["answers"] if x[0] != 200]
+            fail(f"{len(got)} of 1000 orders acknowledged while Postgres was stopped: {bad[:5]}")
+        if during["backlog"] == 0:
+            fail("nothing waited in the stream while Postgres was stopped")
+        acked.update(got)
+        st, n = reconcile(a, rs, vid, acked, 3000, timeout=120)
+        landed = time.monotonic() - back
+        print(f"# Postgres stopped {PG_STOP_S:g} s mid-sale: {len(got)} orders acknowledged in the "
+              f"first {back - t0:.1f} s ({during['backlog']} waiting in the stream), all {n} rows "
+              f"there {landed:.1f} s after it returned; lag max "
+              f"{max(stats(a)['consumer']['lagMsMax'], stats(b)['consumer']['lagMsMax']):.0f} ms",
+              flush=True)
+    finally:
+        a.stop_ok()
+        b.stop_ok()
+        rs.kill()
+
+
+if __name__ == "__main__":
+    ss.main()
