@@ -224,5 +224,104 @@ def json_logs_follow_one_order_by_request_id():
         fail("the made-up request id is not in the log")
 
 
+LONG_PATH_BYTES = 3000
+
+
+def long_requests(srv):
+    """Requests whose path or header values are far longer than a log line:
+    a 3,000-byte path of quotes, backslashes and two-byte UTF-8 characters
+    (raw bytes, so any cut could fall inside one), and 3,000-byte X-Request-Id,
+    X-User-Id and User-Agent values. Returns the request id sent with the
+    long path, to find its access line."""
+    rid = "long-path-1"
+    path = ('/"\\' + "é" * LONG_PATH_BYTES)[:LONG_PATH_BYTES]
+    raw = (f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Request-Id: {rid}\r\n"
+           f"Connection: close\r\n\r\n").encode("utf-8")
+    r = ss.raw_request(srv.port, raw)
+    if r is None or r.status != 404:
+        fail(f"long path: {r and r.status}")
+    r = srv.get("/" + "a" * LONG_PATH_BYTES, {"X-Request-Id": "r" * LONG_PATH_BYTES,
+                                             "User-Agent": "u\"\\" * 1000})
+    if r.status != 404:
+        fail(f"long path with long headers: {r.status}")
+    r = srv.post("/voucher/1/seckill", {"X-User-Id": "9" * LONG_PATH_BYTES,
+                                        "X-Request-Id": "long-user-1"})
+    if r.status != 400:
+        fail(f"3,000-digit X-User-Id: {r.status}")
+    return rid
+
+
+def log_lines(srv):
+    with open(srv.log_path, "rb") as f:
+        data = f.read()
+    if not data.endswith(b"\n"):
+        fail("the log does not end with a newline")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(f"the log is not UTF-8: {e}")
+    return text.split("\n")[:-1]
+
+
+@test
+def json_log_lines_stay_json_with_long_paths_and_headers():
+    """LOG_FORMAT=json: every line is one JSON object, however long the path
+    or the header values; a long field is cut (and says so), not the line."""
+    srv = ss.Server("longjson", {"LOG_FORMAT": "json"})
+    try:
+        rid = long_requests(srv)
+    finally:
+        srv.stop_ok()
+    records = []
+    for ln in log_lines(srv):
+        try:
+            records.append(json.loads(ln))
+        except ValueError:
+            fail(f"log line of {len(ln)} characters is not JSON: {ln[:120]!r}...{ln[-60:]!r}")
+    by_rid = {x.get("requestId"): x for x in records if x.get("msg") == "access"}
+    a = by_rid.get(rid)
+    if a is None:
+        fail(f"no access line for {rid}")
+    p = a.get("path", "")
+    if a.get("status") != 404 or not p.startswith('/"\\éé') or len(p.encode()) >= LONG_PATH_BYTES \
+            or not p.endswith("…"):
+        fail(f"access line of the long path: status {a.get('status')}, path of "
+             f"{len(p.encode())} bytes {p[:12]!r}...{p[-12:]!r} (want it cut, marked with …)")
+    u = by_rid.get("long-user-1")
+    if u is None or u.get("status") != 400 or u.get("error") != "invalid_user_id":
+        fail(f"access line of the long X-User-Id: {u}")
+    made_up = [x for x in records if x.get("msg") == "access" and x.get("status") == 404
+               and x.get("path", "").startswith("/aaa")]
+    if len(made_up) != 1 or not made_up[0].get("requestId", "").startswith("longjson-"):
+        fail(f"the 3,000-byte X-Request-Id was not replaced by a made-up one: {made_up}")
+
+
+@test
+def text_log_lines_keep_every_field_with_long_paths_and_headers():
+    """LOG_FORMAT=text: the long path is cut, and the fields after it (status,
+    latency, instance, request id) are still on its line."""
+    srv = ss.Server("longtext", {"LOG_FORMAT": "text"})
+    try:
+        rid = long_requests(srv)
+    finally:
+        srv.stop_ok()
+    lines = log_lines(srv)
+    stamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (error|warn |info |debug) ")
+    for ln in lines:
+        if not stamp.match(ln):
+            fail(f"log line without its timestamp and level: {ln[:120]!r}")
+    access = [ln for ln in lines if f" rid={rid}" in ln]
+    if len(access) != 1:
+        fail(f"want one access line ending in rid={rid}, got {len(access)}")
+    m = re.search(r' access GET (/\S*) 404 [\d.]+ms longtext rid=' + re.escape(rid) +
+                  r' not_found\Z',
+                  access[0])
+    if not m or not m.group(1).endswith("…") or len(m.group(1).encode()) >= LONG_PATH_BYTES:
+        fail(f"access line of the long path: {access[0][:80]!r}...{access[0][-80:]!r}")
+    if not any(" 400 " in ln and "invalid_user_id" in ln and "rid=long-user-1" in ln
+               for ln in lines):
+        fail("no whole access line for the 3,000-digit X-User-Id")
+
+
 if __name__ == "__main__":
     ss.main()
