@@ -96,6 +96,17 @@ static http_outcome h_health(http_req *r, const char *arg, size_t arg_len)
     return http_send_json(r, 200, o);
 }
 
+/* On the event thread: an instance that is stopping is not ready, whatever
+ * its backends say. */
+static http_outcome f_ready(http_req *r, const char *arg, size_t arg_len)
+{
+    (void)arg;
+    (void)arg_len;
+    if (http_draining())
+        return http_send_error(r, API_UNAVAILABLE, "shutting down");
+    return HTTP_PASS;
+}
+
 static http_outcome h_ready(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs = conn_get();
@@ -457,7 +468,7 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
 const http_route handlers_routes[] = {
     /* method, pattern, on a worker, on the event thread first */
     { "GET", "/health", NULL, h_health },
-    { "GET", "/ready", h_ready, NULL },
+    { "GET", "/ready", h_ready, f_ready },
     { "GET", "/stats", h_stats, NULL },
     { "GET", "/metrics", h_metrics, NULL },
     { "GET", "/voucher/*", h_voucher_get, NULL },

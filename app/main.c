@@ -21,9 +21,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <microhttpd.h>
 
 #define SHUTDOWN_GRACE_MS 5000
+
+/* After the first SIGTERM or SIGINT: a second one ends the process at once,
+ * for a shutdown that is stuck (a request that does not finish). The
+ * signals stay blocked in every thread; this one takes them with sigwait. */
+static void *second_signal_main(void *arg)
+{
+    const sigset_t *sigs = arg;
+    int sig;
+
+    for (;;) {
+        if (sigwait(sigs, &sig) != 0 || sig == SIGHUP)
+            continue;
+        log_warn("second signal %d during the shutdown: exiting at once, requests in flight "
+                 "are cut short", sig);
+        _exit(128 + sig);
+    }
+    return NULL;
+}
 
 int main(int argc, char **argv)
 {
@@ -106,8 +125,16 @@ int main(int argc, char **argv)
         if (sigwait(&sigs, &sig) != 0)
             sig = SIGTERM;
     } while (sig == SIGHUP);
-    log_info("signal %d: finishing requests in flight, then stopping", sig);
-    http_stop(SHUTDOWN_GRACE_MS);
+    {
+        pthread_t second;
+        if (pthread_create(&second, NULL, second_signal_main, &sigs) == 0)
+            pthread_detach(second);
+    }
+    log_info("signal %d: draining (GET /ready answers 503, no new connections, open ones "
+             "closed by their clients within %d ms), finishing requests in flight, then "
+             "stopping; a second signal stops at once", sig, g_cfg.shutdown_drain_ms);
+    http_drain(g_cfg.shutdown_drain_ms, SHUTDOWN_GRACE_MS);
+    http_stop();
     rc = EXIT_SUCCESS;
 out_bcast:
     bcast_stop();
