@@ -14,6 +14,7 @@
 #include "script.h"
 #include "store.h"
 #include "peers.h"
+#include "stats.h"
 #include "version.h"
 
 #include <pthread.h>
@@ -107,8 +108,12 @@ int main(int argc, char **argv)
         log_error("cannot start the broadcast subscriber thread");
         goto out_lock;
     }
-    if (http_start(handlers_routes, handlers_route_count) != 0)
+    if (stats_start() != 0) {
+        log_error("cannot start the stats thread");
         goto out_bcast;
+    }
+    if (http_start(handlers_routes, handlers_route_count) != 0)
+        goto out_stats;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
@@ -134,8 +139,11 @@ int main(int argc, char **argv)
              "closed by their clients within %d ms), finishing requests in flight, then "
              "stopping; a second signal stops at once", sig, g_cfg.shutdown_drain_ms);
     http_drain(g_cfg.shutdown_drain_ms, SHUTDOWN_GRACE_MS);
+    stats_stop();              /* answers what waits for a snapshot */
     http_stop();
     rc = EXIT_SUCCESS;
+out_stats:
+    stats_stop();              /* a no-op once stopped */
 out_bcast:
     bcast_stop();
 out_lock:
