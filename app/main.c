@@ -79,6 +79,14 @@ int main(int argc, char **argv)
     }
 
     conn_set_pg_init(store_prepare);
+    {
+        /* Every histogram has a bound at each timeout, so that calls cut by
+         * one are told from slow ones. */
+        const double timeouts[] = { g_cfg.redis_timeout_ms / 1000.0,
+                                    g_cfg.pg_statement_timeout_ms / 1000.0,
+                                    (double)g_cfg.pg_connect_timeout_s };
+        rec_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
+    }
 
     /* Block the signals in every thread; main alone takes them with sigwait. */
     sigemptyset(&sigs);
