@@ -49,7 +49,7 @@ int main(int argc, char **argv)
 {
     char err[512];
     sigset_t sigs;
-    int sig, rc;
+    int sig, rc, drain_ms;
 
     /* --version needs no configuration: it answers even when the
      * environment holds something config_load would refuse. */
@@ -143,10 +143,13 @@ int main(int argc, char **argv)
         if (pthread_create(&second, NULL, second_signal_main, &sigs) == 0)
             pthread_detach(second);
     }
+    /* SIGINT (Ctrl-C; a restart with no traffic to protect) does not wait
+     * for clients to close their idle connections. */
+    drain_ms = sig == SIGINT ? 0 : g_cfg.shutdown_drain_ms;
     log_info("signal %d: draining (GET /ready answers 503, no new connections, open ones "
              "closed by their clients within %d ms), finishing requests in flight, then "
-             "stopping; a second signal stops at once", sig, g_cfg.shutdown_drain_ms);
-    http_drain(g_cfg.shutdown_drain_ms, SHUTDOWN_GRACE_MS);
+             "stopping; a second signal stops at once", sig, drain_ms);
+    http_drain(drain_ms, SHUTDOWN_GRACE_MS);
     stats_stop();              /* answers what waits for a snapshot */
     http_stop();
     rc = EXIT_SUCCESS;

@@ -685,8 +685,11 @@ cmd_restart_instances() {
     local i pid n
     load_running_instances
     n=${#P_APP[@]}
+    # SIGINT: the instances drain without waiting for nginx to close its idle
+    # connections (about 5 s each): every instance stops, so there is no
+    # traffic to protect (rolling-restart is for that).
     for ((i = 1; i <= n; i++)); do
-        if pid=$(live_pid "app-$i"); then stop_pid "app-$i" "$pid" TERM "$APP_STOP_S"; fi
+        if pid=$(live_pid "app-$i"); then stop_pid "app-$i" "$pid" INT "$APP_STOP_S"; fi
         rm -f "$PIDS/app-$i.pid"
     done
     for ((i = 1; i <= n; i++)); do require_free_port "${P_APP[$((i - 1))]}" "instance $i" APP_PORT_BASE; done
@@ -697,7 +700,7 @@ cmd_restart_instances() {
     log "instances restarted (${P_APP[*]})"
 }
 
-# The same, one instance at a time. A stopping instance drains: /ready turns
+# The same, one instance at a time, with SIGTERM. A stopping instance drains: /ready turns
 # 503, it stops accepting (nginx's connects are refused, and nginx sends
 # those requests to another instance: nothing was sent yet), answers what
 # comes on its open connections with "Connection: close" and exits once they
