@@ -128,12 +128,14 @@ static const char *const backend_name[REC_BACKEND_COUNT] = { "redis", "postgres"
 
 static void write_identity(FILE *f)
 {
-    char version[64], revision[64], inst[160];
+    char version[64], revision[64], inst[160], v_esc[160], r_esc[160];
 
     version_parts(version, sizeof version, revision, sizeof revision);
+    expo_escape(version, v_esc, sizeof v_esc);
+    expo_escape(revision, r_esc, sizeof r_esc);
     family(f, "seckill_build_info", "gauge",
            "Always 1: the version of this binary and the commit it was built from.");
-    fprintf(f, "seckill_build_info{version=\"%s\",revision=\"%s\"} 1\n", version, revision);
+    fprintf(f, "seckill_build_info{version=\"%s\",revision=\"%s\"} 1\n", v_esc, r_esc);
     expo_escape(g_cfg.instance_id, inst, sizeof inst);
     family(f, "seckill_instance_info", "gauge",
            "Always 1: this instance's INSTANCE_ID and strategies.");
