@@ -52,6 +52,13 @@ static const option_def options[] = {
       "open HTTP connections at most" },
     { "CONN_TIMEOUT_S", "conn-timeout", OPT_INT, F(conn_timeout_s), 1, 3600, "15",
       "close an HTTP connection idle this long (seconds)" },
+    { "SHUTDOWN_DRAIN_MS", "shutdown-drain-ms", OPT_INT, F(shutdown_drain_ms), 0, 600000, "6000",
+      "on SIGTERM, how long the instance keeps serving its open connections (each answer with "
+      "Connection: close) for their clients to close them (ms); above nginx's upstream "
+      "keepalive_timeout (5 s)" },
+    { "STATS_INTERVAL_MS", "stats-interval-ms", OPT_INT, F(stats_interval_ms), 0, 60000, "1000",
+      "GET /stats and /metrics read Postgres (one pass over the orders) and Redis at most once "
+      "per this interval, on one thread, for every caller (ms)" },
     { "MAX_BODY", "max-body", OPT_LONG, F(max_body), 0, 1L << 30, "65536",
       "largest request body in bytes (413 above)" },
     { "LOCK_LEASE_MS", "lock-lease-ms", OPT_LEASE, F(lock_lease_ms), 1, 86400000L, "10000",

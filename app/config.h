@@ -31,6 +31,8 @@ typedef struct config {
     int io_threads;             /* libmicrohttpd event threads: never block on Redis/Postgres */
     int max_connections;
     int conn_timeout_s;         /* idle HTTP connection timeout */
+    int shutdown_drain_ms;      /* SIGTERM: serve open connections this long at most */
+    int stats_interval_ms;      /* /stats and /metrics: one refresh per interval at most */
     long max_body;              /* bytes; larger bodies get 413 */
     long lock_lease_ms;         /* per-user order lock lease; -1 = watchdog */
     long watchdog_timeout_ms;   /* watchdog-mode lease, renewed every third of it */

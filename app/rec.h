@@ -52,17 +52,25 @@ void rec_batch(int buyers);
 
 /*---- reading: for the exposition only ----*/
 
-/* Histogram bucket bounds in seconds, the same for every histogram; one
+/* Histogram bucket bounds in seconds, the same for every histogram, in
+ * increasing order: 0.1 ms to 10 s, and whatever rec_set_buckets added; one
  * more bucket counts what lies above the last bound. */
-#define REC_NBUCKETS 14
-extern const double rec_bucket_s[REC_NBUCKETS];
+#define REC_MAX_BUCKETS 24
+extern double rec_bucket_s[REC_MAX_BUCKETS];
+extern int rec_nbuckets;
+
+/* Adds 'n' bounds (seconds; the configured timeouts, so that a call cut by
+ * its timeout shows as such) to the standard ones, keeping them sorted and
+ * distinct (past REC_MAX_BUCKETS, the rest is left out). Once, at start,
+ * before any thread records. */
+void rec_set_buckets(const double *extra, int n);
 
 /* Statuses counted apart, in this order; slot REC_NSTATUS: any other. */
 #define REC_NSTATUS 15
 extern const int rec_status[REC_NSTATUS];
 
 typedef struct rec_histogram {
-    uint64_t bucket[REC_NBUCKETS + 1];   /* not cumulative */
+    uint64_t bucket[REC_MAX_BUCKETS + 1];   /* not cumulative; rec_nbuckets + 1 used */
     uint64_t sum_us;
 } rec_histogram;
 

@@ -182,7 +182,8 @@ static const statement statements[] = {
 
     { "stats_vouchers", 0,
       "SELECT v.voucher_id, v.title, v.initial_stock, v.stock,"
-      "       COALESCE(o.orders, 0), COALESCE(o.dup_users, 0)"
+      "       COALESCE(o.orders, 0), COALESCE(o.dup_users, 0),"
+      "       extract(epoch FROM v.begin_time)::bigint, extract(epoch FROM v.end_time)::bigint"
       "  FROM tb_voucher v LEFT JOIN ("
       "       SELECT voucher_id, sum(n) AS orders, count(*) FILTER (WHERE n > 1) AS dup_users"
       "         FROM (SELECT voucher_id, user_id, count(*) AS n FROM tb_voucher_order"
@@ -878,6 +879,7 @@ store_status store_stats(PGconn *pg, cJSON *out)
         int64_t initial = get_i64(res, i, 2), stock = get_i64(res, i, 3);
         int64_t orders = get_i64(res, i, 4), dups = get_i64(res, i, 5);
         cJSON *v = cJSON_CreateObject();
+        char ts[32];
 
         if (v == NULL) {
             st = STORE_UNAVAILABLE;
@@ -893,6 +895,10 @@ store_status store_stats(PGconn *pg, cJSON *out)
         cJSON_AddNumberToObject(v, "oversold", (double)(orders > initial ? orders - initial : 0));
         cJSON_AddNumberToObject(v, "duplicateUsers", (double)dups);
         cJSON_AddNumberToObject(v, "stockDrift", (double)((initial - stock) - orders));
+        util_format_iso8601(get_i64(res, i, 6), ts, sizeof ts);
+        cJSON_AddStringToObject(v, "beginTime", ts);
+        util_format_iso8601(get_i64(res, i, 7), ts, sizeof ts);
+        cJSON_AddStringToObject(v, "endTime", ts);
     }
     st = STORE_OK;
 cleanup:

@@ -135,7 +135,8 @@ store_status store_voucher_reset(PGconn *pg, int64_t voucher_id, int64_t stock,
                                  int64_t begin_time, int64_t end_time);
 
 /* Appends one object per voucher to the JSON array 'out' (voucherId, title,
- * initialStock, stock, orders, oversold, duplicateUsers, stockDrift). */
+ * initialStock, stock, orders, oversold, duplicateUsers, stockDrift,
+ * beginTime, endTime): one pass over the order table. */
 store_status store_stats(PGconn *pg, cJSON *out);
 
 #endif
