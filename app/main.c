@@ -5,6 +5,7 @@
 #include "bcast.h"
 #include "config.h"
 #include "conn.h"
+#include "fence.h"
 #include "handlers.h"
 #include "http.h"
 #include "lock.h"
@@ -14,6 +15,7 @@
 #include "script.h"
 #include "store.h"
 #include "peers.h"
+#include "ulock.h"
 #include "version.h"
 
 #include <pthread.h>
@@ -79,6 +81,7 @@ int main(int argc, char **argv)
         .command_timeout_ms = g_cfg.redis_timeout_ms,
         .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
         .observe = rec_redis_call,
+        .token_ttl_ms = g_cfg.lock_token_ttl_ms,
     };
     if (lock_runtime_start(&lo) != 0) {
         log_error("cannot start the lock renewal thread");
@@ -88,8 +91,12 @@ int main(int argc, char **argv)
         log_error("cannot start the broadcast subscriber thread");
         goto out_lock;
     }
-    if (http_start(handlers_routes, handlers_route_count) != 0)
+    /* Only tokens that are clock readings have an age to sweep by. */
+    if (g_cfg.fence_horizon_ms > 0 && ulock_token_clock() &&
+        fence_start(g_cfg.fence_horizon_ms) != 0)
         goto out_bcast;
+    if (http_start(handlers_routes, handlers_route_count) != 0)
+        goto out_fence;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
@@ -109,6 +116,8 @@ int main(int argc, char **argv)
     log_info("signal %d: finishing requests in flight, then stopping", sig);
     http_stop(SHUTDOWN_GRACE_MS);
     rc = EXIT_SUCCESS;
+out_fence:
+    fence_stop();
 out_bcast:
     bcast_stop();
 out_lock:

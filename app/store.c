@@ -16,6 +16,15 @@ typedef struct statement {
     const char *sql;
 } statement;
 
+/* Fencing tokens are microseconds of the lock service's clock
+ * (lua/lock_acquire.lua). A token is fresh while the fence horizon (ms; 0:
+ * none) has not passed since, by Postgres's clock; an older one is refused
+ * like a stale one, so that a row the sweep forgot (fence_sweep: older
+ * than two horizons) cannot let its stale holder in. */
+#define NOW_US "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint"
+#define TOKEN_FRESH(token, horizon) \
+    "(" horizon " = 0 OR " token " >= " NOW_US " - " horizon " * 1000)"
+
 /* One statement per operation keeps each call to one round trip. */
 static const statement statements[] = {
     { "voucher_get", 1,
@@ -25,12 +34,12 @@ static const statement statements[] = {
 
     /* Fence, duplicate check, deduction and insert in one statement: the row
      * lock taken by the UPDATE is held only until this statement's commit.
-     * The fence row moves only forward; a stale token leaves it and
-     * everything else untouched. */
-    { "order_create", 6,
+     * The fence row moves only forward; a stale token (or one older than
+     * the horizon $7) leaves it and everything else untouched. */
+    { "order_create", 7,
       "WITH fence AS ("
       "    INSERT INTO tb_lock_fence (lock_key, token) SELECT $4::text, $5::bigint"
-      "     WHERE $4::text IS NOT NULL"
+      "     WHERE $4::text IS NOT NULL AND " TOKEN_FRESH("$5::bigint", "$7::bigint")
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
       "     WHERE tb_lock_fence.token <= EXCLUDED.token"
       "    RETURNING 1"
@@ -69,8 +78,9 @@ static const statement statements[] = {
       " WHERE EXISTS (SELECT 1 FROM tb_voucher_order WHERE id = $1)" },
 
     /* The step-by-step transaction (store_order_steps). */
-    { "fence_advance", 2,
-      "INSERT INTO tb_lock_fence (lock_key, token) VALUES ($1, $2)"
+    { "fence_advance", 3,
+      "INSERT INTO tb_lock_fence (lock_key, token) SELECT $1::text, $2::bigint"
+      "     WHERE " TOKEN_FRESH("$2::bigint", "$3::bigint")
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
       "     WHERE tb_lock_fence.token <= EXCLUDED.token RETURNING 1" },
     { "order_exists", 2,
@@ -86,13 +96,14 @@ static const statement statements[] = {
 
     /* Group commit: the whole batch in one statement. The voucher row is
      * locked first (FOR UPDATE), so 'win' counts against the latest stock. */
-    { "order_batch", 5,
+    { "order_batch", 6,
       "WITH req AS ("
       "    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[])"
       "           WITH ORDINALITY AS r(order_id, user_id, lock_key, token, n)"
       "), fence AS ("
       "    INSERT INTO tb_lock_fence (lock_key, token)"
-      "    SELECT lock_key, token FROM req WHERE lock_key IS NOT NULL"
+      "    SELECT lock_key, token FROM req"
+      "     WHERE lock_key IS NOT NULL AND " TOKEN_FRESH("token", "$6::bigint")
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
       "     WHERE tb_lock_fence.token <= EXCLUDED.token"
       "    RETURNING lock_key"
@@ -120,6 +131,22 @@ static const statement statements[] = {
       "    WHEN r.n NOT IN (SELECT n FROM fresh) THEN 'd'"
       "    ELSE 'x' END"
       "  FROM req r ORDER BY r.n" },
+
+    /* One page of the fence sweep: the next $3 keys after $1, in key
+     * order (the primary key's index: each page is a short transaction,
+     * a pass costs one walk of the index); those whose token is more than
+     * two horizons ($2 ms) old are deleted. A row advanced meanwhile is
+     * re-checked on its new version and stays. */
+    { "fence_sweep", 3,
+      "WITH page AS ("
+      "    SELECT lock_key FROM tb_lock_fence WHERE lock_key > $1 ORDER BY lock_key LIMIT $3"
+      "), gone AS ("
+      "    DELETE FROM tb_lock_fence f USING page"
+      "     WHERE f.lock_key = page.lock_key AND f.token < " NOW_US " - $2::bigint * 2000"
+      "    RETURNING 1"
+      ")"
+      "SELECT (SELECT max(lock_key) FROM page), (SELECT count(*) FROM page),"
+      "       (SELECT count(*) FROM gone)" },
 
     { "voucher_create", 4,
       "INSERT INTO tb_voucher (title, stock, initial_stock, begin_time, end_time)"
@@ -242,8 +269,8 @@ cleanup:
 
 /* The order statement's parameters, as text. */
 typedef struct order_params {
-    char v[24], u[24], id[24], tok[24];
-    const char *vals[6];
+    char v[24], u[24], id[24], tok[24], horizon[24];
+    const char *vals[7];
 } order_params;
 
 static void order_params_fill(order_params *p, const store_order *o, int early)
@@ -252,12 +279,14 @@ static void order_params_fill(order_params *p, const store_order *o, int early)
     snprintf(p->u, sizeof p->u, "%" PRId64, o->user_id);
     snprintf(p->id, sizeof p->id, "%" PRId64, o->order_id);
     snprintf(p->tok, sizeof p->tok, "%" PRId64, o->fence_token);
+    snprintf(p->horizon, sizeof p->horizon, "%ld", o->fence_horizon_ms);
     p->vals[0] = p->v;
     p->vals[1] = p->u;
     p->vals[2] = p->id;
     p->vals[3] = o->fence_key;
     p->vals[4] = o->fence_key ? p->tok : NULL;
     p->vals[5] = early ? "true" : "false";
+    p->vals[6] = p->horizon;
 }
 
 /* The order statement's answer (does not free 'res'). */
@@ -281,7 +310,7 @@ store_status store_order_create(PGconn *pg, const store_order *o)
     store_status st;
 
     order_params_fill(&p, o, 0);
-    res = exec(pg, "order_create", 6, p.vals);
+    res = exec(pg, "order_create", 7, p.vals);
     st = order_result(pg, res);
     PQclear(res);
     return st;
@@ -330,7 +359,7 @@ store_status store_order_send_early(PGconn *pg, const store_order *o, store_earl
         return result_error(pg, NULL, "order_create (pipeline)");
     /* Two segments, each with its own Sync, hence its own transaction: the
      * order commits (without waiting for the flush) before the wait runs. */
-    if (PQsendQueryPrepared(pg, "order_create", 6, p.vals, NULL, NULL, 0) && PQpipelineSync(pg)) {
+    if (PQsendQueryPrepared(pg, "order_create", 7, p.vals, NULL, NULL, 0) && PQpipelineSync(pg)) {
         e->segments = 1;
         if (PQsendQueryPrepared(pg, "wait_durable", 1, &p.vals[2], NULL, NULL, 0) &&
             PQpipelineSync(pg))
@@ -403,8 +432,9 @@ static store_status step(PGconn *pg, const char *name, int n, const char *const 
 store_status store_order_steps(PGconn *pg, const store_order *o, const store_stock_step *stock,
                                int delay_ms)
 {
-    char v[24], u[24], id[24], tok[24];
-    const char *vu[2] = { v, u }, *fence[2] = { o->fence_key, tok }, *ins[3] = { id, u, v };
+    char v[24], u[24], id[24], tok[24], horizon[24];
+    const char *vu[2] = { v, u }, *fence[3] = { o->fence_key, tok, horizon };
+    const char *ins[3] = { id, u, v };
     int64_t seen = 0;
     int rows = 0, open = 0;
     store_status st;
@@ -413,12 +443,13 @@ store_status store_order_steps(PGconn *pg, const store_order *o, const store_sto
     snprintf(u, sizeof u, "%" PRId64, o->user_id);
     snprintf(id, sizeof id, "%" PRId64, o->order_id);
     snprintf(tok, sizeof tok, "%" PRId64, o->fence_token);
+    snprintf(horizon, sizeof horizon, "%ld", o->fence_horizon_ms);
 
     if ((st = simple(pg, "BEGIN")) != STORE_OK)
         goto cleanup;
     open = 1;
     if (o->fence_key != NULL) {
-        if ((st = step(pg, "fence_advance", 2, fence, &rows, NULL)) != STORE_OK)
+        if ((st = step(pg, "fence_advance", 3, fence, &rows, NULL)) != STORE_OK)
             goto cleanup;
         if (rows == 0) {
             st = STORE_STALE_TOKEN;
@@ -562,15 +593,16 @@ static char *array_text(size_t n, const store_order *o, int field)
 store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
                                store_status *results)
 {
-    char v[24];
+    char v[24], horizon[24];
     char *ids = array_text(n, orders, 0), *users = array_text(n, orders, 1);
     char *keys = array_text(n, orders, 2), *tokens = array_text(n, orders, 3);
-    const char *vals[5] = { v, ids, users, keys, tokens };
+    const char *vals[6] = { v, ids, users, keys, tokens, horizon };
     store_status st;
     PGresult *res;
 
     snprintf(v, sizeof v, "%" PRId64, n > 0 ? orders[0].voucher_id : 0);
-    res = exec(pg, "order_batch", 5, vals);
+    snprintf(horizon, sizeof horizon, "%ld", n > 0 ? orders[0].fence_horizon_ms : 0L);
+    res = exec(pg, "order_batch", 6, vals);
     if (PQresultStatus(res) != PGRES_TUPLES_OK || (size_t)PQntuples(res) != n) {
         st = result_error(pg, res, "order_batch");
         goto cleanup;
@@ -598,6 +630,33 @@ cleanup:
     free(users);
     free(keys);
     free(tokens);
+    return st;
+}
+
+store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *after, int page,
+                               store_sweep_page *out)
+{
+    char h[24], n[24];
+    const char *vals[3] = { after, h, n };
+    store_status st;
+    PGresult *res;
+
+    snprintf(h, sizeof h, "%ld", horizon_ms);
+    snprintf(n, sizeof n, "%d", page);
+    res = exec(pg, "fence_sweep", 3, vals);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+        st = result_error(pg, res, "fence_sweep");
+        goto cleanup;
+    }
+    snprintf(out->last, sizeof out->last, "%s", PQgetvalue(res, 0, 0));
+    out->scanned = get_i64(res, 0, 1);
+    out->deleted = get_i64(res, 0, 2);
+    /* A key too long for 'last' cannot be resumed after: end the pass. */
+    if (strlen(PQgetvalue(res, 0, 0)) >= sizeof out->last)
+        out->scanned = 0;
+    st = STORE_OK;
+cleanup:
+    PQclear(res);
     return st;
 }
 
