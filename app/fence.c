@@ -82,16 +82,21 @@ static int sweep_pass(PGconn **pg)
     return 0;
 }
 
+static long sweep_period_ms(long horizon)
+{
+    long period = horizon / 4;
+
+    if (period < FENCE_PERIOD_MIN_MS)
+        period = FENCE_PERIOD_MIN_MS;
+    return period > FENCE_PERIOD_MAX_MS ? FENCE_PERIOD_MAX_MS : period;
+}
+
 static void *sweeper_main(void *arg)
 {
     PGconn *pg = NULL;
-    long period = horizon_ms / 4;
+    long period = sweep_period_ms(horizon_ms);
 
     (void)arg;
-    if (period < FENCE_PERIOD_MIN_MS)
-        period = FENCE_PERIOD_MIN_MS;
-    if (period > FENCE_PERIOD_MAX_MS)
-        period = FENCE_PERIOD_MAX_MS;
     while (!idle(period))
         sweep_pass(&pg);
     if (pg != NULL)
@@ -124,6 +129,9 @@ int fence_start(long horizon)
 out:
     if (rc != 0)
         log_error("cannot start the fence sweeper thread");
+    else
+        log_info("fence: tokens older than %ld ms refused; rows older than %ld ms swept every "
+                 "%ld ms", horizon, 2 * horizon, sweep_period_ms(horizon));
     return rc;
 }
 
