@@ -14,9 +14,10 @@ sweep period, the release latches' 5 s):
   Redis      INFO memory used_memory, DBSIZE, and the keys by kind: fencing-
              token counters (redisson_lock_token:*), release latches
              (redisson_unlock_latch:*), locks (lock:order:*), the rest
-  Postgres   tb_lock_fence rows and its size on disk (pg_total_relation_size:
-             deleted rows leave space for reuse, the file does not shrink),
-             tb_voucher_order rows
+  Postgres   tb_lock_fence rows, its size on disk (pg_total_relation_size) and
+             its dead rows (pg_stat_user_tables.n_dead_tup): deleted rows are
+             dead until autovacuum makes their space reusable, and the file
+             does not shrink; tb_voucher_order rows
 
 Prints a table, writes the figures as JSON to GROWTH_JSON (default
 build/growth.json) and exits 1 when token counters, latches or fence rows of
@@ -76,9 +77,11 @@ def measure(stack):
     for name, prefix in KINDS:
         f[name] = sum(1 for k in keys if k.startswith(prefix))
     f["otherKeys"] = len(keys) - sum(f[name] for name, _ in KINDS)
-    rows, size = kit.psql(stack.dsn, "SELECT count(*), pg_total_relation_size('tb_lock_fence') "
-                                     "FROM tb_lock_fence")[0]
-    f["fenceRows"], f["fenceBytes"] = int(rows), int(size)
+    rows, size, dead = kit.psql(
+        stack.dsn, "SELECT count(*), pg_total_relation_size('tb_lock_fence'), "
+                   "(SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'tb_lock_fence') "
+                   "FROM tb_lock_fence")[0]
+    f["fenceRows"], f["fenceBytes"], f["fenceDead"] = int(rows), int(size), int(dead or 0)
     f["orders"] = int(kit.psql_value(stack.dsn, "SELECT count(*) FROM tb_voucher_order"))
     return f
 
@@ -100,6 +103,7 @@ def report(readings, sale):
                             ("  other keys", "otherKeys", kit.fmt_count),
                             ("tb_lock_fence rows", "fenceRows", kit.fmt_count),
                             ("tb_lock_fence on disk", "fenceBytes", lambda v: f"{v / 1024:.0f} KiB"),
+                            ("  dead rows (to vacuum)", "fenceDead", kit.fmt_count),
                             ("tb_voucher_order rows", "orders", kit.fmt_count)):
         rows.append([label] + [fmt(r[key]) for _, r in readings])
     print(f"\nFencing state over a {SALE_S:.0f} s sale to distinct buyers ({sale['ok']} orders, "
