@@ -243,7 +243,7 @@ def write_later_than_the_horizon_after_its_grant_is_refused():
 
 @test
 def sweep_forgets_fence_rows_older_than_twice_the_horizon():
-    """FENCE_HORIZON_MS=1000: each instance deletes, every quarter horizon,
+    """FENCE_HORIZON_MS=1000: each instance deletes, once per horizon,
     the rows whose token is more than two horizons old by Postgres's clock;
     younger rows stay."""
     now_us = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
