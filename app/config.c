@@ -65,6 +65,14 @@ static const option_def options[] = {
       "lease of the per-user order lock (ms); -1: watchdog mode (WATCHDOG_TIMEOUT_MS, renewed)" },
     { "WATCHDOG_TIMEOUT_MS", "watchdog-timeout-ms", OPT_LONG, F(watchdog_timeout_ms), 300,
       86400000L, "30000", "lease of watchdog-mode locks, renewed every third of it (ms)" },
+    { "LOCK_TOKEN_TTL_MS", "lock-token-ttl-ms", OPT_LONG, F(lock_token_ttl_ms), 0,
+      2592000000L, "60000",
+      "a lock's fencing-token counter expires this long after its last token (ms; "
+      "0: never, as Redisson's RFencedLock)" },
+    { "FENCE_HORIZON_MS", "fence-horizon-ms", OPT_LONG, F(fence_horizon_ms), 0, 2592000000L,
+      "600000",
+      "order writes whose fencing token is older than this (by Postgres's clock) are refused; "
+      "tb_lock_fence rows twice as old are deleted (ms; 0: neither, rows kept forever)" },
     { "REDIS_TIMEOUT_MS", "redis-timeout-ms", OPT_INT, F(redis_timeout_ms), 10, 60000, "1000",
       "Redis connect and command timeout (ms)" },
     { "PG_CONNECT_TIMEOUT_S", "pg-connect-timeout", OPT_INT, F(pg_connect_timeout_s), 1, 60, "2",
@@ -674,6 +682,11 @@ int config_load(int argc, char **argv)
     if (strcmp(g_cfg.log_format, "text") != 0 && strcmp(g_cfg.log_format, "json") != 0) {
         fprintf(stderr, "seckill: invalid LOG_FORMAT '%s': expected text or json\n",
                 g_cfg.log_format);
+        return -1;
+    }
+    if (g_cfg.fence_horizon_ms > 0 && g_cfg.fence_horizon_ms < 1000) {
+        fprintf(stderr, "seckill: invalid FENCE_HORIZON_MS=%ld: expected 0 (no horizon) or at "
+                        "least 1000 ms\n", g_cfg.fence_horizon_ms);
         return -1;
     }
     if (g_cfg.lua_dir[0] == '\0')

@@ -36,6 +36,8 @@ typedef struct config {
     long max_body;              /* bytes; larger bodies get 413 */
     long lock_lease_ms;         /* per-user order lock lease; -1 = watchdog */
     long watchdog_timeout_ms;   /* watchdog-mode lease, renewed every third of it */
+    long lock_token_ttl_ms;     /* fencing-token counter lifetime after its last token; 0: forever */
+    long fence_horizon_ms;      /* older tokens refused, rows twice as old swept; 0: off */
     int redis_timeout_ms;       /* connect and command timeout */
     int pg_connect_timeout_s;
     int pg_statement_timeout_ms;

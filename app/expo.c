@@ -27,6 +27,7 @@ typedef struct lock_figures {
     lock_counters lib;        /* the library's, as read */
     uint64_t acquired, contended, released, not_owner;   /* library + demo */
     uint64_t stale_tokens;
+    uint64_t fence_swept;
 } lock_figures;
 
 static void lock_figures_get(lock_figures *f)
@@ -37,6 +38,7 @@ static void lock_figures_get(lock_figures *f)
     f->released = f->lib.released + rec_event_count(REC_DEMO_LOCK_RELEASED);
     f->not_owner = f->lib.not_owner + rec_event_count(REC_DEMO_LOCK_NOT_OWNER);
     f->stale_tokens = rec_event_count(REC_STALE_TOKEN);
+    f->fence_swept = rec_event_count(REC_FENCE_SWEPT);
 }
 
 void expo_escape(const char *in, char *buf, size_t n)
@@ -296,6 +298,9 @@ static void write_locks(FILE *f)
     write_counter(f, "seckill_stale_token_rejections_total",
                   "Order writes refused by Postgres: a newer lock holder already wrote.",
                   lf.stale_tokens);
+    write_counter(f, "seckill_fence_rows_swept_total",
+                  "tb_lock_fence rows deleted by this instance's sweep (older than two horizons).",
+                  lf.fence_swept);
 }
 
 static double field_num(const cJSON *v, const char *name)
@@ -424,6 +429,7 @@ static cJSON *lock_json(void)
     cJSON_AddNumberToObject(o, "released", (double)lf.released);
     cJSON_AddNumberToObject(o, "notOwnerReleases", (double)lf.not_owner);
     cJSON_AddNumberToObject(o, "staleTokenRejections", (double)lf.stale_tokens);
+    cJSON_AddNumberToObject(o, "fenceRowsSwept", (double)lf.fence_swept);
     /* Waiting (lock_try_lock with a budget): how often, and how fast a
      * release message turned into a grant. */
     cJSON_AddNumberToObject(o, "waits", (double)lc->waits);

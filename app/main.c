@@ -5,6 +5,7 @@
 #include "bcast.h"
 #include "config.h"
 #include "conn.h"
+#include "fence.h"
 #include "handlers.h"
 #include "http.h"
 #include "lock.h"
@@ -16,6 +17,7 @@
 #include "peers.h"
 #include "util.h"
 #include "stats.h"
+#include "ulock.h"
 #include "version.h"
 
 #include <pthread.h>
@@ -109,6 +111,7 @@ int main(int argc, char **argv)
         .command_timeout_ms = g_cfg.redis_timeout_ms,
         .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
         .observe = rec_redis_call,
+        .token_ttl_ms = g_cfg.lock_token_ttl_ms,
     };
     if (lock_runtime_start(&lo) != 0) {
         log_error("cannot start the lock renewal thread");
@@ -122,8 +125,12 @@ int main(int argc, char **argv)
         log_error("cannot start the stats thread");
         goto out_bcast;
     }
-    if (http_start(handlers_routes, handlers_route_count) != 0)
+    /* Only tokens that are clock readings have an age to sweep by. */
+    if (g_cfg.fence_horizon_ms > 0 && ulock_token_clock() &&
+        fence_start(g_cfg.fence_horizon_ms) != 0)
         goto out_stats;
+    if (http_start(handlers_routes, handlers_route_count) != 0)
+        goto out_fence;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
@@ -155,6 +162,8 @@ int main(int argc, char **argv)
     stats_stop();              /* answers what waits for a snapshot */
     http_stop();
     rc = EXIT_SUCCESS;
+out_fence:
+    fence_stop();              /* a no-op when not started */
 out_stats:
     stats_stop();              /* a no-op once stopped */
 out_bcast:

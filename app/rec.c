@@ -98,8 +98,13 @@ void rec_redis_call(int64_t latency_us, int ok)
 
 void rec_note(enum rec_event ev)
 {
+    rec_add(ev, 1);
+}
+
+void rec_add(enum rec_event ev, uint64_t n)
+{
     if ((unsigned)ev < REC_EVENT_COUNT)
-        atomic_fetch_add_explicit(&events[ev], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&events[ev], n, memory_order_relaxed);
 }
 
 void rec_batch(int buyers)

@@ -35,17 +35,20 @@ void rec_backend(enum rec_backend b, int64_t latency_us, int ok);
 void rec_redis_call(int64_t latency_us, int ok);
 
 /* Events counted by the service outside the lock library: the demo
- * ladder's locks, and order writes refused for a stale fencing token. */
+ * ladder's locks, order writes refused for a stale fencing token, and
+ * fence rows deleted by the sweep. */
 enum rec_event {
     REC_DEMO_LOCK_ACQUIRED,
     REC_DEMO_LOCK_CONTENDED,
     REC_DEMO_LOCK_RELEASED,
     REC_DEMO_LOCK_NOT_OWNER,
     REC_STALE_TOKEN,
+    REC_FENCE_SWEPT,
     REC_EVENT_COUNT
 };
 
 void rec_note(enum rec_event ev);
+void rec_add(enum rec_event ev, uint64_t n);
 
 /* Group commit ("batched"): one settled batch of 'buyers'. */
 void rec_batch(int buyers);
