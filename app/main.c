@@ -88,7 +88,8 @@ int main(int argc, char **argv)
          * one are told from slow ones. */
         const double timeouts[] = { g_cfg.redis_timeout_ms / 1000.0,
                                     g_cfg.pg_statement_timeout_ms / 1000.0,
-                                    (double)g_cfg.pg_connect_timeout_s };
+                                    (double)g_cfg.pg_connect_timeout_s,
+                                    g_cfg.request_deadline_ms / 1000.0 };   /* 0: none */
         rec_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
     }
 
