@@ -136,7 +136,7 @@ enum MHD_Result http_send_json(http_req *r, int status, cJSON *body)
 }
 
 static enum MHD_Result send_error_with(http_req *r, api_err e, const char *message,
-                                       const char *allow)
+                                       const char *hdr_name, const char *hdr_value)
 {
     cJSON *o = cJSON_CreateObject();
     struct MHD_Response *resp;
@@ -154,15 +154,21 @@ static enum MHD_Result send_error_with(http_req *r, api_err e, const char *messa
         free(text);
         return MHD_NO;
     }
-    if (allow != NULL)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    if (hdr_name != NULL)
+        MHD_add_response_header(resp, hdr_name, hdr_value);
     r->err = e;
     return queue(r, status, resp, "application/json");
 }
 
 enum MHD_Result http_send_error(http_req *r, api_err e, const char *message)
 {
-    return send_error_with(r, e, message, NULL);
+    return send_error_with(r, e, message, NULL, NULL);
+}
+
+enum MHD_Result http_send_error_header(http_req *r, api_err e, const char *message,
+                                       const char *name, const char *value)
+{
+    return send_error_with(r, e, message, name, value);
 }
 
 /* Matches 'path' against 'pattern' segment by segment; '*' takes one segment
@@ -415,7 +421,7 @@ static enum MHD_Result dispatch(http_req *r)
     if (i == HTTP_ROUTE_NONE)
         return http_send_error(r, API_NOT_FOUND, NULL);
     r->route = HTTP_ROUTE_METHOD - i;
-    return send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, allow);
+    return send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, MHD_HTTP_HEADER_ALLOW, allow);
 }
 
 /* What the headers say about the request's framing and identity. The NUL

@@ -114,4 +114,8 @@ enum MHD_Result http_send_text(http_req *r, int status, const char *content_type
  * the default text). Adds Retry-After to 503. */
 enum MHD_Result http_send_error(http_req *r, api_err e, const char *message);
 
+/* The same with one more response header 'name: value' (both borrowed). */
+enum MHD_Result http_send_error_header(http_req *r, api_err e, const char *message,
+                                       const char *name, const char *value);
+
 #endif
