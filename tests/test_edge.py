@@ -266,13 +266,13 @@ def check_crowd(edge, name):
         # design). Then again, with a fresh entry.
         if ended - t_kept >= LIFETIME:
             continue
+        if moved(before, after) != 0 or [a[1] for a in after] != [b[1] for b in before]:
+            fail(f"{name}: the instances' counters moved during the crowd: {before} -> {after}"
+                 " (409s, sold_out, 200s per instance)")
         for job, r in res:
             if isinstance(r, Exception):
                 fail(f"{name}: {job[0]}: {r!r}")
             same_answer(r, kept, f"{name}: {job[0]}")
-        if moved(before, after) != 0 or [a[1] for a in after] != [b[1] for b in before]:
-            fail(f"{name}: the instances' counters moved during the crowd: {before} -> {after}"
-                 " (409s, sold_out, 200s per instance)")
         n = edge.answered() - answered
         if n != CROWD:
             fail(f"{name}: /stats/edge counted {n} answers, the crowd was {CROWD}")

@@ -353,7 +353,7 @@ def request_from(source, port, method, path, headers=None, body=None, timeout=15
 OPS_PATHS = [("GET", "/stats"), ("GET", "/metrics"), ("POST", "/admin/vouchers"),
              ("POST", "/admin/vouchers/1/reset"), ("GET", "/stats?voucher=1"),
              ("GET", "/%61dmin/vouchers"), ("GET", "//stats"), ("GET", "/metrics/"),
-             ("GET", "/./admin/vouchers"), ("DELETE", "/admin/vouchers/1")]
+             ("GET", "/./admin/vouchers"), ("DELETE", "/admin/vouchers/1"), ("GET", "/stats/edge")]
 PUBLIC_PATHS = [("GET", "/health"), ("GET", "/ready"), ("GET", "/voucher/1"),
                 ("POST", "/voucher/1/seckill")]
 
