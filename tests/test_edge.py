@@ -79,6 +79,9 @@ class Edge:
         return r.body
 
     def answered(self):
+        """The sold-out answers nginx gave itself (its workers add their
+        counts every 0.2 s: read after that)."""
+        time.sleep(0.3)
         return self.stats()["requests"]["byError"].get("sold_out", 0)
 
     def holds(self, voucher):
