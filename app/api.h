@@ -1,4 +1,4 @@
-/* api: the vocabulary of the HTTP API (SPEC section 1): error codes and the
+/* api: the vocabulary of the HTTP API: error codes and the
  * statuses they travel with. Shared by the router, handlers and stats. */
 #ifndef SECKILL_API_H
 #define SECKILL_API_H

@@ -1,9 +1,19 @@
-/* batch: leader/follower group commit per voucher. */
-#include "batch.h"
+/* batch: group commit of buyers, the "batched" stock strategy (stock.h).
+ *
+ * Buyers of the same voucher queue here; the first becomes the leader,
+ * gathers the others for at most BATCH_WINDOW_US or BATCH_MAX buyers, takes
+ * the user locks and order ids that its buyers left to it (all in one
+ * round trip), and settles them all in one statement (store_order_batch)
+ * on its own connection: one commit, one WAL flush, one hold of the hot row
+ * for the whole batch. It releases the batch's locks in one more round
+ * trip, then gives each buyer its own outcome. No worker waits for a batch
+ * but its leader: a buyer's request stays suspended in libmicrohttpd and
+ * is answered from the leader, so a batch can hold more buyers than there
+ * are workers. */
+#include "stock.h"
 #include "config.h"
-#include "idw.h"
 #include "log.h"
-#include "stats.h"
+#include "rec.h"
 #include "util.h"
 
 #include <errno.h>
@@ -12,15 +22,23 @@
 #include <string.h>
 #include <time.h>
 
-#define BATCH_LIMIT 1000      /* BATCH_MAX's upper bound (config.c) */
-
 typedef struct waiter {
-    store_order *order;
-    batch_unlock *unlock;     /* may be NULL */
-    batch_done_fn done;
+    stock_buyer *b;
+    stock_done_fn done;
     void *arg;
     struct waiter *next;
 } waiter;
+
+/* A leader's working space for one batch, sized by BATCH_MAX: allocated
+ * once per queue at its first leader, used only by the queue's leader. */
+typedef struct scratch {
+    waiter **taken, **batch, **refused;
+    store_order *orders;
+    store_status *results, *why;
+    ulock_hold **holds;
+    ulock_id *ids;
+    int *idx;
+} scratch;
 
 typedef struct queue {
     int64_t voucher_id;       /* 0: free slot */
@@ -28,6 +46,7 @@ typedef struct queue {
     int n;
     int leader;               /* a leader is gathering or settling */
     pthread_cond_t full;      /* the leader's wake-up: BATCH_MAX reached */
+    scratch *s;               /* the leader's; NULL until the first one */
 } queue;
 
 /* The batching state is shared by the workers of this process by design:
@@ -41,6 +60,23 @@ static void init(void)
 {
     for (int i = 0; i < NQUEUES; i++)
         pthread_cond_init(&queues[i].full, NULL);
+}
+
+static scratch *scratch_new(int n)
+{
+    scratch *s = xcalloc(1, sizeof *s);
+    size_t m = (size_t)n;
+
+    s->taken = xmalloc(sizeof *s->taken * m);
+    s->batch = xmalloc(sizeof *s->batch * m);
+    s->refused = xmalloc(sizeof *s->refused * m);
+    s->orders = xmalloc(sizeof *s->orders * m);
+    s->results = xmalloc(sizeof *s->results * m);
+    s->why = xmalloc(sizeof *s->why * m);
+    s->holds = xmalloc(sizeof *s->holds * m);
+    s->ids = xmalloc(sizeof *s->ids * m);
+    s->idx = xmalloc(sizeof *s->idx * m);
+    return s;
 }
 
 /* The voucher's queue, or NULL when every slot is busy with other vouchers. */
@@ -59,86 +95,44 @@ static queue *queue_of(int64_t voucher_id)
     return free_slot;
 }
 
-/* Releases the batch's user locks in one round trip on the leader's
- * connection, after the commit and before anyone is answered. A failure
- * leaves each buyer's completion to retry its own. */
-static void unlock_all(conn_set *cs, waiter **batch, int n)
-{
-    lock_release_item items[BATCH_LIMIT];
-    batch_unlock *owner[BATCH_LIMIT];
-    redisContext *c;
-    int k = 0;
-
-    for (int i = 0; i < n; i++) {
-        if (batch[i]->unlock == NULL ||
-            (batch[i]->unlock->acquire && batch[i]->unlock->taken != LOCK_OK))
-            continue;
-        owner[k] = batch[i]->unlock;
-        items[k++] = batch[i]->unlock->item;
-    }
-    if (k == 0 || (c = conn_redis(cs)) == NULL)
-        return;
-    lock_release_many(c, items, (size_t)k);
-    for (int i = 0; i < k; i++) {
-        owner[i]->item.st = items[i].st;
-        owner[i]->done = 1;
-    }
-    if (c->err)
-        conn_redis_broken(cs);
-}
-
 /* Takes the locks the leader was asked to take, and their order ids, for
- * the whole batch in one round trip: every INCR, then every acquire.
- * Returns how many waiters go on to the statement (moved to the front of
- * 'w'); the others are in 'refused' with their result in 'why'. */
-static int lock_all(conn_set *cs, waiter **w, int n, waiter **refused, store_status *why,
-                    int *nrefused)
+ * the whole batch in one round trip. Returns how many waiters go on to the
+ * statement (moved to the front of 'w'); the others are appended to
+ * s->refused with their result in s->why. */
+static int take_locks(conn_set *cs, scratch *s, waiter **w, int n, int *nrefused)
 {
-    lock_acquire_op ops[BATCH_LIMIT];
-    idw_op iops[BATCH_LIMIT];
-    lock_grant g[BATCH_LIMIT];
-    lock_status st[BATCH_LIMIT];
-    int idx[BATCH_LIMIT], k = 0, kept = 0;
-    int64_t now = (int64_t)time(NULL);
-    redisContext *c = NULL;
+    int k = 0, kept = 0;
 
-    for (int i = 0; i < n; i++)
-        if (w[i]->unlock != NULL && w[i]->unlock->acquire)
-            idx[k++] = i;
-    if (k > 0 && (c = conn_redis(cs)) != NULL) {
-        for (int j = 0; j < k; j++)
-            idw_send(c, g_cfg.id_prefix, now, &iops[j]);
-        for (int j = 0; j < k; j++) {
-            lock_release_item *it = &w[idx[j]]->unlock->item;
-            lock_acquire_send(c, &ops[j], it->key, it->owner, it->lease_ms);
-        }
-        for (int j = 0; j < k; j++)
-            w[idx[j]]->unlock->id_failed =
-                idw_recv(c, &iops[j], &w[idx[j]]->order->order_id) != IDW_OK;
-        lock_acquire_recv_many(c, ops, (size_t)k, g, st);
-        if (c->err)
-            conn_redis_broken(cs);
-    } else {
-        for (int j = 0; j < k; j++)
-            st[j] = LOCK_ERR;
+    for (int i = 0; i < n; i++) {
+        if (!w[i]->b->lock_pending)
+            continue;
+        s->idx[k] = i;
+        s->holds[k] = w[i]->b->hold;
+        memset(&s->ids[k], 0, sizeof s->ids[k]);
+        k++;
     }
+    ulock_acquire_many(cs, s->holds, s->ids, (size_t)k);
     for (int j = 0; j < k; j++) {
-        batch_unlock *u = w[idx[j]]->unlock;
-        u->taken = st[j];
-        if (st[j] == LOCK_OK)
-            w[idx[j]]->order->fence_token = g[j].token;
+        stock_buyer *b = w[s->idx[j]]->b;
+        b->id = s->ids[j];
+        if (b->id.taken && b->id.st == IDW_OK)
+            b->order.order_id = b->id.value;
+        if (b->hold->taken == ULOCK_OK)
+            b->order.fence_token = b->hold->token;
     }
     for (int i = 0; i < n; i++) {
-        batch_unlock *u = w[i]->unlock;
+        stock_buyer *b = w[i]->b;
         store_status r = STORE_OK;
-        if (u != NULL && u->acquire)
-            r = u->taken == LOCK_BUSY ? STORE_DUPLICATE
-                : u->taken != LOCK_OK || u->id_failed ? STORE_UNAVAILABLE : STORE_OK;
+        if (b->lock_pending)
+            r = b->hold->taken == ULOCK_BUSY ? STORE_DUPLICATE
+                : b->hold->taken != ULOCK_OK || !b->id.taken || b->id.st != IDW_OK
+                    ? STORE_UNAVAILABLE
+                    : STORE_OK;
         if (r == STORE_OK) {
             w[kept++] = w[i];
         } else {
-            refused[*nrefused] = w[i];
-            why[(*nrefused)++] = r;
+            s->refused[*nrefused] = w[i];
+            s->why[(*nrefused)++] = r;
         }
     }
     return kept;
@@ -149,15 +143,13 @@ static int lock_all(conn_set *cs, waiter **w, int n, waiter **refused, store_sta
  * answers run). */
 static void settle(conn_set *cs, queue *q)
 {
-    waiter *taken[BATCH_LIMIT], *batch[BATCH_LIMIT], *refused[BATCH_LIMIT];
-    store_order orders[BATCH_LIMIT];
-    store_status results[BATCH_LIMIT], why[BATCH_LIMIT];
+    scratch *s = q->s;
     int nt = 0, n = 0, nr = 0;
     PGconn *pg;
     store_status st;
 
     while (q->head != NULL && nt < g_cfg.batch_max) {
-        taken[nt++] = q->head;
+        s->taken[nt++] = q->head;
         q->head = q->head->next;
         q->n--;
     }
@@ -165,59 +157,62 @@ static void settle(conn_set *cs, queue *q)
         q->tail = NULL;
     pthread_mutex_unlock(&mu);
 
-    nt = lock_all(cs, taken, nt, refused, why, &nr);
+    nt = take_locks(cs, s, s->taken, nt, &nr);
     for (int t = 0; t < nt; t++) {
-        waiter *w = taken[t];
+        waiter *w = s->taken[t];
         /* The same user twice in one batch means a concurrent request of that
          * user (its lock lapsed): the later one is the duplicate. */
         int dup = 0;
         for (int i = 0; i < n && !dup; i++)
-            dup = orders[i].user_id == w->order->user_id;
+            dup = s->orders[i].user_id == w->b->order.user_id;
         if (dup) {
-            refused[nr] = w;
-            why[nr++] = STORE_DUPLICATE;
+            s->refused[nr] = w;
+            s->why[nr++] = STORE_DUPLICATE;
             continue;
         }
-        batch[n] = w;
-        orders[n] = *w->order;
+        s->batch[n] = w;
+        s->orders[n] = w->b->order;
         n++;
     }
 
     if (n > 0) {
-        stats_note_batch(n);
+        rec_batch(n);
         pg = conn_pg(cs);
-        st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch(pg, orders, (size_t)n, results);
+        st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch(pg, s->orders, (size_t)n, s->results);
         if (st == STORE_DUPLICATE ||
             (st != STORE_OK && pg != NULL && PQstatus(pg) == CONNECTION_OK)) {
             /* A unique violation (a lock lapsed) or a deadlock fails the whole
              * statement: settle these buyers one by one so each gets its answer. */
             log_warn("batch of %d failed as a whole; settling one by one", n);
             for (int i = 0; i < n; i++)
-                results[i] = store_order_create(pg, &orders[i]);
+                s->results[i] = store_order_create(pg, &s->orders[i]);
         } else if (st != STORE_OK) {
             for (int i = 0; i < n; i++)
-                results[i] = st;
+                s->results[i] = st;
         }
-        unlock_all(cs, batch, n);
+        /* The batch's user locks go in one round trip, after the commit and
+         * before anyone is answered; a failed release is retried by its owner. */
+        for (int i = 0; i < n; i++)
+            s->holds[i] = s->batch[i]->b->hold;
+        ulock_release_many(cs, s->holds, (size_t)n);
     }
 
     for (int i = 0; i < n; i++) {
-        batch[i]->done(cs, batch[i]->arg, results[i]);
-        free(batch[i]);
+        s->batch[i]->done(cs, s->batch[i]->arg, s->results[i]);
+        free(s->batch[i]);
     }
     for (int i = 0; i < nr; i++) {
-        refused[i]->done(cs, refused[i]->arg, why[i]);
-        free(refused[i]);
+        s->refused[i]->done(cs, s->refused[i]->arg, s->why[i]);
+        free(s->refused[i]);
     }
     pthread_mutex_lock(&mu);
 }
 
-static waiter *waiter_new(store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
+static waiter *waiter_new(stock_buyer *b, stock_done_fn done, void *arg)
 {
     waiter *me = xcalloc(1, sizeof *me);
 
-    me->order = o;
-    me->unlock = u;
+    me->b = b;
     me->done = done;
     me->arg = arg;
     return me;
@@ -235,45 +230,41 @@ static void enqueue(queue *q, waiter *me)
         pthread_cond_signal(&q->full);
 }
 
-int batch_join(store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
+/* More hot vouchers than queues: this buyer alone, on this worker. A held
+ * lock is released by its owner. */
+static void settle_alone(conn_set *cs, waiter *me)
 {
-    waiter *me = waiter_new(o, u, done, arg);
-    queue *q;
+    waiter *one[1] = { me }, *refused[1];
+    store_status why = STORE_UNAVAILABLE;
+    ulock_hold *holds[1];
+    ulock_id ids[1];
+    int idx[1], nr = 0;
+    scratch s = { .refused = refused, .why = &why, .holds = holds, .ids = ids, .idx = idx };
+    stock_done_fn done = me->done;
+    void *arg = me->arg;
+    PGconn *pg;
 
-    pthread_once(&once, init);
-    pthread_mutex_lock(&mu);
-    for (q = queues; q < queues + NQUEUES; q++)
-        if (q->voucher_id == o->voucher_id && q->leader)
-            break;
-    if (q == queues + NQUEUES) {
-        pthread_mutex_unlock(&mu);
-        free(me);
-        return 0;
-    }
-    enqueue(q, me);
-    pthread_mutex_unlock(&mu);
-    return 1;
+    if (take_locks(cs, &s, one, 1, &nr) == 1)
+        why = (pg = conn_pg(cs)) == NULL ? STORE_UNAVAILABLE : store_order_create(pg, &me->b->order);
+    free(me);
+    done(cs, arg, why);
 }
 
-void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn done, void *arg)
+/* Queues 'b' and returns; 'done' is called once with its outcome, after
+ * the commit and after its lock was released with the rest of the batch.
+ * The first buyer of an idle queue becomes its leader: its worker gathers
+ * and settles batches until the queue is empty, so it returns only then. */
+static void submit(conn_set *cs, stock_buyer *b, stock_done_fn done, void *arg)
 {
-    waiter *me = waiter_new(o, u, done, arg);
+    waiter *me = waiter_new(b, done, arg);
     queue *q;
 
     pthread_once(&once, init);
     pthread_mutex_lock(&mu);
-    q = queue_of(o->voucher_id);
-    if (q == NULL) {                          /* more hot vouchers than slots */
-        waiter *one[1] = { me }, *refused[1];
-        store_status why = STORE_UNAVAILABLE;
-        int nr = 0;
-        PGconn *pg;
-
+    q = queue_of(b->order.voucher_id);
+    if (q == NULL) {
         pthread_mutex_unlock(&mu);
-        if (lock_all(cs, one, 1, refused, &why, &nr) == 1)
-            why = (pg = conn_pg(cs)) == NULL ? STORE_UNAVAILABLE : store_order_create(pg, o);
-        free(me);
-        done(cs, arg, why);                   /* a held lock is released by its owner */
+        settle_alone(cs, me);
         return;
     }
     enqueue(q, me);
@@ -285,6 +276,8 @@ void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn d
     /* Lead: gather for the window, or until the batch is full, settle, and
      * go on while buyers are queued (they were refused a leader of their own). */
     q->leader = 1;
+    if (q->s == NULL)
+        q->s = scratch_new(g_cfg.batch_max);
     while (q->head != NULL) {
         struct timespec deadline;
         clock_gettime(CLOCK_REALTIME, &deadline);
@@ -298,6 +291,29 @@ void batch_submit(conn_set *cs, store_order *o, batch_unlock *u, batch_done_fn d
     }
     q->leader = 0;
     pthread_mutex_unlock(&mu);
+}
+
+/* For an event thread, which must not block nor lead: queues 'b' when the
+ * voucher's queue has a leader at work (it will settle 'b' before it
+ * stops). The mutex is never held across I/O. */
+static int join(stock_buyer *b, stock_done_fn done, void *arg)
+{
+    waiter *me = waiter_new(b, done, arg);
+    queue *q;
+
+    pthread_once(&once, init);
+    pthread_mutex_lock(&mu);
+    for (q = queues; q < queues + NQUEUES; q++)
+        if (q->voucher_id == b->order.voucher_id && q->leader)
+            break;
+    if (q == queues + NQUEUES) {
+        pthread_mutex_unlock(&mu);
+        free(me);
+        return 0;
+    }
+    enqueue(q, me);
+    pthread_mutex_unlock(&mu);
+    return 1;
 }
 
 typedef struct sync_wait {
@@ -319,13 +335,15 @@ static void sync_done(conn_set *cs, void *arg, store_status st)
     pthread_mutex_unlock(&w->mu);
 }
 
-store_status batch_settle(conn_set *cs, store_order *o, batch_unlock *u)
+/* submit, waiting for the outcome: for a lock that only the thread that
+ * took it may release, the buyer's 'done' runs on this thread. */
+static store_status submit_and_wait(conn_set *cs, stock_buyer *b)
 {
     sync_wait w = { .done = 0 };
 
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    batch_submit(cs, o, u, sync_done, &w);
+    submit(cs, b, sync_done, &w);
     pthread_mutex_lock(&w.mu);
     while (!w.done)
         pthread_cond_wait(&w.cv, &w.mu);
@@ -334,3 +352,20 @@ store_status batch_settle(conn_set *cs, store_order *o, batch_unlock *u)
     pthread_mutex_destroy(&w.mu);
     return w.st;
 }
+
+static void batched_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done,
+                           void *arg)
+{
+    (void)pg;                                 /* the leader uses its own */
+    if (b->same_thread)
+        done(cs, arg, submit_and_wait(cs, b));
+    else
+        submit(cs, b, done, arg);
+}
+
+const stock_backend stock_batched = {
+    .name = "batched",
+    .deferred = 1,
+    .settle = batched_settle,
+    .join = join,
+};

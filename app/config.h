@@ -14,7 +14,7 @@ typedef struct redis_url {
     int db;
 } redis_url;
 
-/* The demo ladder (SPEC section 6). Only the last of each is safe; the others
+/* The demo ladder. Only the last of each is safe; the others
  * exist to be measured. */
 enum lock_strategy { LOCKS_NONE, LOCKS_LOCAL, LOCKS_SETNX, LOCKS_OWNER, LOCKS_REENTRANT };
 enum stock_strategy { STOCKS_NAIVE, STOCKS_CAS, STOCKS_OPTIMISTIC, STOCKS_PESSIMISTIC,

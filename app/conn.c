@@ -2,7 +2,6 @@
 #include "conn.h"
 #include "config.h"
 #include "log.h"
-#include "store.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -21,6 +20,13 @@ static _Atomic int64_t redis_open_until_us;
 static pthread_key_t set_key;
 static pthread_once_t set_key_once = PTHREAD_ONCE_INIT;
 static _Thread_local conn_set *tls_set;
+/* Set once at start, before any connection is opened; read-only after. */
+static conn_pg_init_fn pg_init;
+
+void conn_set_pg_init(conn_pg_init_fn fn)
+{
+    pg_init = fn;
+}
 
 static void set_free(void *p)
 {
@@ -206,7 +212,7 @@ PGconn *conn_pg_open(char *err, size_t errlen)
         snprintf(err, errlen, "%s", PQerrorMessage(pg));
         goto fail;
     }
-    if (store_prepare(pg) != 0) {
+    if (pg_init != NULL && pg_init(pg) != 0) {
         snprintf(err, errlen, "prepare: %s", PQerrorMessage(pg));
         goto fail;
     }

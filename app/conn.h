@@ -13,10 +13,15 @@ typedef struct conn_set {
     PGconn *pg;            /* NULL until connected, or after conn_pg_broken */
     uint64_t thread_id;    /* process-unique, never reused (lock owner id) */
     char owner[128];       /* "<instance uuid>:<thread_id>", the lock hash field */
-    char orphan_lock[64];  /* a lock whose acquire reply was lost: released at the
-                              next chance, in case Redis granted it after all */
-    char orphan_owner[128]; /* the owner that acquire was sent for */
 } conn_set;
+
+/* A new Postgres session's set-up (preparing the statements the caller
+ * will run): 0, or -1 to refuse the session. */
+typedef int (*conn_pg_init_fn)(PGconn *pg);
+
+/* Installs the set-up every Postgres session gets before its first use
+ * (conn_pg, conn_pg_open). Call once, before any thread connects. */
+void conn_set_pg_init(conn_pg_init_fn fn);
 
 /* This thread's set, created on first call; freed when the thread exits
  * (or by conn_close_thread). Never NULL. */
@@ -35,7 +40,7 @@ redisContext *conn_redis(conn_set *cs);
  * on the old socket, so it must never be reused). */
 void conn_redis_broken(conn_set *cs);
 
-/* A connected Postgres session with our statements prepared, or NULL when
+/* A connected Postgres session, set up by the conn_set_pg_init hook, or NULL when
  * Postgres is unreachable. Borrowed: do not free. */
 PGconn *conn_pg(conn_set *cs);
 
@@ -48,7 +53,7 @@ void conn_pg_broken(conn_set *cs);
  * redisFree. NULL on failure, with the reason in 'err'. */
 redisContext *conn_redis_open(char *err, size_t errlen);
 
-/* Opens a standalone Postgres connection (statements prepared). Caller frees
+/* Opens a standalone Postgres connection (set up as above). Caller frees
  * with PQfinish. NULL on failure, with the reason in 'err'. */
 PGconn *conn_pg_open(char *err, size_t errlen);
 

@@ -8,8 +8,8 @@
 #include "order.h"
 #include "payload.h"
 #include "log.h"
-#include "metrics.h"
-#include "stats.h"
+#include "expo.h"
+#include "peers.h"
 #include "store.h"
 #include "util.h"
 #include "vcache.h"
@@ -23,7 +23,7 @@
 
 /* ---- small helpers ---- */
 
-static enum MHD_Result send_store_error(http_req *r, store_status st)
+static http_outcome send_store_error(http_req *r, store_status st)
 {
     api_err e = order_store_error(st);
     return http_send_error(r, e, e == API_UNAVAILABLE ? "database unavailable, retry later" : NULL);
@@ -85,7 +85,7 @@ static void add_voucher_fields(cJSON *o, const store_voucher *v)
 
 /* ---- GET /health, /ready ---- */
 
-static enum MHD_Result h_health(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_health(http_req *r, const char *arg, size_t arg_len)
 {
     cJSON *o = cJSON_CreateObject();
 
@@ -96,7 +96,7 @@ static enum MHD_Result h_health(http_req *r, const char *arg, size_t arg_len)
     return http_send_json(r, 200, o);
 }
 
-static enum MHD_Result h_ready(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_ready(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs = conn_get();
     PGconn *pg = conn_pg(cs);
@@ -134,7 +134,7 @@ static enum MHD_Result h_ready(http_req *r, const char *arg, size_t arg_len)
 
 /* ---- GET /voucher/{id} ---- */
 
-static enum MHD_Result h_voucher_get(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_voucher_get(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs;
     PGconn *pg;
@@ -147,7 +147,7 @@ static enum MHD_Result h_voucher_get(http_req *r, const char *arg, size_t arg_le
         return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
     cs = conn_get();
     if ((pg = pg_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     st = store_voucher_get(pg, id, &v);
     if (st != STORE_OK)
         return send_store_error(r, st);
@@ -156,7 +156,7 @@ static enum MHD_Result h_voucher_get(http_req *r, const char *arg, size_t arg_le
     return http_send_json(r, 200, o);
 }
 
-/* ---- POST /voucher/{id}/seckill: the sale (SPEC section 1) ---- */
+/* ---- POST /voucher/{id}/seckill: the sale ---- */
 
 /* The voucher's window and the sold-out fast path. The stock read here only
  * rejects early; the transaction decides. */
@@ -184,7 +184,7 @@ static api_err voucher_verdict(const store_voucher *v)
 #define EDGE_SOLD_OUT_HEADER "X-Edge-Sold-Out"
 #define EDGE_SOLD_OUT_MS 1000
 
-static enum MHD_Result send_verdict(http_req *r, api_err e, const store_voucher *v)
+static http_outcome send_verdict(http_req *r, api_err e, const store_voucher *v)
 {
     char ms[24];
     int64_t left;
@@ -204,7 +204,7 @@ static void seckill_reply(void *arg, api_err err, const char *message, int64_t o
  * out, outside its window, or this user's order known). What the cache
  * cannot tell (a miss, stock left) goes on to h_seckill, or, batched, to
  * the voucher's batch when one is at work. */
-static enum MHD_Result f_seckill(http_req *r, const char *arg, size_t arg_len)
+static http_outcome f_seckill(http_req *r, const char *arg, size_t arg_len)
 {
     const char *uid_text;
     store_voucher v;
@@ -228,10 +228,12 @@ static enum MHD_Result f_seckill(http_req *r, const char *arg, size_t arg_len)
         return http_send_error(r, API_ALREADY_ORDERED, NULL);
     /* Batched, with a batch of this voucher at work: straight into it,
      * without a worker's turn. Parked first: its leader may answer at once. */
-    if (cached && order_joinable() && http_park(r, arg, arg_len) == 0 &&
-        !order_join(voucher_id, user_id, seckill_reply, r))
-        http_unpark(r);
-    return MHD_YES;                          /* else to h_seckill on a worker */
+    if (cached && order_joinable() && http_park(r) == 0) {
+        if (!order_join(voucher_id, user_id, seckill_reply, r))
+            http_unpark(r);                  /* no batch at work after all: to h_seckill */
+        return HTTP_HANDED_OFF;
+    }
+    return HTTP_PASS;                        /* to h_seckill on a worker */
 }
 
 /* 6. The answer to a buyer who reached the order, on whichever worker
@@ -253,17 +255,18 @@ static void seckill_reply(void *arg, api_err err, const char *message, int64_t o
                      order_id, r->voucher_id, r->user_id);
         http_send_text(r, 200, "application/json", xstrdup(body), (size_t)n);
     }
-    http_finish(r);
+    /* r is its event thread's again: not to be touched. */
 }
 
 /* On a worker, with voucher_id and user_id set by f_seckill. */
-static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_seckill(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs = conn_get();
     PGconn *pg;
     store_voucher v;
     store_status st;
     api_err err;
+    http_outcome out;
 
     (void)arg;
     (void)arg_len;
@@ -271,7 +274,7 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
     if (!vcache_get(r->voucher_id, &v)) {
         uint64_t gen = vcache_generation();
         if ((pg = pg_or_respond(r, cs)) == NULL)
-            return MHD_YES;
+            return HTTP_ANSWERED;
         st = store_voucher_get(pg, r->voucher_id, &v);
         if (st != STORE_OK)
             return send_store_error(r, st);
@@ -280,16 +283,18 @@ static enum MHD_Result h_seckill(http_req *r, const char *arg, size_t arg_len)
     if ((err = voucher_verdict(&v)) != API_OK)
         return send_verdict(r, err, &v);
 
-    /* 3-5. Lock, id, transaction, unlock (app/order.c): answered by
-     *    seckill_reply, here or on the worker that settles the order's batch. */
-    http_later(r);
+    /* 3-6. Lock and id, transaction, release, answer (app/order.c): answered
+     *    by seckill_reply, here or on the worker that settles the order's
+     *    batch. Handed off first: the answer may come before order_submit
+     *    returns. */
+    out = http_hand_off(r);
     order_submit(cs, r->voucher_id, r->user_id, seckill_reply, r);
-    return MHD_YES;
+    return out;                              /* r may be answered and gone by now */
 }
 
 /* ---- GET /stats ---- */
 
-static enum MHD_Result h_stats(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_stats(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs = conn_get();
     PGconn *pg;
@@ -300,9 +305,9 @@ static enum MHD_Result h_stats(http_req *r, const char *arg, size_t arg_len)
     (void)arg;
     (void)arg_len;
     if ((pg = pg_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     if ((c = redis_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "instance", g_cfg.instance_id);
     cJSON_AddStringToObject(o, "uuid", g_cfg.instance_uuid);
@@ -318,10 +323,10 @@ static enum MHD_Result h_stats(http_req *r, const char *arg, size_t arg_len)
         cJSON_Delete(o);
         return send_store_error(r, STORE_UNAVAILABLE);
     }
-    stats_self_json(o);
+    expo_counters_json(o);
     instances = cJSON_AddArrayToObject(o, "instances");
     cluster = cJSON_AddObjectToObject(o, "cluster");
-    if (stats_cluster_json(c, instances, cluster) != 0) {
+    if (peers_json(c, instances, cluster) != 0) {
         if (c->err)
             conn_redis_broken(cs);
         cJSON_Delete(o);
@@ -361,12 +366,11 @@ static cJSON *voucher_gauges(conn_set *cs)
     return copy;
 }
 
-static enum MHD_Result h_metrics(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_metrics(http_req *r, const char *arg, size_t arg_len)
 {
     cJSON *vouchers;
     char *buf = NULL;
     size_t len = 0;
-    int in_progress, queued;
     FILE *f;
 
     (void)arg;
@@ -377,14 +381,13 @@ static enum MHD_Result h_metrics(http_req *r, const char *arg, size_t arg_len)
         cJSON_Delete(vouchers);
         return http_send_error(r, API_UNAVAILABLE, "out of memory");
     }
-    http_load(&in_progress, &queued);
-    metrics_write(f, vouchers, in_progress, queued);
+    expo_metrics(f, vouchers);
     fclose(f);
     cJSON_Delete(vouchers);
     return http_send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);
 }
 
-/* ---- admin API (SPEC section 5) ---- */
+/* ---- admin API ---- */
 
 /* 403 when the admin API is off, 401 on a missing or wrong token; 0 = pass. */
 static int admin_denied(http_req *r)
@@ -404,7 +407,7 @@ static int admin_denied(http_req *r)
     return 0;
 }
 
-static enum MHD_Result h_admin_create(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_admin_create(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs;
     PGconn *pg;
@@ -418,12 +421,12 @@ static enum MHD_Result h_admin_create(http_req *r, const char *arg, size_t arg_l
     (void)arg;
     (void)arg_len;
     if (admin_denied(r))
-        return MHD_YES;
+        return HTTP_ANSWERED;
     if ((err = payload_voucher_create(r->body, r->body_len, &in, &why)) != API_OK)
         return http_send_error(r, err, why);
     cs = conn_get();
     if ((pg = pg_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     st = store_voucher_create(pg, in.title, in.stock, in.begin_time, in.end_time, &id);
     if (st != STORE_OK)
         return send_store_error(r, st);
@@ -433,7 +436,7 @@ static enum MHD_Result h_admin_create(http_req *r, const char *arg, size_t arg_l
     return http_send_json(r, 201, o);
 }
 
-static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_len)
+static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs;
     PGconn *pg;
@@ -449,12 +452,12 @@ static enum MHD_Result h_admin_reset(http_req *r, const char *arg, size_t arg_le
     if (util_parse_id(arg, arg_len, &id) != 0)
         return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
     if (admin_denied(r))
-        return MHD_YES;
+        return HTTP_ANSWERED;
     if ((err = payload_voucher_reset(r->body, r->body_len, &in, &why)) != API_OK)
         return http_send_error(r, err, why);
     cs = conn_get();
     if ((pg = pg_or_respond(r, cs)) == NULL)
-        return MHD_YES;
+        return HTTP_ANSWERED;
     st = store_voucher_reset(pg, id, in.stock, in.begin_time, in.end_time);
     if (st == STORE_OK)
         st = store_voucher_get(pg, id, &v);

@@ -1,4 +1,4 @@
-/* handlers: one function per route of the API (SPEC sections 1, 4, 5) and
+/* handlers: one function per route of the API (sale, stats, admin) and
  * the route table that binds them. */
 #ifndef SECKILL_HANDLERS_H
 #define SECKILL_HANDLERS_H

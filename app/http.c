@@ -1,10 +1,10 @@
-/* http: libmicrohttpd daemon, body collection, routing, responses, and the
- * hand-off of blocking requests to the worker pool. */
+/* http: libmicrohttpd daemon, body collection, routing, responses, the
+ * hand-off of blocking requests to the worker pool, and the one state each
+ * request is in. */
 #include "http.h"
 #include "config.h"
 #include "log.h"
-#include "metrics.h"
-#include "stats.h"
+#include "rec.h"
 #include "util.h"
 
 #include <arpa/inet.h>
@@ -16,6 +16,24 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+
+/* Under AddressSanitizer, completed requests are also poisoned (req_free):
+ * any access to one is reported. */
+#if defined(__SANITIZE_ADDRESS__)
+#define HTTP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HTTP_ASAN 1
+#endif
+#endif
+#ifdef HTTP_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 #define HTTP_POOL_BYTES (32 * 1024)   /* per connection: request line + headers */
 
@@ -35,6 +53,108 @@ static struct {
     pthread_t *threads;
     int nthreads;
 } wq = { .mu = PTHREAD_MUTEX_INITIALIZER, .ready = PTHREAD_COND_INITIALIZER };
+
+/*---- the request's state ----*/
+
+#define BIT(st) (1u << (st))
+#define LIVE (BIT(HTTP_ST_READING) | BIT(HTTP_ST_QUEUED) | BIT(HTTP_ST_ON_WORKER) | BIT(HTTP_ST_HANDED) | \
+              BIT(HTTP_ST_ANSWERED) | BIT(HTTP_ST_RESUMED) | BIT(HTTP_ST_SENT))
+#define ANSWERABLE (BIT(HTTP_ST_READING) | BIT(HTTP_ST_ON_WORKER) | BIT(HTTP_ST_HANDED))
+#define ANSWER "answer by a thread that does not hold the request (answered twice?)"
+
+static const char *state_name(int st)
+{
+    static const char *const names[] = {
+        [HTTP_ST_READING] = "reading", [HTTP_ST_QUEUED] = "queued",
+        [HTTP_ST_ON_WORKER] = "on a worker", [HTTP_ST_HANDED] = "handed off",
+        [HTTP_ST_ANSWERED] = "answered", [HTTP_ST_RESUMED] = "given back to its event thread",
+        [HTTP_ST_SENT] = "sent", [HTTP_ST_DEAD] = "completed and freed",
+    };
+    return st >= HTTP_ST_READING && st <= HTTP_ST_DEAD ? names[st] : "corrupt";
+}
+
+/* A misuse of a request (answered twice, handed off after its answer,
+ * touched after it was given back): a bug that would otherwise corrupt
+ * memory. Stops the process with the reason. */
+static void misuse(const http_req *r, int st, const char *what)
+{
+    log_error("http: %s: request %s is %s", what,
+              st == HTTP_ST_DEAD ? "(freed)" : r->request_id, state_name(st));
+    abort();
+}
+
+static int state_of(const http_req *r)
+{
+    return atomic_load_explicit(&r->state, memory_order_acquire);
+}
+
+/* Checks that 'r' is in one of the states of 'allowed' (a mask of BIT()). */
+static void check(const http_req *r, unsigned allowed, const char *what)
+{
+    int st = state_of(r);
+
+    if (st < HTTP_ST_READING || st > HTTP_ST_DEAD || !(allowed & BIT(st)))
+        misuse(r, st, what);
+}
+
+/* The one way a request changes state: from one of 'from' to 'to', in one
+ * atomic step, so that two threads cannot both make the same move. Returns
+ * the state it left. */
+static int move(http_req *r, unsigned from, http_state to, const char *what)
+{
+    int st = state_of(r);
+
+    do {
+        if (st < HTTP_ST_READING || st > HTTP_ST_DEAD || !(from & BIT(st)))
+            misuse(r, st, what);
+    } while (!atomic_compare_exchange_weak_explicit(&r->state, &st, (int)to, memory_order_acq_rel,
+                                                    memory_order_acquire));
+    return st;
+}
+
+/* Gives an answered, suspended request back to its event thread, which
+ * sends the answer. The caller must not touch 'r' after this. */
+static void resume(http_req *r, const char *what)
+{
+    struct MHD_Connection *c = r->conn;
+
+    move(r, BIT(HTTP_ST_ANSWERED), HTTP_ST_RESUMED, what);
+    MHD_resume_connection(c);
+}
+
+/* Completed requests wait here a while before free(): a thread that
+ * touches one after its answer (a second answer from a batch's leader, say)
+ * then finds it marked HTTP_ST_DEAD and stops with a message, instead of
+ * writing into memory that belongs to someone else by then. Each event
+ * thread has a lane of its own (no cache line shared on the hot path); the
+ * exchange keeps it right should two threads share a lane. */
+#define QUARANTINE_LANES 8
+#define QUARANTINE_SLOTS 32                /* per lane: 256 bytes, four cache lines */
+static struct {
+    _Alignas(64) _Atomic(http_req *) slot[QUARANTINE_SLOTS];
+} quarantine[QUARANTINE_LANES];
+static _Atomic unsigned quarantine_lanes;
+
+static void req_free(http_req *r)
+{
+    static _Thread_local unsigned lane, next;
+    static _Thread_local int have_lane;
+    http_req *old;
+
+    if (!have_lane) {
+        lane = atomic_fetch_add_explicit(&quarantine_lanes, 1, memory_order_relaxed) %
+               QUARANTINE_LANES;
+        have_lane = 1;
+    }
+    move(r, LIVE, HTTP_ST_DEAD, "completion");
+    POISON(r, sizeof *r);
+    old = atomic_exchange_explicit(&quarantine[lane].slot[next++ % QUARANTINE_SLOTS], r,
+                                   memory_order_acq_rel);
+    if (old != NULL) {
+        UNPOISON(old, sizeof *old);
+        free(old);
+    }
+}
 
 /* Bodies past the limit are drained (so the client reads our 413) up to this
  * many bytes; beyond it the connection is dropped. */
@@ -80,93 +200,99 @@ const char *http_header(http_req *r, const char *name)
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
 }
 
-static enum MHD_Result queue(http_req *r, int status, struct MHD_Response *resp,
-                             const char *content_type)
+/* Makes the answer 'resp' (NULL: none could be built: the connection
+ * closes): straight to libmicrohttpd on the event thread, else kept for the
+ * event thread; a handed-off request goes back to it at once. */
+static http_outcome answer(http_req *r, int status, struct MHD_Response *resp,
+                           const char *content_type)
 {
-    enum MHD_Result ret;
+    int was;
 
-    if (resp == NULL)
-        return MHD_NO;
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    MHD_add_response_header(resp, "X-Instance-Id", g_cfg.instance_id);
-    MHD_add_response_header(resp, "X-Request-Id", r->request_id);
-    if (status == 503) {
-        char ra[16];
-        snprintf(ra, sizeof ra, "%d", g_cfg.retry_after_s);
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
-    }
-    if (r->on_worker) {
-        /* The connection is suspended: its event thread queues this at resume. */
-        if (r->held != NULL) {
-            MHD_destroy_response(resp);    /* answered twice: the first one stands */
-            return MHD_NO;
+    if (resp != NULL) {
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+        MHD_add_response_header(resp, "X-Instance-Id", g_cfg.instance_id);
+        MHD_add_response_header(resp, "X-Request-Id", r->request_id);
+        if (status == 503) {
+            char ra[16];
+            snprintf(ra, sizeof ra, "%d", g_cfg.retry_after_s);
+            MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
         }
         r->status = status;
-        r->held = resp;
-        return MHD_YES;
     }
-    r->status = status;
-    ret = MHD_queue_response(r->conn, (unsigned)status, resp);
-    MHD_destroy_response(resp);            /* MHD keeps its own reference */
-    return ret;
+    was = move(r, ANSWERABLE, HTTP_ST_ANSWERED, ANSWER);
+    if (was == HTTP_ST_READING) {
+        /* On the event thread, inside libmicrohttpd's callback. */
+        if (resp == NULL || MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
+            r->close = 1;
+        if (resp != NULL)
+            MHD_destroy_response(resp);        /* MHD keeps its own reference */
+        move(r, BIT(HTTP_ST_ANSWERED), HTTP_ST_SENT, "answer");
+        return HTTP_ANSWERED;
+    }
+    /* Suspended: the event thread queues it at resume. */
+    r->held = resp;
+    r->close = resp == NULL;
+    if (was == HTTP_ST_HANDED)
+        resume(r, "answer");                 /* its holder is done with it */
+    return HTTP_ANSWERED;
 }
 
-enum MHD_Result http_send_text(http_req *r, int status, const char *content_type, char *text,
-                               size_t len)
+http_outcome http_send_text(http_req *r, int status, const char *content_type, char *text,
+                            size_t len)
 {
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *resp;
 
-    if (resp == NULL) {
+    check(r, ANSWERABLE, ANSWER);
+    resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL)
         free(text);
-        return MHD_NO;
-    }
-    return queue(r, status, resp, content_type);
+    return answer(r, status, resp, content_type);
 }
 
-enum MHD_Result http_send_json(http_req *r, int status, cJSON *body)
+http_outcome http_send_json(http_req *r, int status, cJSON *body)
 {
-    char *text = body ? cJSON_PrintUnformatted(body) : NULL;
+    char *text;
 
+    check(r, ANSWERABLE, ANSWER);
+    text = body ? cJSON_PrintUnformatted(body) : NULL;
     cJSON_Delete(body);
     if (text == NULL)
-        return MHD_NO;
+        return answer(r, status, NULL, NULL);
     return http_send_text(r, status, "application/json", text, strlen(text));
 }
 
-static enum MHD_Result send_error_with(http_req *r, api_err e, const char *message,
-                                       const char *hdr_name, const char *hdr_value)
+static http_outcome send_error_with(http_req *r, api_err e, const char *message,
+                                    const char *hdr_name, const char *hdr_value)
 {
-    cJSON *o = cJSON_CreateObject();
-    struct MHD_Response *resp;
+    struct MHD_Response *resp = NULL;
+    cJSON *o;
     char *text;
-    int status = api_err_status(e);
 
+    check(r, ANSWERABLE, ANSWER);
+    o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "error", api_err_code(e));
     cJSON_AddStringToObject(o, "message", message ? message : api_err_message(e));
     text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    if (text == NULL)
-        return MHD_NO;
-    resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    if (resp == NULL) {
-        free(text);
-        return MHD_NO;
+    if (text != NULL) {
+        resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+        if (resp == NULL)
+            free(text);
     }
-    if (hdr_name != NULL)
+    if (resp != NULL && hdr_name != NULL)
         MHD_add_response_header(resp, hdr_name, hdr_value);
     r->err = e;
-    return queue(r, status, resp, "application/json");
+    return answer(r, api_err_status(e), resp, "application/json");
 }
 
-enum MHD_Result http_send_error(http_req *r, api_err e, const char *message)
+http_outcome http_send_error(http_req *r, api_err e, const char *message)
 {
     return send_error_with(r, e, message, NULL, NULL);
 }
 
-enum MHD_Result http_send_error_header(http_req *r, api_err e, const char *message,
-                                       const char *name, const char *value)
+http_outcome http_send_error_header(http_req *r, api_err e, const char *message,
+                                    const char *name, const char *value)
 {
     return send_error_with(r, e, message, name, value);
 }
@@ -231,18 +357,20 @@ int http_route_find(const http_route *routes, size_t n, const char *method, cons
 
 /* ---- the worker pool ---- */
 
-/* Suspends r's connection (unless http_park already did) and queues r.
- * Suspend first: a worker may resume it before this thread is back in MHD. -1 once the workers have stopped
- * (a keep-alive request during shutdown): nothing was done. */
-static int wq_push(http_req *r, int suspended)
+/* Queues r for a worker: from the event thread (suspending its connection
+ * first: a worker may resume it before this thread is back in MHD), or a
+ * parked request nobody took. -1 once the workers have stopped (a
+ * keep-alive request during shutdown): nothing was done. */
+static int wq_push(http_req *r)
 {
     pthread_mutex_lock(&wq.mu);
     if (wq.stop) {
         pthread_mutex_unlock(&wq.mu);
         return -1;
     }
-    if (!suspended)
+    if (state_of(r) == HTTP_ST_READING)
         MHD_suspend_connection(r->conn);
+    move(r, BIT(HTTP_ST_READING) | BIT(HTTP_ST_HANDED), HTTP_ST_QUEUED, "queue");
     r->next = NULL;
     if (wq.tail != NULL)
         wq.tail->next = r;
@@ -255,7 +383,8 @@ static int wq_push(http_req *r, int suspended)
     return 0;
 }
 
-/* The next request, or NULL when the pool stops. *closing: answer 503. */
+/* The next request, now on this worker, or NULL when the pool stops.
+ * *closing: answer 503. */
 static http_req *wq_pop(int *closing)
 {
     http_req *r;
@@ -269,44 +398,37 @@ static http_req *wq_pop(int *closing)
         wq.head = r->next;
         if (wq.head == NULL)
             wq.tail = NULL;
+        move(r, BIT(HTTP_ST_QUEUED), HTTP_ST_ON_WORKER, "take from the queue");
     }
     *closing = wq.closing;
     pthread_mutex_unlock(&wq.mu);
     return r;
 }
 
-/* Set by http_later on the worker running the handler. */
-static _Thread_local int handed_over;
-
-void http_later(http_req *r)
+http_outcome http_hand_off(http_req *r)
 {
-    (void)r;
-    handed_over = 1;
-}
-
-void http_finish(http_req *r)
-{
-    /* From here the request is its event thread's again. */
-    MHD_resume_connection(r->conn);
+    move(r, BIT(HTTP_ST_ON_WORKER), HTTP_ST_HANDED,
+         "hand-off by a thread that does not hold the request");
+    return HTTP_HANDED_OFF;
 }
 
 static void *worker_main(void *arg)
 {
-    enum MHD_Result ret;
+    http_outcome out;
     http_req *r;
     int closing;
 
     (void)arg;
     while ((r = wq_pop(&closing)) != NULL) {
-        handed_over = 0;
         if (closing)
-            ret = http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
+            out = http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
         else
-            ret = route_table[r->route].fn(r, r->arg, r->arg_len);
-        if (handed_over)
-            continue;                        /* another thread answers and resumes it */
-        r->worker_ret = ret;
-        http_finish(r);
+            out = route_table[r->route].fn(r, r->arg, r->arg_len);
+        if (out == HTTP_HANDED_OFF)
+            continue;                        /* another thread answers it: not ours any more */
+        if (out != HTTP_ANSWERED)
+            misuse(r, state_of(r), "a worker's handler must answer or hand off");
+        resume(r, "a worker's handler returned without answering");
     }
     return NULL;
 }
@@ -338,34 +460,32 @@ static void workers_stop(void)
     wq.nthreads = 0;
 }
 
-/* Hands the request to a worker; its answer is queued when it resumes. */
-static enum MHD_Result defer(http_req *r, const char *arg, size_t arg_len)
+/* The answer of a request the event thread finished with, as libmicrohttpd
+ * wants it: MHD_NO closes the connection. */
+static enum MHD_Result mhd_result(const http_req *r)
 {
-    r->arg = arg;
-    r->arg_len = arg_len;
-    r->deferred = 1;
-    r->on_worker = 1;
-    r->worker_ret = MHD_YES;
-    if (wq_push(r, 0) != 0) {
-        r->deferred = 0;
-        r->on_worker = 0;
-        return http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
+    return r->close ? MHD_NO : MHD_YES;
+}
+
+/* Hands the request to a worker; its answer is queued when it resumes. */
+static enum MHD_Result defer(http_req *r)
+{
+    if (wq_push(r) != 0) {
+        http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
+        return mhd_result(r);
     }
     return MHD_YES;
 }
 
-int http_park(http_req *r, const char *arg, size_t arg_len)
+int http_park(http_req *r)
 {
     int ret = -1;
 
     pthread_mutex_lock(&wq.mu);
     if (!wq.stop) {
+        check(r, BIT(HTTP_ST_READING), "park");
         MHD_suspend_connection(r->conn);
-        r->arg = arg;
-        r->arg_len = arg_len;
-        r->deferred = 1;
-        r->on_worker = 1;
-        r->worker_ret = MHD_YES;
+        move(r, BIT(HTTP_ST_READING), HTTP_ST_HANDED, "park");
         ret = 0;
     }
     pthread_mutex_unlock(&wq.mu);
@@ -374,26 +494,29 @@ int http_park(http_req *r, const char *arg, size_t arg_len)
 
 void http_unpark(http_req *r)
 {
-    if (wq_push(r, 1) == 0)
+    check(r, BIT(HTTP_ST_HANDED), "unpark");
+    if (wq_push(r) == 0)
         return;
     /* The workers stopped since http_park: answered here, sent at resume. */
     http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
-    http_finish(r);
 }
 
-/* Back on the event thread after the worker: queue what it answered. */
+/* Back on the event thread after the worker or the holder: queue what it
+ * answered. */
 static enum MHD_Result resumed(http_req *r)
 {
     struct MHD_Response *resp = r->held;
-    enum MHD_Result ret;
+    enum MHD_Result ret = MHD_NO;
 
-    r->on_worker = 0;
-    if (resp == NULL)
-        return MHD_NO;                       /* no answer could be made: close */
+    move(r, BIT(HTTP_ST_RESUMED), HTTP_ST_SENT, "send");
     r->held = NULL;
-    ret = MHD_queue_response(r->conn, (unsigned)r->status, resp);
-    MHD_destroy_response(resp);
-    return r->worker_ret == MHD_NO ? MHD_NO : ret;
+    if (resp != NULL) {
+        ret = MHD_queue_response(r->conn, (unsigned)r->status, resp);
+        MHD_destroy_response(resp);
+    }
+    if (ret != MHD_YES)
+        r->close = 1;                        /* no answer could be made: close */
+    return mhd_result(r);
 }
 
 static enum MHD_Result dispatch(http_req *r)
@@ -407,21 +530,38 @@ static enum MHD_Result dispatch(http_req *r)
     if (i >= 0) {
         const http_route *rt = &route_table[i];
         r->route = i;
+        r->arg = arg;
+        r->arg_len = arg_len;
         if (rt->fast != NULL) {
-            enum MHD_Result ret = rt->fast(r, arg, arg_len);
-            if (r->deferred)
-                return MHD_YES;              /* parked: r may be answered already */
-            if (ret == MHD_NO || r->status != 0)
-                return ret;
+            switch (rt->fast(r, arg, arg_len)) {
+            case HTTP_ANSWERED:
+                check(r, BIT(HTTP_ST_SENT), "a fast handler returned without answering");
+                return mhd_result(r);
+            case HTTP_HANDED_OFF:
+                /* Parked: r may be answered already, but it is freed only
+                 * by this thread, after this callback. */
+                check(r, LIVE & ~(BIT(HTTP_ST_READING) | BIT(HTTP_ST_SENT)),
+                      "a fast handler returned 'handed off' without parking");
+                return MHD_YES;
+            case HTTP_PASS:
+            default:
+                check(r, BIT(HTTP_ST_READING), "a fast handler passed an answered request");
+                break;
+            }
         }
-        if (rt->fn == NULL)
-            return http_send_error(r, API_UNAVAILABLE, "the route left the request unanswered");
-        return defer(r, arg, arg_len);
+        if (rt->fn == NULL) {
+            http_send_error(r, API_UNAVAILABLE, "the route left the request unanswered");
+            return mhd_result(r);
+        }
+        return defer(r);
     }
     if (i == HTTP_ROUTE_NONE)
-        return http_send_error(r, API_NOT_FOUND, NULL);
-    r->route = HTTP_ROUTE_METHOD - i;
-    return send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, MHD_HTTP_HEADER_ALLOW, allow);
+        http_send_error(r, API_NOT_FOUND, NULL);
+    else {
+        r->route = HTTP_ROUTE_METHOD - i;
+        send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, MHD_HTTP_HEADER_ALLOW, allow);
+    }
+    return mhd_result(r);
 }
 
 /* What the headers say about the request's framing and identity. The NUL
@@ -501,7 +641,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->method = method;
         r->url = url;
         r->start_us = util_mono_us();
-        r->route = METRICS_NO_ROUTE;
+        r->route = REC_NO_ROUTE;
+        atomic_init(&r->state, HTTP_ST_READING);
         set_request_id(r);
         *req_cls = r;
         atomic_fetch_add(&in_flight, 1);
@@ -510,8 +651,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         int64_t n;
-        if (cl != NULL && (util_parse_u63(cl, strlen(cl), &n) != 0 || (uint64_t)n > drain_cap()))
-            return http_send_error(r, API_BODY_TOO_LARGE, NULL);   /* MHD closes after it */
+        if (cl != NULL && (util_parse_u63(cl, strlen(cl), &n) != 0 || (uint64_t)n > drain_cap())) {
+            http_send_error(r, API_BODY_TOO_LARGE, NULL);   /* MHD closes after it */
+            return mhd_result(r);
+        }
         return MHD_YES;
     }
     if (*upload_data_size != 0) {
@@ -534,12 +677,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;                   /* an endless body: drop the connection */
         return MHD_YES;
     }
-    if (r->deferred)
+    /* The whole request is in, or it is back from a worker or a holder. */
+    switch (state_of(r)) {
+    case HTTP_ST_RESUMED:
         return resumed(r);
-    if (r->status != 0)
-        return MHD_YES;                      /* already answered */
-    if (r->too_large)
-        return http_send_error(r, API_BODY_TOO_LARGE, NULL);
+    case HTTP_ST_SENT:
+        return MHD_YES;                      /* answered before its body was read */
+    case HTTP_ST_READING:
+        break;
+    default:
+        misuse(r, state_of(r), "libmicrohttpd called back a suspended request");
+    }
+    if (r->too_large) {
+        http_send_error(r, API_BODY_TOO_LARGE, NULL);
+        return mhd_result(r);
+    }
     return dispatch(r);
 }
 
@@ -560,17 +712,18 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
             .error = r->err != API_OK ? api_err_code(r->err) : NULL,
             .voucher_id = r->voucher_id, .user_id = r->user_id, .order_id = r->order_id,
         };
-        stats_record(r->status, r->err);
-        metrics_request(r->route, r->status, r->err, us);
+        rec_request(r->route, r->status, r->err, us);
         log_access(&a);
     } else {
         log_debug("request %s %s ended without answer (termination %d)", r->method, r->url,
                   (int)toe);
     }
+    check(r, BIT(HTTP_ST_READING) | BIT(HTTP_ST_RESUMED) | BIT(HTTP_ST_SENT),
+          "libmicrohttpd completed a request another thread holds");
     if (r->held != NULL)
         MHD_destroy_response(r->held);
     free(r->body);
-    free(r);
+    req_free(r);
     *req_cls = NULL;
     atomic_fetch_sub(&in_flight, 1);
 }
@@ -588,12 +741,12 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 }
 
 /* "/voucher/ * /seckill" (no spaces) -> "/voucher/{id}/seckill" for metrics labels. */
-static char route_label_buf[METRICS_MAX_ROUTES][64];
-static const char *route_labels[METRICS_MAX_ROUTES];
+static char route_label_buf[REC_MAX_ROUTES][64];
+static const char *route_labels[REC_MAX_ROUTES];
 
 static void set_route_labels(void)
 {
-    size_t n = route_count < METRICS_MAX_ROUTES ? route_count : METRICS_MAX_ROUTES;
+    size_t n = route_count < REC_MAX_ROUTES ? route_count : REC_MAX_ROUTES;
 
     for (size_t i = 0; i < n; i++) {
         char *o = route_label_buf[i];
@@ -610,7 +763,11 @@ static void set_route_labels(void)
         o[used] = '\0';
         route_labels[i] = o;
     }
-    metrics_set_routes(route_labels, (int)n);
+}
+
+const char *http_route_label(int i)
+{
+    return i >= 0 && i < REC_MAX_ROUTES ? route_labels[i] : NULL;
 }
 
 int http_start(const http_route *routes, size_t nroutes)

@@ -10,12 +10,28 @@
 #ifndef SECKILL_HTTP_H
 #define SECKILL_HTTP_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cJSON.h>
 #include <microhttpd.h>
 
 #include "api.h"
+
+/* Where a request stands. Every change goes through one checked
+ * transition in http.c: a request answered twice, handed off after its
+ * answer, or touched after it was given back to libmicrohttpd stops the
+ * process with a message instead of corrupting memory. */
+typedef enum http_state {
+    HTTP_ST_READING = 1,     /* its event thread reads it and runs the fast handler */
+    HTTP_ST_QUEUED,          /* suspended, in the work queue */
+    HTTP_ST_ON_WORKER,       /* suspended, a worker runs the route's handler */
+    HTTP_ST_HANDED,          /* suspended, held by another thread, which answers it */
+    HTTP_ST_ANSWERED,        /* suspended, its answer made and kept for the event thread */
+    HTTP_ST_RESUMED,         /* given back to its event thread: no other thread may touch it */
+    HTTP_ST_SENT,            /* its answer is queued in libmicrohttpd */
+    HTTP_ST_DEAD             /* completed: freed (after a short quarantine) */
+} http_state;
 
 typedef struct http_req {
     struct MHD_Connection *conn;
@@ -33,24 +49,32 @@ typedef struct http_req {
     int64_t voucher_id;       /* for the access log, when the handler knows them */
     int64_t user_id;
     int64_t order_id;
-    /* Worker hand-off (http.c's own). */
-    int deferred;             /* suspended and queued for a worker */
-    int on_worker;            /* suspended: responses are held, then queued at resume */
-    struct MHD_Response *held;
-    enum MHD_Result worker_ret;
+    /* http.c's own. */
+    _Atomic int state;        /* enum http_state */
+    struct MHD_Response *held;   /* an answer made while suspended */
+    int close;                /* the answer could not be made or queued: close */
     const char *arg;          /* the route's '*' segment, inside url */
     size_t arg_len;
     struct http_req *next;    /* the work queue's link */
 } http_req;
 
-/* A handler answers with one of the http_send_* calls and returns its result.
- * 'arg' is the path segment matched by '*' in the route (may be empty). */
-typedef enum MHD_Result (*http_handler)(http_req *r, const char *arg, size_t arg_len);
+/* What a handler did with its request. */
+typedef enum http_outcome {
+    HTTP_ANSWERED,            /* answered with one http_send_* call */
+    HTTP_PASS,                /* fast handler only: not answered, run the route's 'fn' */
+    HTTP_HANDED_OFF           /* given to another thread (http_hand_off, http_park):
+                                 not this thread's to touch any more */
+} http_outcome;
+
+/* A handler answers with one of the http_send_* calls and returns what it
+ * returned, or hands the request off and returns HTTP_HANDED_OFF. 'arg' is
+ * the path segment matched by '*' in the route (may be empty). */
+typedef http_outcome (*http_handler)(http_req *r, const char *arg, size_t arg_len);
 
 /* 'fast' (may be NULL) runs on the event thread and must not block: it
- * answers, or returns MHD_YES without answering to pass the request to 'fn'
- * on a worker (what it stored in the request, such as user_id, is kept).
- * 'fn' NULL: 'fast' always answers. */
+ * answers, parks the request (http_park), or returns HTTP_PASS to pass it
+ * to 'fn' on a worker (what it stored in the request, such as user_id, is
+ * kept). 'fn' NULL: 'fast' always answers. */
 typedef struct http_route {
     const char *method;       /* "GET", "POST"; GET routes also answer HEAD */
     const char *pattern;      /* "/voucher/ * /seckill" without spaces: '*' is one segment */
@@ -77,22 +101,22 @@ int http_start(const http_route *routes, size_t nroutes);
  * every connection. */
 void http_stop(int grace_ms);
 
-/* For a handler on a worker that hands 'r' to another thread: the worker
- * will not give the request back to its event thread when the handler
- * returns. Whoever holds 'r' then answers with one http_send_* call and
- * calls http_finish(r); 'r' must not be touched after that (it may be freed
- * at once). Call before handing 'r' over. */
-void http_later(http_req *r);
-void http_finish(http_req *r);
-
-/* For a 'fast' handler that hands 'r' to another thread without a worker:
- * suspends its connection; from then on, as after http_later, whoever holds
- * 'r' answers it and calls http_finish(r), and the handler returns MHD_YES
- * without touching 'r' again. If no one took it after all, http_unpark(r)
- * passes it to the route's 'fn' on a worker (answered 503 if the workers
- * have stopped meanwhile). http_park returns -1, having done nothing, once
- * the workers have stopped; 'arg' is what 'fn' will get. */
-int http_park(http_req *r, const char *arg, size_t arg_len);
+/* Handing a request to another thread. From then on the holder answers it
+ * with exactly one http_send_* call, and that call gives the request back
+ * to its event thread: the holder must not touch it after (it may be freed
+ * at once; a second answer stops the process).
+ *
+ * http_hand_off: for a handler on a worker; returns HTTP_HANDED_OFF, for the
+ * handler to return without touching 'r' again. Call it before handing 'r'
+ * over: the holder may answer before the handler returns.
+ *
+ * http_park: for a 'fast' handler on the event thread: suspends the
+ * connection. Returns 0, or -1 having done nothing once the workers have
+ * stopped. The handler then returns HTTP_HANDED_OFF. If no one took it
+ * after all, http_unpark(r) passes it to the route's 'fn' on a worker
+ * (answered 503 if the workers have stopped meanwhile). */
+http_outcome http_hand_off(http_req *r);
+int http_park(http_req *r);
 void http_unpark(http_req *r);
 
 /* Requests read and not yet answered, and those of them waiting for a
@@ -100,22 +124,31 @@ void http_unpark(http_req *r);
  * limit). */
 void http_load(int *in_progress, int *queued);
 
+/* The metrics label of route 'i' ("/voucher/{id}/seckill"), or NULL when
+ * there is no such route. Static, set by http_start. */
+const char *http_route_label(int i);
+
 /* Request header value, or NULL. Borrowed from MHD. */
 const char *http_header(http_req *r, const char *name);
 
+/* The answers. Each may be called once per request, by whoever holds it
+ * (its event thread, its worker, or the thread it was handed to), and
+ * returns HTTP_ANSWERED. An answer that cannot be built closes the
+ * connection instead. */
+
 /* Sends 'body' (taken: freed here) with 'status'. */
-enum MHD_Result http_send_json(http_req *r, int status, cJSON *body);
+http_outcome http_send_json(http_req *r, int status, cJSON *body);
 
 /* Sends 'len' bytes of 'text' (taken: freed here with free()). */
-enum MHD_Result http_send_text(http_req *r, int status, const char *content_type, char *text,
-                               size_t len);
+http_outcome http_send_text(http_req *r, int status, const char *content_type, char *text,
+                            size_t len);
 
 /* Sends {"error":code,"message":...} with the code's status ('message' NULL:
  * the default text). Adds Retry-After to 503. */
-enum MHD_Result http_send_error(http_req *r, api_err e, const char *message);
+http_outcome http_send_error(http_req *r, api_err e, const char *message);
 
 /* The same with one more response header 'name: value' (both borrowed). */
-enum MHD_Result http_send_error_header(http_req *r, api_err e, const char *message,
-                                       const char *name, const char *value);
+http_outcome http_send_error_header(http_req *r, api_err e, const char *message,
+                                    const char *name, const char *value);
 
 #endif

@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "log.h"
-#include "metrics.h"
+#include "rec.h"
 #include "util.h"
 
 #define IDW_SECONDS_MAX 0x7fffffffLL   /* 31 bits */
@@ -89,7 +89,7 @@ idw_status idw_recv(redisContext *c, idw_op *op, int64_t *id)
         reply = NULL;
     }
     r = reply;
-    metrics_backend(METRICS_REDIS, util_mono_us() - op->t0, r != NULL);
+    rec_backend(REC_REDIS, util_mono_us() - op->t0, r != NULL);
     if (r == NULL) {
         log_warn("idw: INCR %s: %s", op->key, c->errstr);
         goto cleanup;

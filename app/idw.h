@@ -1,4 +1,4 @@
-/* idw: the order id worker (SPEC section 2).
+/* idw: the order id worker.
  *
  * 64 bits: sign 0 | 31 bits of seconds since 2022-01-01T00:00:00Z | 32 bits
  * of a per-day counter from INCR icr:{prefix}:{yyyy:MM:dd} (UTC date of the

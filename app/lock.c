@@ -6,10 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
 #include "lockwait.h"
 #include "log.h"
-#include "metrics.h"
 #include "script.h"
 #include "util.h"
 #include "watchdog.h"
@@ -36,6 +34,10 @@ static atomic_uint_fast64_t n_wake_us_sum;
 static atomic_uint_fast64_t n_wake_us_max;
 
 static _Atomic(lock_hook_fn) test_hook;
+
+/* The caller's Redis command timeout (lock_runtime_start): bounds acquire
+ * deadlines and how long a release's result stays readable. 0: unknown. */
+static _Atomic int command_timeout_ms;
 
 static void count(atomic_uint_fast64_t *c)
 {
@@ -67,11 +69,17 @@ void lock_set_test_hook(lock_hook_fn fn)
     atomic_store_explicit(&test_hook, fn, memory_order_release);
 }
 
-int lock_runtime_start(void)
+int lock_runtime_start(const lock_options *o)
 {
-    if (lockwait_start() != 0)
+    if (o == NULL || o->connect == NULL) {
+        log_error("lock_runtime_start: no connect function");
         return -1;
-    if (wd_start() != 0) {
+    }
+    atomic_store(&command_timeout_ms, o->command_timeout_ms > 0 ? o->command_timeout_ms : 0);
+    script_set_observer(o->observe);
+    if (lockwait_start(o->connect) != 0)
+        return -1;
+    if (wd_start(o->watchdog_timeout_ms, o->connect) != 0) {
         lockwait_stop();
         return -1;
     }
@@ -149,9 +157,10 @@ lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *
     /* The deadline makes a late execution (Redis stalled past our command
      * timeout, we answered 503 and moved on) refuse instead of granting a
      * hold nobody will release. A little slack absorbs clock differences. */
-    if (g_cfg.redis_timeout_ms > 0) {
+    int timeout_ms = atomic_load_explicit(&command_timeout_ms, memory_order_relaxed);
+    if (timeout_ms > 0) {
         snprintf(op->deadline, sizeof op->deadline, "%lld",
-                 (long long)(util_wall_ms() + g_cfg.redis_timeout_ms + DEADLINE_SLACK_MS));
+                 (long long)(util_wall_ms() + timeout_ms + DEADLINE_SLACK_MS));
         op->argc = 5;
     }
     op->t0 = util_mono_us();
@@ -176,7 +185,7 @@ static redisReply *acquire_without_deadline(redisContext *c, lock_acquire_op *op
 {
     log_warn("lock acquire %s: Redis's clock is ahead of ours by more than %d ms; "
              "acquiring without a deadline", op->key,
-             g_cfg.redis_timeout_ms + DEADLINE_SLACK_MS);
+             atomic_load_explicit(&command_timeout_ms, memory_order_relaxed) + DEADLINE_SLACK_MS);
     freeReplyObject(r);
     return script_run(c, SCRIPT_LOCK_ACQUIRE, 2, 4, op->argv, NULL);
 }
@@ -191,7 +200,7 @@ static lock_status acquire_finish(redisContext *c, lock_acquire_op *op, redisRep
 
     if (!op->sent)
         goto cleanup;
-    metrics_backend(METRICS_REDIS, util_mono_us() - op->t0, r != NULL);
+    script_observe(util_mono_us() - op->t0, r != NULL);
     if (r == NULL) {
         log_warn("lock acquire %s: redis: %s", op->key, c->errstr);
         goto cleanup;
@@ -393,7 +402,7 @@ static char *latch_dup(const char *key, const char *id)
  * a retry comes after one command timeout and a reconnect. */
 static long latch_ms(void)
 {
-    long ms = 5L * g_cfg.redis_timeout_ms;
+    long ms = 5L * atomic_load_explicit(&command_timeout_ms, memory_order_relaxed);
     return ms > LOCK_LATCH_MIN_MS ? ms : LOCK_LATCH_MIN_MS;
 }
 
@@ -513,7 +522,7 @@ void lock_release_many(redisContext *c, lock_release_item *items, size_t n)
         }
         items[i].st = release_parse(c, items[i].key, items[i].owner, r, NULL);
     }
-    metrics_backend(METRICS_REDIS, util_mono_us() - t0, c->err == 0);
+    script_observe(util_mono_us() - t0, c->err == 0);
     for (i = 0; i < n; i++) {
         if (rc[i].noscript)
             items[i].st = release_parse(c, items[i].key, items[i].owner,

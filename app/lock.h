@@ -1,4 +1,4 @@
-/* lock: a Redisson-compatible reentrant lock on Redis (SPEC section 3).
+/* lock: a Redisson-compatible reentrant lock on Redis.
  *
  * Layout: a hash at 'key' whose single field is the owner id
  * "<instance uuid>:<thread id>" and whose value is the hold count, with a
@@ -7,13 +7,18 @@
  * as a fencing token (Redisson's RFencedLock semantics).
  *
  * Lease: 'lease_ms' > 0 is a fixed lease, never renewed. LOCK_WATCHDOG (-1)
- * is watchdog mode: the lease is WATCHDOG_TIMEOUT_MS and the renewal thread
- * (lock_runtime_start) renews it every third of that until the final
+ * is watchdog mode: the lease is the watchdog timeout and the renewal
+ * thread (lock_runtime_start) renews it every third of that until the final
  * release, or until the process dies. Release a hold with the same
  * 'lease_ms' it was taken with.
  *
  * Waiting (lock_try_lock) uses the process's one subscriber connection
- * (lockwait.h). Connections passed in as 'c' belong to the caller. */
+ * (lockwait.h), opened when something first waits.
+ *
+ * The lock library is lock, lockwait, watchdog and script (with SHA-1): it
+ * depends on hiredis and the two leaves util and log, nothing else of the
+ * service. Connections passed in as 'c' belong to the caller; the library's
+ * own threads open theirs with the caller's connect function. */
 #ifndef SECKILL_LOCK_H
 #define SECKILL_LOCK_H
 
@@ -35,12 +40,34 @@ typedef struct lock_grant {
 
 #define LOCK_WATCHDOG (-1L)   /* lease_ms: watchdog mode */
 
-/* Starts the subscriber thread (waiting) and the renewal thread (watchdog),
- * after config_load and script_load_all. Returns 0, or -1 (logged). */
-int lock_runtime_start(void);
+/* What the library needs from its caller. */
+typedef struct lock_options {
+    /* Opens a new connection for one of the library's own threads (the
+     * subscriber, the renewal thread), connected, authenticated, with its
+     * timeouts set; NULL with the reason in 'err' when Redis is down. The
+     * library frees it with redisFree. Required. */
+    redisContext *(*connect)(char *err, size_t errlen);
+    /* The caller's Redis command timeout (ms; 0: unknown): an acquire
+     * carries a deadline this far ahead, so that Redis refuses it once the
+     * caller has given up on the reply, and a release's result stays
+     * readable for a retry 5 times as long (5 s at least). */
+    int command_timeout_ms;
+    /* Lease of watchdog-mode locks (ms); 0: 30000 (Redisson's default). */
+    long watchdog_timeout_ms;
+    /* Called after each Redis round trip of the library (may be NULL). */
+    void (*observe)(int64_t latency_us, int ok);
+} lock_options;
+
+/* Configures the library and starts the renewal thread (watchdog); the
+ * subscriber thread starts when something first waits. Call once after
+ * script_load_all, before other threads use the library. Returns 0, or -1
+ * (logged). Without it the library still locks and releases on the
+ * caller's connections, with no deadline, no renewal and no waiting. */
+int lock_runtime_start(const lock_options *o);
 
 /* Stops both threads. Idempotent. Watchdog-mode locks still held are no
- * longer renewed and expire within one watchdog timeout. */
+ * longer renewed and expire within one watchdog timeout; a later wait
+ * works on the holder's TTL alone. */
 void lock_runtime_stop(void);
 
 /* One acquire attempt (no waiting). 'lease_ms' > 0 or LOCK_WATCHDOG.

@@ -13,7 +13,6 @@
 #include <unistd.h>
 #include <hiredis/hiredis.h>
 
-#include "conn.h"
 #include "log.h"
 #include "util.h"
 
@@ -52,11 +51,13 @@ static struct {
     pthread_mutex_t mu;
     channel *buckets[LW_BUCKETS];
     int nchannels;
+    int enabled;      /* lockwait_start ran, lockwait_stop not yet: joins may start the thread */
     int running;      /* thread started and not yet joined */
     int stopping;
     int down;         /* connection known broken: joins do not wait for it */
     int efd;          /* eventfd: wakes the subscriber's poll */
     pthread_t thread;
+    lockwait_connect_fn connect;
 } lw = { .mu = PTHREAD_MUTEX_INITIALIZER, .efd = -1 };
 
 /* Statistics only: relaxed. */
@@ -330,7 +331,7 @@ static redisContext *connect_loop(int *ever_connected)
     char err[256];
 
     while (!stopping()) {
-        redisContext *c = conn_redis_open(err, sizeof err);
+        redisContext *c = lw.connect(err, sizeof err);
         if (c != NULL) {
             if (*ever_connected) {
                 atomic_fetch_add_explicit(&n_reconnects, 1, memory_order_relaxed);
@@ -445,19 +446,13 @@ static void *subscriber_main(void *arg)
 
 /*---- API ----*/
 
-int lockwait_start(void)
+/* Starts the subscriber thread. lw.mu held. Returns 0, or -1 (logged). */
+static int thread_start(void)
 {
-    int rc = -1;
-
-    pthread_mutex_lock(&lw.mu);
-    if (lw.running) {
-        rc = 0;
-        goto cleanup;
-    }
     lw.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (lw.efd < 0) {
         log_error("lockwait: eventfd: %s", strerror(errno));
-        goto cleanup;
+        return -1;
     }
     lw.stopping = 0;
     lw.down = 0;
@@ -465,13 +460,36 @@ int lockwait_start(void)
         log_error("lockwait: cannot start the subscriber thread");
         close(lw.efd);
         lw.efd = -1;
-        goto cleanup;
+        return -1;
     }
     lw.running = 1;
+    return 0;
+}
+
+int lockwait_start(lockwait_connect_fn connect)
+{
+    int rc = -1;
+
+    pthread_mutex_lock(&lw.mu);
+    if (connect == NULL) {
+        log_error("lockwait: no connect function");
+        goto cleanup;
+    }
+    if (!lw.running)
+        lw.connect = connect;
+    lw.enabled = 1;
     rc = 0;
 cleanup:
     pthread_mutex_unlock(&lw.mu);
     return rc;
+}
+
+int lockwait_running(void)
+{
+    pthread_mutex_lock(&lw.mu);
+    int r = lw.running;
+    pthread_mutex_unlock(&lw.mu);
+    return r;
 }
 
 void lockwait_stop(void)
@@ -479,6 +497,7 @@ void lockwait_stop(void)
     pthread_t t;
 
     pthread_mutex_lock(&lw.mu);
+    lw.enabled = 0;
     if (!lw.running || lw.stopping) {
         pthread_mutex_unlock(&lw.mu);
         return;
@@ -515,6 +534,10 @@ lockwait_waiter *lockwait_join(const char *name, long timeout_ms, int *confirmed
     deadline_in(&deadline, timeout_ms > 0 ? timeout_ms : 0);
 
     pthread_mutex_lock(&lw.mu);
+    /* The first waiter of the process starts the subscriber: a process
+     * that never waits never opens its connection. */
+    if (lw.enabled && !lw.running && thread_start() != 0)
+        lw.enabled = 0;                     /* logged; waits fall back to TTLs */
     ch = channel_get(name);
     w->ch = ch;
     w->prev = ch->tail;

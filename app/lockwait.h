@@ -1,7 +1,7 @@
 /* lockwait: waiting for a lock's release message over pub/sub.
  *
- * One subscriber thread per process owns one Redis connection in SUBSCRIBE
- * mode (hiredis contexts are not thread-safe, so no other thread touches
+ * One subscriber thread per process, started by the first waiter, owns one
+ * Redis connection in SUBSCRIBE mode (hiredis contexts are not thread-safe, so no other thread touches
  * it). Waiting threads register under a mutex; the first waiter of a channel
  * makes the thread SUBSCRIBE, the last one to leave makes it UNSUBSCRIBE
  * (reference counting per channel, like Redisson's PublishSubscribe).
@@ -19,17 +19,27 @@
 #ifndef SECKILL_LOCKWAIT_H
 #define SECKILL_LOCKWAIT_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <hiredis/hiredis.h>
 
 typedef struct lockwait_waiter lockwait_waiter;
 
-/* Starts the subscriber thread (it connects in the background). Call once,
- * after config_load. Returns 0, or -1 (logged). */
-int lockwait_start(void);
+/* Opens the subscriber's connection (see lock_options.connect). */
+typedef redisContext *(*lockwait_connect_fn)(char *err, size_t errlen);
 
-/* Stops and joins the thread and closes its connection. Waiters still
- * registered keep working on timeouts alone. Idempotent. */
+/* Lets the subscriber thread run: the first lockwait_join starts it, and
+ * it connects in the background with 'connect'. Before this (and after
+ * lockwait_stop) waiters work on timeouts alone. Returns 0, or -1 (logged). */
+int lockwait_start(lockwait_connect_fn connect);
+
+/* Stops and joins the thread (if it started) and closes its connection.
+ * Waiters still registered keep working on timeouts alone; later joins do
+ * not start it again. Idempotent. */
 void lockwait_stop(void);
+
+/* 1 while the subscriber thread runs (tests: it starts only on demand). */
+int lockwait_running(void);
 
 /* Registers the calling thread as a waiter on 'channel' and waits up to
  * 'timeout_ms' for the subscription to be confirmed by Redis. Returns the

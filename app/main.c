@@ -1,13 +1,19 @@
 /* seckill: a flash-sale service. main wires the modules together: config,
- * scripts, the stats publisher, the HTTP daemon, and a clean shutdown. */
+ * scripts, the strategies, the lock library (given its connect function and
+ * observer here), the stats publisher, the HTTP daemon, and a clean
+ * shutdown. */
 #include "bcast.h"
 #include "config.h"
+#include "conn.h"
 #include "handlers.h"
 #include "http.h"
 #include "lock.h"
 #include "log.h"
+#include "order.h"
+#include "rec.h"
 #include "script.h"
-#include "stats.h"
+#include "store.h"
+#include "peers.h"
 #include "version.h"
 
 #include <pthread.h>
@@ -47,6 +53,12 @@ int main(int argc, char **argv)
         log_error("lua scripts: %s (set LUA_DIR)", err);
         return 2;
     }
+    if (order_start(err, sizeof err) != 0) {
+        log_error("lock strategy %s: %s", config_lock_name(g_cfg.lock_strategy), err);
+        return 2;
+    }
+
+    conn_set_pg_init(store_prepare);
 
     /* Block the signals in every thread; main alone takes them with sigwait. */
     sigemptyset(&sigs);
@@ -56,25 +68,28 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (stats_publisher_start() != 0) {
+    /* Started in this order, stopped in the reverse one. */
+    rc = 1;
+    if (peers_start() != 0) {
         log_error("cannot start the stats publisher thread");
-        return 1;
+        goto out_order;
     }
-    if (lock_runtime_start() != 0) {
-        log_error("cannot start the lock subscriber and renewal threads");
-        stats_publisher_stop();
-        return 1;
+    lock_options lo = {
+        .connect = conn_redis_open,
+        .command_timeout_ms = g_cfg.redis_timeout_ms,
+        .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
+        .observe = rec_redis_call,
+    };
+    if (lock_runtime_start(&lo) != 0) {
+        log_error("cannot start the lock renewal thread");
+        goto out_peers;
     }
     if (bcast_start() != 0) {
         log_error("cannot start the broadcast subscriber thread");
-        stats_publisher_stop();
-        return 1;
+        goto out_lock;
     }
-    if (http_start(handlers_routes, handlers_route_count) != 0) {
-        bcast_stop();
-        stats_publisher_stop();
-        return 1;
-    }
+    if (http_start(handlers_routes, handlers_route_count) != 0)
+        goto out_bcast;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
@@ -93,9 +108,16 @@ int main(int argc, char **argv)
     } while (sig == SIGHUP);
     log_info("signal %d: finishing requests in flight, then stopping", sig);
     http_stop(SHUTDOWN_GRACE_MS);
+    rc = EXIT_SUCCESS;
+out_bcast:
     bcast_stop();
+out_lock:
     lock_runtime_stop();
-    stats_publisher_stop();
-    log_info("stopped");
-    return EXIT_SUCCESS;
+out_peers:
+    peers_stop();
+out_order:
+    order_stop();
+    if (rc == EXIT_SUCCESS)
+        log_info("stopped");
+    return rc;
 }

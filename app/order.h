@@ -1,14 +1,21 @@
-/* order: one buyer's order, from the per-user lock to the answer, with the
- * lock and stock strategies the instance was started with (SPEC sections 1
- * and 6). The handler validates and reads the voucher; this does the rest. */
+/* order: one buyer's order, from the per-user lock to the answer. The
+ * handler validates and reads the voucher; this does the rest, the same
+ * steps whatever the strategies: the lock through ulock.h, the stock and
+ * the transaction through stock.h. */
 #ifndef SECKILL_ORDER_H
 #define SECKILL_ORDER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "api.h"
 #include "conn.h"
 #include "store.h"
+
+/* Starts the lock and stock strategies the instance was configured with.
+ * Call once before serving. Returns 0, or -1 with the reason in 'err'. */
+int order_start(char *err, size_t errlen);
+void order_stop(void);
 
 /* The API's answer to a Postgres outcome: the one mapping, used by every
  * handler (STORE_OK is API_OK; every failure of the database itself is
@@ -20,20 +27,21 @@ api_err order_store_error(store_status st);
 typedef void (*order_reply_fn)(void *arg, api_err err, const char *message, int64_t order_id);
 
 /* Places the order and calls 'reply' exactly once: on the caller's thread
- * before returning, or - stock strategy "batched" - on the worker that
- * settles the order's batch, after its commit and the release of its lock.
- * The caller's worker is free as soon as this returns. */
+ * before returning, or - a deferred stock strategy, "batched" - on the
+ * worker that settles the order's batch, after its commit and the release
+ * of its lock. The caller's worker is free as soon as this returns. */
 void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply_fn reply,
                   void *arg);
 
-/* For an event thread: when the stock strategy is "batched" with the
- * reentrant lock and a batch of this voucher has a leader at work, hands
- * the order to it and returns 1; 'reply' is then called once, on the
- * leader's worker, as with order_submit. Returns 0 otherwise, having done
- * nothing: call order_submit on a worker. Never blocks. */
+/* For an event thread: when order_joinable() and a batch of this voucher
+ * has a leader at work, hands the order to it and returns 1; 'reply' is
+ * then called once, on the leader's worker, as with order_submit. Returns
+ * 0 otherwise, having done nothing: call order_submit on a worker. Never
+ * blocks. */
 int order_join(int64_t voucher_id, int64_t user_id, order_reply_fn reply, void *arg);
 
-/* 1 when the strategies in force are those order_join serves. */
+/* 1 when the strategies in force let a batch's leader take the whole
+ * order (lock, id and statement): then order_join may take it. */
 int order_joinable(void);
 
 #endif

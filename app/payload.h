@@ -1,5 +1,5 @@
 /* payload: the admin API's request bodies, parsed and validated without any
- * I/O (so the fuzzer can drive them). SPEC section 5. */
+ * I/O (so the fuzzer can drive them). */
 #ifndef SECKILL_PAYLOAD_H
 #define SECKILL_PAYLOAD_H
 

@@ -9,25 +9,31 @@
 #include <string.h>
 
 #include "log.h"
-#include "metrics.h"
 #include "util.h"
 
 /* File base names under the script dir, indexed by enum script_id. */
 static const char *const script_names[SCRIPT_COUNT] = {
     [SCRIPT_LOCK_ACQUIRE] = "lock_acquire",
     [SCRIPT_LOCK_RELEASE] = "lock_release",
-    [SCRIPT_OWNER_RELEASE] = "owner_release",
     [SCRIPT_LOCK_RENEW] = "lock_renew",
 };
 
-typedef struct script {
-    char *src;        /* NULL until loaded */
-    size_t len;
-    char sha[41];
-} script;
-
 /* Written only by script_load_all, before any thread runs; read-only after. */
-static script scripts[SCRIPT_COUNT];
+static script_file scripts[SCRIPT_COUNT];
+
+/* Set once before threads start (script_set_observer). */
+static script_observe_fn observer;
+
+void script_set_observer(script_observe_fn fn)
+{
+    observer = fn;
+}
+
+void script_observe(int64_t latency_us, int ok)
+{
+    if (observer != NULL)
+        observer(latency_us, ok);
+}
 
 /*---- SHA-1 (FIPS 180-4, sections 4.1.1, 4.2.1, 5.1.1, 5.3.1, 6.1) ----*/
 
@@ -151,36 +157,46 @@ cleanup:
     return rc;
 }
 
+int script_file_load(script_file *s, const char *dir, const char *name, char *err,
+                     size_t errlen)
+{
+    char path[4096];
+    script_file loaded = { .name = name };
+    int n = snprintf(path, sizeof path, "%s/%s.lua", dir, name);
+
+    if (n < 0 || (size_t)n >= sizeof path) {
+        snprintf(err, errlen, "script dir too long: %s", dir);
+        return -1;
+    }
+    if (read_file(path, &loaded.src, &loaded.len) != 0) {
+        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (loaded.len == 0) {
+        snprintf(err, errlen, "%s is empty", path);
+        free(loaded.src);
+        return -1;
+    }
+    script_sha1_hex(loaded.src, loaded.len, loaded.sha);
+    free(s->src);
+    *s = loaded;
+    log_debug("script %s sha1 %s (%zu bytes)", name, s->sha, s->len);
+    return 0;
+}
+
 int script_load_all(const char *dir, char *err, size_t errlen)
 {
-    script loaded[SCRIPT_COUNT] = {0};
+    script_file loaded[SCRIPT_COUNT] = {{0}};
     int rc = -1;
 
-    for (int i = 0; i < SCRIPT_COUNT; i++) {
-        char path[4096];
-        int n = snprintf(path, sizeof path, "%s/%s.lua", dir, script_names[i]);
-        if (n < 0 || (size_t)n >= sizeof path) {
-            snprintf(err, errlen, "script dir too long: %s", dir);
+    for (int i = 0; i < SCRIPT_COUNT; i++)
+        if (script_file_load(&loaded[i], dir, script_names[i], err, errlen) != 0)
             goto cleanup;
-        }
-        if (read_file(path, &loaded[i].src, &loaded[i].len) != 0) {
-            snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
-            goto cleanup;
-        }
-        if (loaded[i].len == 0) {
-            snprintf(err, errlen, "%s is empty", path);
-            goto cleanup;
-        }
-        script_sha1_hex(loaded[i].src, loaded[i].len, loaded[i].sha);
-    }
-
     /* All or nothing: replace the table only when every file was read. */
     for (int i = 0; i < SCRIPT_COUNT; i++) {
         free(scripts[i].src);
         scripts[i] = loaded[i];
         loaded[i].src = NULL;
-        log_debug("script %s sha1 %s (%zu bytes)", script_names[i],
-                  scripts[i].sha, scripts[i].len);
     }
     rc = 0;
 cleanup:
@@ -203,6 +219,16 @@ const char *script_sha(enum script_id id)
     return scripts[id].sha;
 }
 
+/* The library's own script 'id'; a bad id is a bug in the caller. */
+static const script_file *lib_script(enum script_id id)
+{
+    if ((int)id < 0 || id >= SCRIPT_COUNT) {
+        log_error("script: bad script id %d", (int)id);
+        abort();
+    }
+    return &scripts[id];
+}
+
 /*---- Running ----*/
 
 /* Room for the usual calls without touching the heap. */
@@ -210,7 +236,7 @@ const char *script_sha(enum script_id id)
 
 /* Fills v/l with "EVALSHA <sha> <nkeys> args..."; returns the count, and
  * heap arrays in *v / *l when the stack ones are too small. */
-static int build_argv(enum script_id id, int nkeys, int argc, const char **argv,
+static int build_argv(const script_file *s, int nkeys, int argc, const char **argv,
                       const size_t *argvlen, char *nkeys_buf, size_t nkeys_len,
                       const char ***v, size_t **l)
 {
@@ -218,11 +244,9 @@ static int build_argv(enum script_id id, int nkeys, int argc, const char **argv,
 
     /* Misuse is a bug in our code, not a runtime condition: stop loudly
      * rather than hand a fake connection failure to the caller. */
-    if ((int)id < 0 || id >= SCRIPT_COUNT || scripts[id].src == NULL ||
-        nkeys < 0 || argc < nkeys || (argc > 0 && argv == NULL)) {
-        log_error("script: bad call (script %d loaded=%d nkeys=%d argc=%d)",
-                  (int)id, (int)id >= 0 && id < SCRIPT_COUNT && scripts[id].src != NULL,
-                  nkeys, argc);
+    if (s->src == NULL || nkeys < 0 || argc < nkeys || (argc > 0 && argv == NULL)) {
+        log_error("script: bad call (script %s loaded=%d nkeys=%d argc=%d)",
+                  s->name ? s->name : "?", s->src != NULL, nkeys, argc);
         abort();
     }
     if (total > SCRIPT_STACK_ARGS) {
@@ -232,7 +256,7 @@ static int build_argv(enum script_id id, int nkeys, int argc, const char **argv,
     snprintf(nkeys_buf, nkeys_len, "%d", nkeys);
     (*v)[0] = "EVALSHA";
     (*l)[0] = 7;
-    (*v)[1] = scripts[id].sha;
+    (*v)[1] = s->sha;
     (*l)[1] = 40;
     (*v)[2] = nkeys_buf;
     (*l)[2] = strlen(nkeys_buf);
@@ -249,8 +273,8 @@ int script_is_noscript(const redisReply *r)
            strncmp(r->str, "NOSCRIPT", 8) == 0;
 }
 
-int script_append(redisContext *c, enum script_id id, int nkeys,
-                  int argc, const char **argv, const size_t *argvlen)
+int script_file_append(redisContext *c, const script_file *s, int nkeys, int argc,
+                       const char **argv, const size_t *argvlen)
 {
     const char *stack_v[SCRIPT_STACK_ARGS];
     size_t stack_l[SCRIPT_STACK_ARGS];
@@ -259,7 +283,7 @@ int script_append(redisContext *c, enum script_id id, int nkeys,
     char nkeys_buf[16];
     int total, rc;
 
-    total = build_argv(id, nkeys, argc, argv, argvlen, nkeys_buf, sizeof nkeys_buf, &v, &l);
+    total = build_argv(s, nkeys, argc, argv, argvlen, nkeys_buf, sizeof nkeys_buf, &v, &l);
     rc = redisAppendCommandArgv(c, total, v, l);
     if (v != stack_v) {
         free(v);
@@ -268,8 +292,8 @@ int script_append(redisContext *c, enum script_id id, int nkeys,
     return rc == REDIS_OK ? 0 : -1;
 }
 
-redisReply *script_recv(redisContext *c, enum script_id id, int nkeys,
-                        int argc, const char **argv, const size_t *argvlen, int fallback)
+redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, int argc,
+                             const char **argv, const size_t *argvlen, int fallback)
 {
     const char *stack_v[SCRIPT_STACK_ARGS];
     size_t stack_l[SCRIPT_STACK_ARGS];
@@ -290,12 +314,12 @@ redisReply *script_recv(redisContext *c, enum script_id id, int nkeys,
     /* Cache emptied (restart, failover, SCRIPT FLUSH). EVAL runs the
      * script and caches it again, so later EVALSHA calls hit. */
     freeReplyObject(r);
-    log_info("script %s: NOSCRIPT, re-sending with EVAL", script_names[id]);
-    total = build_argv(id, nkeys, argc, argv, argvlen, nkeys_buf, sizeof nkeys_buf, &v, &l);
+    log_info("script %s: NOSCRIPT, re-sending with EVAL", s->name);
+    total = build_argv(s, nkeys, argc, argv, argvlen, nkeys_buf, sizeof nkeys_buf, &v, &l);
     v[0] = "EVAL";
     l[0] = 4;
-    v[1] = scripts[id].src;
-    l[1] = scripts[id].len;
+    v[1] = s->src;
+    l[1] = s->len;
     r = redisCommandArgv(c, total, v, l);
     if (v != stack_v) {
         free(v);
@@ -304,14 +328,32 @@ redisReply *script_recv(redisContext *c, enum script_id id, int nkeys,
     return r;
 }
 
-redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
-                       int argc, const char **argv, const size_t *argvlen)
+redisReply *script_file_run(redisContext *c, const script_file *s, int nkeys, int argc,
+                            const char **argv, const size_t *argvlen)
 {
     int64_t t0 = util_mono_us();
     redisReply *r = NULL;
 
-    if (script_append(c, id, nkeys, argc, argv, argvlen) == 0)
-        r = script_recv(c, id, nkeys, argc, argv, argvlen, 1);
-    metrics_backend(METRICS_REDIS, util_mono_us() - t0, r != NULL);
+    if (script_file_append(c, s, nkeys, argc, argv, argvlen) == 0)
+        r = script_file_recv(c, s, nkeys, argc, argv, argvlen, 1);
+    script_observe(util_mono_us() - t0, r != NULL);
     return r;
+}
+
+int script_append(redisContext *c, enum script_id id, int nkeys,
+                  int argc, const char **argv, const size_t *argvlen)
+{
+    return script_file_append(c, lib_script(id), nkeys, argc, argv, argvlen);
+}
+
+redisReply *script_recv(redisContext *c, enum script_id id, int nkeys,
+                        int argc, const char **argv, const size_t *argvlen, int fallback)
+{
+    return script_file_recv(c, lib_script(id), nkeys, argc, argv, argvlen, fallback);
+}
+
+redisReply *script_run(redisContext *c, enum script_id id, int nkeys,
+                       int argc, const char **argv, const size_t *argvlen)
+{
+    return script_file_run(c, lib_script(id), nkeys, argc, argv, argvlen);
 }

@@ -1,7 +1,7 @@
 /* store: Postgres access through prepared statements. */
 #include "store.h"
 #include "log.h"
-#include "metrics.h"
+#include "rec.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -68,7 +68,7 @@ static const statement statements[] = {
       "SELECT pg_logical_emit_message(true, 'seckill.durable', '')"
       " WHERE EXISTS (SELECT 1 FROM tb_voucher_order WHERE id = $1)" },
 
-    /* The step-by-step transaction of the seed notes (store_order_steps). */
+    /* The step-by-step transaction (store_order_steps). */
     { "fence_advance", 2,
       "INSERT INTO tb_lock_fence (lock_key, token) VALUES ($1, $2)"
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
@@ -190,7 +190,7 @@ static store_status result_error(PGconn *pg, PGresult *res, const char *what)
 /* Every call goes through here or timed_exec, for the backend metrics. */
 static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)
 {
-    metrics_backend(METRICS_PG, util_mono_us() - t0, res != NULL && PQstatus(pg) == CONNECTION_OK);
+    rec_backend(REC_PG, util_mono_us() - t0, res != NULL && PQstatus(pg) == CONNECTION_OK);
     return res;
 }
 
@@ -340,7 +340,7 @@ store_status store_order_send_early(PGconn *pg, const store_order *o, store_earl
         return result_error(pg, NULL, "order_create (pipeline)");
     res = segment_read(pg, &synced);
     e->read = 1;
-    metrics_backend(METRICS_PG, util_mono_us() - e->t0, synced);
+    rec_backend(REC_PG, util_mono_us() - e->t0, synced);
     st = synced ? order_result(pg, res) : result_error(pg, res, "order_create");
     PQclear(res);
     return st;
@@ -354,7 +354,7 @@ store_status store_order_finish_early(PGconn *pg, store_early *e, store_status s
 
     if (e->segments == 2 && e->read == 1) {
         res = segment_read(pg, &synced);
-        metrics_backend(METRICS_PG, util_mono_us() - t0, synced);
+        rec_backend(REC_PG, util_mono_us() - t0, synced);
         if (st == STORE_OK && (!synced || PQresultStatus(res) != PGRES_TUPLES_OK))
             st = result_error(pg, res, "wait_durable");
         PQclear(res);
@@ -400,13 +400,12 @@ static store_status step(PGconn *pg, const char *name, int n, const char *const 
     return st;
 }
 
-store_status store_order_steps(PGconn *pg, const store_order *o, enum stock_strategy strategy,
+store_status store_order_steps(PGconn *pg, const store_order *o, const store_stock_step *stock,
                                int delay_ms)
 {
-    char v[24], u[24], id[24], tok[24], next[24], seen[24];
-    const char *vu[2] = { v, u }, *vv[1] = { v }, *fence[2] = { o->fence_key, tok };
-    const char *write[3] = { v, next, seen }, *ins[3] = { id, u, v };
-    int64_t stock = 0;
+    char v[24], u[24], id[24], tok[24];
+    const char *vu[2] = { v, u }, *fence[2] = { o->fence_key, tok }, *ins[3] = { id, u, v };
+    int64_t seen = 0;
     int rows = 0, open = 0;
     store_status st;
 
@@ -434,15 +433,10 @@ store_status store_order_steps(PGconn *pg, const store_order *o, enum stock_stra
         st = STORE_DUPLICATE;
         goto cleanup;
     }
-    if (strategy != STOCKS_OPTIMISTIC) {
-        const char *read = strategy == STOCKS_PESSIMISTIC ? "stock_read_locked" : "stock_read";
-        if ((st = step(pg, read, 1, vv, &rows, &stock)) != STORE_OK)
+    if (stock->read != NULL) {
+        if ((st = stock->read(pg, o->voucher_id, &seen)) != STORE_OK)
             goto cleanup;
-        if (rows == 0) {
-            st = STORE_NOT_FOUND;
-            goto cleanup;
-        }
-        if (stock <= 0) {
+        if (seen <= 0) {
             st = STORE_SOLD_OUT;
             goto cleanup;
         }
@@ -451,28 +445,10 @@ store_status store_order_steps(PGconn *pg, const store_order *o, enum stock_stra
         struct timespec ts = { delay_ms / 1000, (long)(delay_ms % 1000) * 1000000L };
         nanosleep(&ts, NULL);
     }
-    snprintf(next, sizeof next, "%" PRId64, stock - 1);
-    snprintf(seen, sizeof seen, "%" PRId64, stock);
-    switch (strategy) {
-    case STOCKS_NAIVE:          /* writes back what it read, minus one: lost updates */
-        st = step(pg, "stock_write", 2, write, &rows, NULL);
-        break;
-    case STOCKS_CAS:            /* only if nobody changed it since the read */
-        st = step(pg, "stock_cas", 3, write, &rows, NULL);
-        break;
-    case STOCKS_PESSIMISTIC:    /* the row is ours since FOR UPDATE */
-        st = step(pg, "stock_decrement", 1, vv, &rows, NULL);
-        break;
-    case STOCKS_OPTIMISTIC:
-    default:
-        st = step(pg, "stock_decrement", 1, vv, &rows, NULL);
-        break;
-    }
-    if (st != STORE_OK)
+    if ((st = stock->write(pg, o->voucher_id, seen, &rows)) != STORE_OK)
         goto cleanup;
     if (rows == 0) {
-        /* cas: someone else moved the stock first; the rest: none left. */
-        st = strategy == STOCKS_CAS ? STORE_CONFLICT : STORE_SOLD_OUT;
+        st = stock->unchanged;
         goto cleanup;
     }
     if ((st = step(pg, "order_insert", 3, ins, &rows, NULL)) != STORE_OK)
@@ -487,6 +463,63 @@ cleanup:
         PQclear(res);
     }
     return st;
+}
+
+/* A stock read inside the transaction: its value, or STORE_NOT_FOUND. */
+static store_status stock_read(PGconn *pg, const char *name, int64_t voucher_id, int64_t *stock)
+{
+    char v[24];
+    const char *vals[1] = { v };
+    int rows = 0;
+    store_status st;
+
+    snprintf(v, sizeof v, "%" PRId64, voucher_id);
+    if ((st = step(pg, name, 1, vals, &rows, stock)) != STORE_OK)
+        return st;
+    return rows == 0 ? STORE_NOT_FOUND : STORE_OK;
+}
+
+store_status store_stock_read(PGconn *pg, int64_t voucher_id, int64_t *stock)
+{
+    return stock_read(pg, "stock_read", voucher_id, stock);
+}
+
+store_status store_stock_read_locked(PGconn *pg, int64_t voucher_id, int64_t *stock)
+{
+    return stock_read(pg, "stock_read_locked", voucher_id, stock);
+}
+
+store_status store_stock_decrement(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows)
+{
+    char v[24];
+    const char *vals[1] = { v };
+
+    (void)seen;
+    snprintf(v, sizeof v, "%" PRId64, voucher_id);
+    return step(pg, "stock_decrement", 1, vals, rows, NULL);
+}
+
+/* "stock = seen - 1", with the compare ("AND stock = seen") or without. */
+static store_status stock_write(PGconn *pg, const char *name, int n, int64_t voucher_id,
+                                int64_t seen, int *rows)
+{
+    char v[24], next[24], was[24];
+    const char *vals[3] = { v, next, was };
+
+    snprintf(v, sizeof v, "%" PRId64, voucher_id);
+    snprintf(next, sizeof next, "%" PRId64, seen - 1);
+    snprintf(was, sizeof was, "%" PRId64, seen);
+    return step(pg, name, n, vals, rows, NULL);
+}
+
+store_status store_stock_write_back(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows)
+{
+    return stock_write(pg, "stock_write", 2, voucher_id, seen, rows);
+}
+
+store_status store_stock_cas(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows)
+{
+    return stock_write(pg, "stock_cas", 3, voucher_id, seen, rows);
 }
 
 /* Appends "{a,b,...}" of 'n' values to a growing buffer; NULL strings are

@@ -7,7 +7,6 @@
 #include <cJSON.h>
 #include <libpq-fe.h>
 
-#include "config.h"
 
 typedef enum store_status {
     STORE_OK = 0,
@@ -68,12 +67,35 @@ typedef struct store_early {
 store_status store_order_send_early(PGconn *pg, const store_order *o, store_early *e);
 store_status store_order_finish_early(PGconn *pg, store_early *e, store_status st);
 
-/* The same order as the seed notes write it, one statement per step in an
- * explicit transaction, with the stock step of 'strategy' (naive and cas
- * read the stock, check it in C and write a value back). 'delay_ms' sleeps
- * between the reads and the writes to widen the races (demo ladder). */
-store_status store_order_steps(PGconn *pg, const store_order *o, enum stock_strategy strategy,
+/* The same order as flash-sale tutorials write it, one statement per step in an
+ * explicit transaction: BEGIN, fencing token, duplicate check, the stock
+ * step of 'stock', insert, COMMIT (ROLLBACK on any refusal). 'delay_ms'
+ * sleeps between the stock's read and its write to widen the races (demo
+ * ladder). */
+typedef struct store_stock_step {
+    /* Reads the stock inside the transaction (NULL: no read). A stock of 0
+     * or less is STORE_SOLD_OUT. */
+    store_status (*read)(PGconn *pg, int64_t voucher_id, int64_t *stock);
+    /* Takes one unit; '*rows' 0 when it changed nothing. 'seen' is what
+     * read returned (0 without a read). */
+    store_status (*write)(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows);
+    /* A write that changed nothing: STORE_SOLD_OUT, or STORE_CONFLICT
+     * (the stock moved since it was read). */
+    store_status unchanged;
+} store_stock_step;
+
+store_status store_order_steps(PGconn *pg, const store_order *o, const store_stock_step *stock,
                                int delay_ms);
+
+/* Stock steps. Reads: STORE_NOT_FOUND when there is no such voucher. */
+store_status store_stock_read(PGconn *pg, int64_t voucher_id, int64_t *stock);
+store_status store_stock_read_locked(PGconn *pg, int64_t voucher_id, int64_t *stock); /* FOR UPDATE */
+/* stock = stock - 1 WHERE stock > 0 ('seen' unused). */
+store_status store_stock_decrement(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows);
+/* Demo ladder only (stock_demo.c): stock = seen - 1, unconditionally (lost
+ * updates), or only WHERE stock = seen (compare-and-swap). */
+store_status store_stock_write_back(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows);
+store_status store_stock_cas(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows);
 
 /* Group commit (stock strategy "batched"): settles 'n' buyers of one voucher
  * in one statement. Each gets its own answer in 'results' (STORE_OK,

@@ -11,8 +11,6 @@
 #include <time.h>
 #include <hiredis/hiredis.h>
 
-#include "config.h"
-#include "conn.h"
 #include "log.h"
 #include "script.h"
 #include "util.h"
@@ -50,6 +48,10 @@ static struct {
 
 static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
 
+/* Set by wd_start before the renewal thread runs; read by every thread. */
+static _Atomic long timeout_ms;
+static wd_connect_fn connect_fn;   /* the renewal thread's only */
+
 /* Statistics only: relaxed. */
 static atomic_uint_fast64_t n_renewals;
 static atomic_uint_fast64_t n_lost;
@@ -68,7 +70,8 @@ static void cond_init(void)
 
 long wd_timeout_ms(void)
 {
-    return g_cfg.watchdog_timeout_ms > 0 ? g_cfg.watchdog_timeout_ms : WD_DEFAULT_TIMEOUT_MS;
+    long ms = atomic_load_explicit(&timeout_ms, memory_order_relaxed);
+    return ms > 0 ? ms : WD_DEFAULT_TIMEOUT_MS;
 }
 
 /*---- registry (wd.mu held) ----*/
@@ -229,7 +232,7 @@ static void renew_batch(redisContext **cp, const wd_item *items, size_t n)
 
     for (int attempt = 0; attempt < 2 && r == NULL; attempt++) {
         if (*cp == NULL) {
-            *cp = conn_redis_open(err, sizeof err);
+            *cp = connect_fn(err, sizeof err);
             if (*cp == NULL) {
                 log_warn("watchdog: redis unavailable: %s", err);
                 goto cleanup;
@@ -318,7 +321,7 @@ static void *renewal_main(void *arg)
     return NULL;
 }
 
-int wd_start(void)
+int wd_start(long timeout, wd_connect_fn connect)
 {
     int rc = -1;
 
@@ -328,6 +331,12 @@ int wd_start(void)
         rc = 0;
         goto cleanup;
     }
+    if (connect == NULL) {
+        log_error("watchdog: no connect function");
+        goto cleanup;
+    }
+    atomic_store_explicit(&timeout_ms, timeout, memory_order_relaxed);
+    connect_fn = connect;
     wd.stopping = 0;
     if (pthread_create(&wd.thread, NULL, renewal_main, NULL) != 0) {
         log_error("watchdog: cannot start the renewal thread");

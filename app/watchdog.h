@@ -15,20 +15,25 @@
 #ifndef SECKILL_WATCHDOG_H
 #define SECKILL_WATCHDOG_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <hiredis/hiredis.h>
 
 #define WD_DEFAULT_TIMEOUT_MS 30000L   /* Redisson's lockWatchdogTimeout */
 #define WD_BATCH 100                   /* keys per EVALSHA (lockWatchdogBatchSize) */
 
-/* Starts the renewal thread. Call once, after config_load and
+/* Opens the renewal thread's connection (see lock_options.connect). */
+typedef redisContext *(*wd_connect_fn)(char *err, size_t errlen);
+
+/* Starts the renewal thread, which connects with 'connect', renewing
+ * leases of 'timeout' ms (0: WD_DEFAULT_TIMEOUT_MS). Call once, after
  * script_load_all. Returns 0, or -1 (logged). */
-int wd_start(void);
+int wd_start(long timeout, wd_connect_fn connect);
 
 /* Stops and joins the thread and forgets every registration. Idempotent. */
 void wd_stop(void);
 
-/* The watchdog lease in ms: WATCHDOG_TIMEOUT_MS, or 30000 before
- * config_load ran. */
+/* The watchdog lease in ms: wd_start's, or 30000 before it ran. */
 long wd_timeout_ms(void);
 
 /* Before sending a watchdog-mode acquire of 'key' by 'owner'. */

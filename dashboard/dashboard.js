@@ -1,7 +1,7 @@
 // seckill live dashboard: polls GET /stats once a second and draws what it
 // says. No framework, no build step, nothing loaded from elsewhere.
 //
-// Where the figures come from (see README "/stats"):
+// Where the figures come from (see docs/operations.md, "/stats"):
 //   vouchers[]             stock, orders, oversold, duplicateUsers, stockDrift
 //                          per voucher, read from Postgres on every call;
 //   instances[].requests   each live instance's counters (total, byStatus,

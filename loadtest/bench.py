@@ -87,7 +87,8 @@ import check_invariants  # noqa: E402
 import kit  # noqa: E402
 from kit import Col, fmt_count  # noqa: E402
 
-# The issue's reference figures (a 2-core machine, durable Postgres).
+# Reference figures measured once on a 2-core VM with durable Postgres, printed
+# beside this run's ceilings to show how far the machine is from that one.
 REFERENCE = {"pgOneRow": 3600, "pgTxn": 2100, "redisEvalsha": 80000, "nginx": 42000}
 STEAL_WARN_PCT = 5     # a run with more steal than this is flagged in the table
 PACED_SHARE = 0.25   # paced latency runs offer this share of the nginx ceiling's rate
@@ -1103,12 +1104,12 @@ class Bench:
                    (f"{self.long_seconds} s sale" if rss_key == "longAfter" else "short runs"))
         return f, ranges, ratios, rss_sets, targets
 
-    # The table's columns: label, measured (ceilings: unit, issue's figure;
+    # The table's columns: label, measured (ceilings: unit, reference figure;
     # service: compared with, its figure, ratio, target, result). Fixed widths,
     # a longer cell pushing the rest of its line, as format specs do.
     CEIL_COLS = [Col("ceilings, on the same Postgres, Redis and nginx", "l", 54, fit=False),
                  Col("measured", "r", 11, 1, False), Col("", "l", 6, 2, False),
-                 Col("issue, 2-core machine", "r", 21, 1, False)]
+                 Col("reference, 2-core VM", "r", 21, 1, False)]
     SERVICE_COLS = [Col("the service through nginx, 2 instances", "l", 54, fit=False),
                     Col("measured", "r", 11, 1, False), Col("compared with", "l", 20, 2, False),
                     Col("", "r", 7, 1, False), Col("ratio", "r", 5, 1, False),

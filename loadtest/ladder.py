@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""loadtest/ladder.py -- the demo ladder: the seed notes' walk from a broken
+"""loadtest/ladder.py -- the demo ladder: the classic walk from a broken
 flash sale to a correct one, each step measured under real load (make ladder).
 
 For every step the ladder restarts the seckill instances behind nginx with

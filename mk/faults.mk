@@ -1,5 +1,5 @@
 # mk/faults.mk: fault injection under load and resource limits
-# (tests/test_faults.py against the local stack, see README "Failure behaviour").
+# (tests/test_faults.py against the local stack, see docs/failures.md).
 #
 #   make faults                    kill -9 of an instance, Redis frozen and
 #                                  restarted, Postgres restarted, a lock holder

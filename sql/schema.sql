@@ -1,5 +1,5 @@
--- seckill schema (PostgreSQL 15). Table and column names follow the seed notes
--- so that users and external checkers can query them directly.
+-- seckill schema (PostgreSQL 15). Table and column names (tb_voucher, tb_voucher_order)
+-- are the classic flash-sale tutorial's, so that users and external checkers can query them directly.
 -- Idempotent: safe to load on every start.
 
 CREATE TABLE IF NOT EXISTS tb_voucher (

@@ -13,7 +13,8 @@
  * t_done() returns the exit status: 1 if any case failed.
  *
  * t_redis() connects to REDIS_URL (redis://[[user]:password@]host[:port][/db])
- * and exits with a message when it is unset or unreachable. */
+ * and exits with a message when it is unset or unreachable; t_redis_open()
+ * returns NULL and the reason instead. */
 #ifndef SECKILL_T_H
 #define SECKILL_T_H
 
@@ -178,32 +179,32 @@ static inline int t_parse_redis_url(const char *s, t_redis_url *u)
 }
 
 /* A new blocking context on $REDIS_URL with 2 s connect and 5 s command
- * timeouts, authenticated and on the right db. Caller frees with redisFree.
- * Exits the process when Redis is not usable: the tests cannot run. */
-static inline redisContext *t_redis(void)
+ * timeouts, authenticated and on the right db, or NULL with the reason in
+ * 'err'. Caller frees with redisFree. (The shape of lock_options.connect.) */
+static inline redisContext *t_redis_open(char *err, size_t errlen)
 {
     const char *url = getenv("REDIS_URL");
     t_redis_url u;
     redisContext *c;
-    redisReply *r;
+    redisReply *r = NULL;
     struct timeval ct = {2, 0}, ot = {5, 0};
 
     if (url == NULL || url[0] == '\0') {
-        fprintf(stderr, "REDIS_URL is not set (e.g. REDIS_URL=redis://127.0.0.1:6379/0)\n");
-        exit(2);
+        snprintf(err, errlen, "REDIS_URL is not set (e.g. REDIS_URL=redis://127.0.0.1:6379/0)");
+        return NULL;
     }
     if (t_parse_redis_url(url, &u) != 0) {
-        fprintf(stderr, "REDIS_URL %s: cannot parse\n", url);
-        exit(2);
+        snprintf(err, errlen, "REDIS_URL %s: cannot parse", url);
+        return NULL;
     }
     c = redisConnectWithTimeout(u.host, u.port, ct);
     if (c == NULL || c->err) {
-        fprintf(stderr, "REDIS_URL %s: %s\n", url, c ? c->errstr : "out of memory");
-        exit(2);
+        snprintf(err, errlen, "REDIS_URL %s: %s", url, c ? c->errstr : "out of memory");
+        goto fail;
     }
     if (redisSetTimeout(c, ot) != REDIS_OK) {
-        fprintf(stderr, "REDIS_URL %s: cannot set timeout: %s\n", url, c->errstr);
-        exit(2);
+        snprintf(err, errlen, "REDIS_URL %s: cannot set timeout: %s", url, c->errstr);
+        goto fail;
     }
     if (u.pass[0] != '\0') {
         if (u.user[0] != '\0')
@@ -211,20 +212,37 @@ static inline redisContext *t_redis(void)
         else
             r = redisCommand(c, "AUTH %s", u.pass);
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-            fprintf(stderr, "REDIS_URL %s: AUTH failed: %s\n", url,
-                    r ? r->str : c->errstr);
-            exit(2);
+            snprintf(err, errlen, "REDIS_URL %s: AUTH failed: %s", url, r ? r->str : c->errstr);
+            goto fail;
         }
         freeReplyObject(r);
+        r = NULL;
     }
     if (u.db != 0) {
         r = redisCommand(c, "SELECT %d", u.db);
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-            fprintf(stderr, "REDIS_URL %s: SELECT failed: %s\n", url,
-                    r ? r->str : c->errstr);
-            exit(2);
+            snprintf(err, errlen, "REDIS_URL %s: SELECT failed: %s", url, r ? r->str : c->errstr);
+            goto fail;
         }
         freeReplyObject(r);
+    }
+    return c;
+fail:
+    freeReplyObject(r);
+    if (c != NULL)
+        redisFree(c);
+    return NULL;
+}
+
+/* t_redis_open, or exit when Redis is not usable: the tests cannot run. */
+static inline redisContext *t_redis(void)
+{
+    char err[512];
+    redisContext *c = t_redis_open(err, sizeof err);
+
+    if (c == NULL) {
+        fprintf(stderr, "%s\n", err);
+        exit(2);
     }
     return c;
 }

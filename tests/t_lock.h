@@ -27,7 +27,9 @@
 #include "script.h"
 
 /* Loads g_cfg from the environment (REDIS_URL, LUA_DIR, WATCHDOG_TIMEOUT_MS,
- * ...), the scripts, and starts the lock runtime. Exits 2 when it cannot. */
+ * ...) and the scripts, and starts the lock runtime the way a program that
+ * uses the lock library would: with its own connect function (t_redis_open)
+ * and settings. Exits 2 when it cannot. */
 static inline void tl_setup(const char *argv0)
 {
     char err[256];
@@ -43,7 +45,12 @@ static inline void tl_setup(const char *argv0)
         fprintf(stderr, "script_load_all: %s\n", err);
         exit(2);
     }
-    if (lock_runtime_start() != 0) {
+    lock_options o = {
+        .connect = t_redis_open,
+        .command_timeout_ms = g_cfg.redis_timeout_ms,
+        .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
+    };
+    if (lock_runtime_start(&o) != 0) {
         fprintf(stderr, "lock_runtime_start failed\n");
         exit(2);
     }

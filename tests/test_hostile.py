@@ -20,7 +20,7 @@ orders that user may have afterwards (0 unless the case buys). After every case
 GET /health must answer 200 and the process must still run.
 
 Cases the server answers wrongly keep their (failing) assertion; see the
-report at the end of the run and README "Failure behaviour".
+report at the end of the run and docs/failures.md.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
@@ -716,7 +716,7 @@ def server_alive_and_clean_after_everything():
 
 def teardown():
     if MHD_ANSWERS:
-        print("\nanswered by libmicrohttpd itself, or closed/silent (see README 'Failure behaviour'):")
+        print("\nanswered by libmicrohttpd itself, or closed/silent (see docs/failures.md):")
         for name, what in MHD_ANSWERS:
             print(f"  {name}: {what}")
     if "nginx" in _state:

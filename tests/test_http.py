@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Black-box HTTP tests of the seckill server against SPEC.md.
+"""Black-box HTTP tests of the seckill server against its API contract (README.md).
 
 Needs the environment of tests/run.sh (a throwaway Postgres and Redis, PG_DSN,
 REDIS_URL, SECKILL_BIN, TEST_TMP). Run one test: TEST_ONLY=name tests/run.sh http
@@ -589,7 +589,7 @@ def admin_invalid_json_and_fields():
             expect_error(r, 400, "invalid_field", label)
     if problems:
         fail("POST /admin/vouchers, expected 400 invalid_field: " + "; ".join(problems))
-    # valid JSON that is not an object: the SPEC does not say which 400 code
+    # valid JSON that is not an object: the contract does not say which 400 code
     for body in ([good], "42", '"text"', "null"):
         r = a.post("/admin/vouchers", AUTH, body)
         if r.status != 400 or err_code(r) not in ("invalid_field", "invalid_json"):

@@ -1,4 +1,4 @@
-/* test_idw: order id layout, counter keys, limits, and the seeds' 300 x 100
+/* test_idw: order id layout, counter keys, limits, and the classic 300 x 100
  * concurrency test against a real Redis (REDIS_URL). */
 #include <pthread.h>
 #include <stdio.h>
@@ -162,7 +162,7 @@ static void test_dead_connection(void)
     redisFree(c);
 }
 
-/*---- the seeds' test: 300 threads x 100 ids ----*/
+/*---- the classic test: 300 threads x 100 ids ----*/
 
 typedef struct worker {
     int index;

@@ -5,7 +5,7 @@ The ladder starts a stack of its own (scripts/stack.sh in $TEST_TMP/ladder, free
 ports: Postgres, Redis, two instances, nginx), walks every step with real load
 and asserts each step's expected outcome itself (exit 1 on a miss). Quick mode
 only halves the buyers of the stock steps; every assertion stays. Here: the
-ladder exits 0, its JSON shows each failure where the seeds put one and none
+ladder exits 0, its JSON shows each failure where the ladder expects one and none
 where they do not, the table, report and chart are written, and afterwards the
 unique constraint is back, the instances run the safe defaults, and stopping
 the stack (by PID) leaves no process behind. Prints "N passed, M failed".

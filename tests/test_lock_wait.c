@@ -111,6 +111,29 @@ static int wait_unsubscribed(const char *key, long ms)
 
 /*---- cases ----*/
 
+/* Runs first. The subscriber thread and its connection exist only once
+ * something waits: taking and releasing locks starts nothing, the first
+ * wait does. */
+static void test_subscriber_starts_on_first_wait(void)
+{
+    char key[128], holder[96], waiter_id[96];
+
+    key_for("lazy", 0, key, sizeof key);
+    tl_owner(holder, sizeof holder, next_owner++);
+    tl_owner(waiter_id, sizeof waiter_id, next_owner++);
+    T_EQ_I64(lockwait_running(), 0);
+    if (!T_EQ_I64(lock_try_acquire(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK))
+        return;
+    T_EQ_I64(lock_try_lock(rc, key, waiter_id, 0, HOLD_LEASE, NULL), LOCK_BUSY);
+    T_EQ_I64(lock_release(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lockwait_running(), 0);
+    T_EQ_I64(lock_try_acquire(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_try_lock(rc, key, waiter_id, 50, HOLD_LEASE, NULL), LOCK_BUSY);
+    T_EQ_I64(lockwait_running(), 1);
+    T_EQ_I64(lock_release(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
+    del_lock(key);
+}
+
 /* A waiter blocked on a 10 s lease gets the lock within a few ms of the
  * release, through the release message. */
 static void test_handoff_latency(void)
@@ -572,6 +595,7 @@ int main(int argc, char **argv)
 
     rc = t_redis();
     tl_setup(argv[0]);
+    T_RUN(test_subscriber_starts_on_first_wait);
     T_RUN(test_handoff_latency);
     T_RUN(test_release_before_subscribe_is_not_lost);
     T_RUN(test_release_before_wait_is_banked);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The lock and stock strategies (SPEC section 6) and the fencing-token guard.
+"""The lock and stock strategies (the demo ladder's) and the fencing-token guard.
 
 Each unsafe strategy must really run unprotected, the safe ones must hold under
 real concurrency, and a lock holder that stalls past its lease must have its

@@ -278,7 +278,7 @@ def tsan_concurrency_tests_exist_and_ci_runs_them():
 @test
 def run_sh_check_tier_takes_several_filters():
     build = os.path.dirname(os.path.abspath(ss.SECKILL_BIN))
-    want = ["unit_metrics", "unit_route"]
+    want = ["unit_expo", "unit_route"]
     for w in want:
         if not os.access(os.path.join(build, "tests", w), os.X_OK):
             fail(f"{build}/tests/{w} is missing (make tests-bin)")

@@ -1,17 +1,17 @@
-/* unit_metrics: the Prometheus label escaping (metrics_escape): backslash,
+/* unit_expo: the Prometheus label escaping (expo_escape): backslash,
  * double quote and newline escaped as the text exposition format requires
  * (prometheus.io/docs/instrumenting/exposition_formats), everything else
  * kept, and a short buffer truncated whole, never overrun. */
 #include <string.h>
 
-#include "metrics.h"
+#include "expo.h"
 #include "t.h"
 
 static const char *esc(const char *in, size_t n)
 {
     static char buf[256];
     memset(buf, 'x', sizeof buf);
-    metrics_escape(in, buf, n);
+    expo_escape(in, buf, n);
     return buf;
 }
 

@@ -1,0 +1,24 @@
+/* expo: the exposition. Reads every counter of the process - recorded
+ * ones (rec.h), the lock library's (lock_counters_get) and the HTTP load
+ * (http_load) - and writes them out twice: as GET /metrics (the Prometheus
+ * text format 0.0.4) and as the counters of GET /stats (JSON). The lock
+ * figures, whatever strategy took the locks, are combined in one place
+ * for both. */
+#ifndef SECKILL_EXPO_H
+#define SECKILL_EXPO_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <cJSON.h>
+
+/* Writes the whole exposition to 'f'. 'vouchers' is store_stats's array
+ * (may be NULL when Postgres is down: the voucher gauges are left out). */
+void expo_metrics(FILE *f, const cJSON *vouchers);
+
+/* Adds this instance's "requests", "lock" and "batch" objects to 'obj'. */
+void expo_counters_json(cJSON *obj);
+
+/* Escapes a label value (backslash, double quote, newline) into 'buf'. */
+void expo_escape(const char *in, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,206 @@
+/* peers: publish this instance's counters, read every live instance's. */
+#include "peers.h"
+#include "config.h"
+#include "conn.h"
+#include "expo.h"
+#include "log.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int64_t started_at;
+
+static cJSON *instance_json(void)
+{
+    cJSON *o = cJSON_CreateObject();
+    char ts[32];
+
+    util_format_iso8601(started_at, ts, sizeof ts);
+    cJSON_AddStringToObject(o, "instance", g_cfg.instance_id);
+    cJSON_AddStringToObject(o, "uuid", g_cfg.instance_uuid);
+    cJSON_AddNumberToObject(o, "port", g_cfg.port);
+    cJSON_AddStringToObject(o, "startedAt", ts);
+    expo_counters_json(o);
+    return o;
+}
+
+/* Adds every number of 'src' into 'dst', recursively, creating as needed. */
+static void sum_into(cJSON *dst, const cJSON *src)
+{
+    const cJSON *it;
+
+    cJSON_ArrayForEach(it, src) {
+        cJSON *d = cJSON_GetObjectItemCaseSensitive(dst, it->string);
+        if (cJSON_IsNumber(it)) {
+            if (d == NULL)
+                cJSON_AddNumberToObject(dst, it->string, it->valuedouble);
+            else if (cJSON_IsNumber(d))
+                cJSON_SetNumberValue(d, d->valuedouble + it->valuedouble);
+        } else if (cJSON_IsObject(it)) {
+            if (d == NULL)
+                d = cJSON_AddObjectToObject(dst, it->string);
+            if (cJSON_IsObject(d))
+                sum_into(d, it);
+        }
+    }
+}
+
+int peers_json(redisContext *c, cJSON *instances, cJSON *cluster)
+{
+    redisReply *ids = NULL, *vals = NULL;
+    const char **argv = NULL;
+    size_t *lens = NULL;
+    char **keys = NULL;
+    cJSON *self = instance_json();
+    int rc = -1;
+
+    cJSON_AddItemToArray(instances, self);
+    sum_into(cluster, self);
+    cJSON_AddBoolToObject(self, "self", 1);
+
+    ids = redisCommand(c, "ZRANGEBYSCORE %s %lld +inf", PEERS_INSTANCES_KEY,
+                       (long long)(util_wall_ms() - PEERS_LIVE_MS));
+    if (ids == NULL || ids->type != REDIS_REPLY_ARRAY)
+        goto cleanup;
+    if (ids->elements == 0) {
+        rc = 0;
+        goto cleanup;
+    }
+    argv = xcalloc(ids->elements + 1, sizeof *argv);
+    lens = xcalloc(ids->elements + 1, sizeof *lens);
+    keys = xcalloc(ids->elements, sizeof *keys);
+    argv[0] = "MGET";
+    lens[0] = 4;
+    for (size_t i = 0; i < ids->elements; i++) {
+        const redisReply *e = ids->element[i];
+        if (e->type != REDIS_REPLY_STRING)
+            goto cleanup;
+        keys[i] = xmalloc(sizeof PEERS_INSTANCE_PREFIX + e->len);
+        memcpy(keys[i], PEERS_INSTANCE_PREFIX, sizeof PEERS_INSTANCE_PREFIX - 1);
+        memcpy(keys[i] + sizeof PEERS_INSTANCE_PREFIX - 1, e->str, e->len + 1);
+        argv[i + 1] = keys[i];
+        lens[i + 1] = strlen(keys[i]);
+    }
+    vals = redisCommandArgv(c, (int)ids->elements + 1, argv, lens);
+    if (vals == NULL || vals->type != REDIS_REPLY_ARRAY || vals->elements != ids->elements)
+        goto cleanup;
+    for (size_t i = 0; i < vals->elements; i++) {
+        const redisReply *v = vals->element[i];
+        if (v->type != REDIS_REPLY_STRING || strcmp(ids->element[i]->str, g_cfg.instance_id) == 0)
+            continue;                          /* expired meanwhile, or ourselves */
+        cJSON *o = cJSON_ParseWithLength(v->str, v->len);
+        if (o == NULL)
+            continue;
+        cJSON_AddItemToArray(instances, o);
+        sum_into(cluster, o);
+    }
+    rc = 0;
+cleanup:
+    if (rc != 0 && ids != NULL && ids->type == REDIS_REPLY_ERROR)
+        log_warn("stats: %s", ids->str);
+    if (keys != NULL)
+        for (size_t i = 0; i < ids->elements; i++)
+            free(keys[i]);
+    free(keys);
+    free(argv);
+    free(lens);
+    freeReplyObject(ids);
+    freeReplyObject(vals);
+    /* Sums of instance metadata, means and maxima mean nothing: counters only. */
+    cJSON_DeleteItemFromObjectCaseSensitive(cluster, "port");
+    cJSON *lock = cJSON_GetObjectItemCaseSensitive(cluster, "lock");
+    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMeanMs");
+    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMaxMs");
+    return rc;
+}
+
+/* ---- publisher thread ---- */
+
+static pthread_t pub_thread;
+static pthread_mutex_t pub_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pub_cv = PTHREAD_COND_INITIALIZER;
+static int pub_stop, pub_running;
+
+static void publish_once(redisContext **cp)
+{
+    char err[256], key[sizeof PEERS_INSTANCE_PREFIX + 64];
+    cJSON *self;
+    char *text;
+    redisReply *r;
+
+    if (*cp == NULL && (*cp = conn_redis_open(err, sizeof err)) == NULL)
+        return;                                /* Redis down: try again next tick */
+    self = instance_json();
+    text = cJSON_PrintUnformatted(self);
+    cJSON_Delete(self);
+    if (text == NULL)
+        return;
+    snprintf(key, sizeof key, "%s%s", PEERS_INSTANCE_PREFIX, g_cfg.instance_id);
+    redisAppendCommand(*cp, "SET %s %s PX %d", key, text, PEERS_LIVE_MS);
+    redisAppendCommand(*cp, "ZADD %s %lld %s", PEERS_INSTANCES_KEY, (long long)util_wall_ms(),
+                       g_cfg.instance_id);
+    redisAppendCommand(*cp, "ZREMRANGEBYSCORE %s -inf %lld", PEERS_INSTANCES_KEY,
+                       (long long)(util_wall_ms() - 10 * PEERS_LIVE_MS));
+    free(text);
+    for (int i = 0; i < 3; i++) {
+        if (redisGetReply(*cp, (void **)&r) != REDIS_OK || r == NULL) {
+            redisFree(*cp);
+            *cp = NULL;
+            return;
+        }
+        freeReplyObject(r);
+    }
+}
+
+static void *publisher_main(void *arg)
+{
+    redisContext *c = NULL;
+    struct timespec deadline;
+
+    (void)arg;
+    pthread_mutex_lock(&pub_mu);
+    while (!pub_stop) {
+        pthread_mutex_unlock(&pub_mu);
+        publish_once(&c);
+        pthread_mutex_lock(&pub_mu);
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += 1;
+        while (!pub_stop && pthread_cond_timedwait(&pub_cv, &pub_mu, &deadline) == 0)
+            ;
+    }
+    pthread_mutex_unlock(&pub_mu);
+    if (c != NULL) {                           /* leave the cluster view at once */
+        redisReply *r = redisCommand(c, "ZREM %s %s", PEERS_INSTANCES_KEY, g_cfg.instance_id);
+        freeReplyObject(r);
+        r = redisCommand(c, "DEL %s%s", PEERS_INSTANCE_PREFIX, g_cfg.instance_id);
+        freeReplyObject(r);
+        redisFree(c);
+    }
+    return NULL;
+}
+
+int peers_start(void)
+{
+    started_at = util_now_s();
+    pub_stop = 0;
+    if (pthread_create(&pub_thread, NULL, publisher_main, NULL) != 0)
+        return -1;
+    pub_running = 1;
+    return 0;
+}
+
+void peers_stop(void)
+{
+    if (!pub_running)
+        return;
+    pthread_mutex_lock(&pub_mu);
+    pub_stop = 1;
+    pthread_cond_signal(&pub_cv);
+    pthread_mutex_unlock(&pub_mu);
+    pthread_join(pub_thread, NULL);
+    pub_running = 0;
+}

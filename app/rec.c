@@ -1,0 +1,132 @@
+/* rec: relaxed atomic counters and fixed-bucket histograms. */
+#include "rec.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+const double rec_bucket_s[REC_NBUCKETS] = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                            0.005,  0.01,    0.025,  0.05,  0.1,
+                                            0.25,   0.5,     1,      2.5 };
+
+const int rec_status[REC_NSTATUS] = { 200, 201, 400, 401, 403, 404, 405, 409,
+                                      413, 414, 431, 500, 502, 503, 504 };
+
+typedef struct histogram {
+    _Atomic uint64_t bucket[REC_NBUCKETS + 1];
+    _Atomic uint64_t sum_us;
+} histogram;
+
+/* Statistics only: nothing is ordered by them, hence relaxed everywhere. */
+static _Atomic uint64_t requests[REC_ROUTE_SLOTS][REC_NSTATUS + 1][API_ERR_COUNT];
+static histogram route_latency[REC_ROUTE_SLOTS];
+static histogram backend_latency[REC_BACKEND_COUNT];
+static _Atomic uint64_t backend_errors[REC_BACKEND_COUNT];
+static _Atomic uint64_t events[REC_EVENT_COUNT];
+static _Atomic uint64_t batches, batch_buyers, batch_largest;
+
+static void observe(histogram *h, int64_t us)
+{
+    size_t i = 0;
+
+    if (us < 0)
+        us = 0;
+    while (i < REC_NBUCKETS && (double)us > rec_bucket_s[i] * 1e6)
+        i++;
+    atomic_fetch_add_explicit(&h->bucket[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_us, (uint64_t)us, memory_order_relaxed);
+}
+
+static void snapshot(const histogram *h, rec_histogram *out)
+{
+    for (size_t i = 0; i <= REC_NBUCKETS; i++)
+        out->bucket[i] = atomic_load_explicit(&h->bucket[i], memory_order_relaxed);
+    out->sum_us = atomic_load_explicit(&h->sum_us, memory_order_relaxed);
+}
+
+static int route_slot(int route)
+{
+    return route >= 0 && route < REC_MAX_ROUTES ? route : REC_MAX_ROUTES;
+}
+
+void rec_request(int route, int status, api_err err, int64_t latency_us)
+{
+    size_t s = 0;
+    int r = route_slot(route);
+
+    while (s < REC_NSTATUS && rec_status[s] != status)
+        s++;
+    if ((unsigned)err >= API_ERR_COUNT)
+        err = API_OK;
+    atomic_fetch_add_explicit(&requests[r][s][err], 1, memory_order_relaxed);
+    observe(&route_latency[r], latency_us);
+}
+
+void rec_backend(enum rec_backend b, int64_t latency_us, int ok)
+{
+    if ((unsigned)b >= REC_BACKEND_COUNT)
+        return;
+    observe(&backend_latency[b], latency_us);
+    if (!ok)
+        atomic_fetch_add_explicit(&backend_errors[b], 1, memory_order_relaxed);
+}
+
+void rec_redis_call(int64_t latency_us, int ok)
+{
+    rec_backend(REC_REDIS, latency_us, ok);
+}
+
+void rec_note(enum rec_event ev)
+{
+    if ((unsigned)ev < REC_EVENT_COUNT)
+        atomic_fetch_add_explicit(&events[ev], 1, memory_order_relaxed);
+}
+
+void rec_batch(int buyers)
+{
+    uint64_t n = (uint64_t)buyers, seen = atomic_load_explicit(&batch_largest, memory_order_relaxed);
+
+    atomic_fetch_add_explicit(&batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&batch_buyers, n, memory_order_relaxed);
+    while (n > seen && !atomic_compare_exchange_weak_explicit(&batch_largest, &seen, n,
+                                                              memory_order_relaxed,
+                                                              memory_order_relaxed))
+        ;
+}
+
+uint64_t rec_requests(int route, int status, api_err err)
+{
+    if (route < 0 || route >= REC_ROUTE_SLOTS || status < 0 || status > REC_NSTATUS ||
+        (unsigned)err >= API_ERR_COUNT)
+        return 0;
+    return atomic_load_explicit(&requests[route][status][err], memory_order_relaxed);
+}
+
+void rec_request_latency(int route, rec_histogram *out)
+{
+    snapshot(&route_latency[route_slot(route)], out);
+}
+
+void rec_backend_latency(enum rec_backend b, rec_histogram *out)
+{
+    snapshot(&backend_latency[(unsigned)b < REC_BACKEND_COUNT ? b : REC_REDIS], out);
+}
+
+uint64_t rec_backend_errors(enum rec_backend b)
+{
+    return (unsigned)b < REC_BACKEND_COUNT
+               ? atomic_load_explicit(&backend_errors[b], memory_order_relaxed)
+               : 0;
+}
+
+uint64_t rec_event_count(enum rec_event ev)
+{
+    return (unsigned)ev < REC_EVENT_COUNT ? atomic_load_explicit(&events[ev], memory_order_relaxed)
+                                          : 0;
+}
+
+void rec_batch_counts(uint64_t *b, uint64_t *buyers, uint64_t *largest)
+{
+    *b = atomic_load_explicit(&batches, memory_order_relaxed);
+    *buyers = atomic_load_explicit(&batch_buyers, memory_order_relaxed);
+    *largest = atomic_load_explicit(&batch_largest, memory_order_relaxed);
+}

@@ -1,0 +1,199 @@
+/* ulock_redisson: the "reentrant" strategy, the safe default. The lock
+ * library's Redisson-compatible lock (lock.h) on the worker's own Redis
+ * connection: a reentrant hash with a lease, a fencing token per grant,
+ * and the order id's INCR in the same round trip as the attempt. */
+#include "ulock.h"
+#include "config.h"
+#include "lock.h"
+#include "log.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* What a hold keeps: its release request, whose id makes a retried
+ * release idempotent. */
+typedef struct priv {
+    lock_release_req rq;
+} priv;
+
+_Static_assert(sizeof(priv) <= ULOCK_PRIV_BYTES, "ulock_hold.priv too small");
+
+static priv *priv_of(ulock_hold *h)
+{
+    return (priv *)(void *)h->priv;
+}
+
+/* A lock whose acquire reply was lost may still have been granted: it is
+ * released at this worker's next attempt, or the user is locked out for a
+ * whole lease. One per worker thread. */
+static _Thread_local struct {
+    char key[64];
+    char owner[128];
+    long lease_ms;
+} orphan;
+
+static ulock_status status_of(lock_status st)
+{
+    return st == LOCK_OK ? ULOCK_OK : st == LOCK_BUSY ? ULOCK_BUSY : ULOCK_ERR;
+}
+
+/* Releases this worker's orphan, if any. 0, or -1 when Redis failed. */
+static int release_orphan(conn_set *cs, redisContext *c)
+{
+    if (orphan.key[0] == '\0')
+        return 0;
+    /* Not ours (LOCK_NOT_OWNER) is the usual answer: nothing was granted. */
+    if (lock_release(c, orphan.key, orphan.owner, orphan.lease_ms, NULL) == LOCK_OK)
+        log_warn("released %s, granted after its reply was lost", orphan.key);
+    if (c->err) {
+        conn_redis_broken(cs);
+        return -1;
+    }
+    orphan.key[0] = '\0';
+    return 0;
+}
+
+/* The attempt with the order id's INCR in the same round trip: INCR
+ * first, so that the acquire is the last reply (its NOSCRIPT fallback
+ * waits on the connection). A busy lock wastes an id; ids need not be
+ * dense. */
+static lock_status take_with_id(redisContext *c, ulock_hold *h, lock_grant *g, ulock_id *id)
+{
+    idw_op iop;
+    lock_acquire_op aop;
+
+    idw_send(c, g_cfg.id_prefix, (int64_t)time(NULL), &iop);
+    lock_acquire_send(c, &aop, h->key, h->owner, h->lease_ms);
+    id->st = idw_recv(c, &iop, &id->value);
+    id->taken = 1;
+    return lock_acquire_recv(c, &aop, g);
+}
+
+static ulock_status acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+{
+    redisContext *c = cs->redis;
+    lock_grant g = { -1, -1 };
+    lock_status st;
+
+    if (release_orphan(cs, c) != 0)
+        return ULOCK_ERR;
+    lock_release_req_init(&priv_of(h)->rq);
+    st = id != NULL ? take_with_id(c, h, &g, id)
+                    : lock_try_acquire(c, h->key, h->owner, h->lease_ms, &g);
+    if (st == LOCK_OK)
+        h->token = g.token;
+    if (st == LOCK_ERR && c->err) {
+        snprintf(orphan.key, sizeof orphan.key, "%s", h->key);
+        snprintf(orphan.owner, sizeof orphan.owner, "%s", h->owner);
+        orphan.lease_ms = h->lease_ms;
+    }
+    if (c->err)
+        conn_redis_broken(cs);
+    return status_of(st);
+}
+
+static void warn_expired(const ulock_hold *h)
+{
+    log_warn("lock %s expired during the order (lease %ld ms too short?)", h->key, h->lease_ms);
+}
+
+/* A lost reply is retried on the worker's connection, then once on a
+ * fresh one, with the same request id: the release is idempotent, so the
+ * retry cannot free the lock twice nor report "not owner" for our own
+ * first release (or for the batch leader's). */
+static void release(conn_set *cs, ulock_hold *h)
+{
+    redisContext *c = cs->redis;    /* NULL if it broke meanwhile: the lease frees it */
+    lock_release_req *rq = &priv_of(h)->rq;
+    lock_status ls;
+
+    if (c == NULL)
+        return;
+    ls = lock_release_ex(c, h->key, h->owner, h->lease_ms, rq, NULL);
+    if (ls == LOCK_ERR && c->err) {
+        conn_redis_broken(cs);
+        if ((c = conn_redis(cs)) == NULL)
+            return;
+        ls = lock_release_ex(c, h->key, h->owner, h->lease_ms, rq, NULL);
+    }
+    if (ls == LOCK_NOT_OWNER)
+        warn_expired(h);
+    if (c->err)
+        conn_redis_broken(cs);
+}
+
+/* Every INCR, then every acquire, in one round trip on the leader's
+ * connection. */
+static void acquire_many(conn_set *cs, ulock_hold *const *h, ulock_id *id, size_t n)
+{
+    lock_acquire_op *ops = xmalloc(sizeof *ops * n);
+    idw_op *iops = xmalloc(sizeof *iops * n);
+    lock_grant *g = xmalloc(sizeof *g * n);
+    lock_status *st = xmalloc(sizeof *st * n);
+    int64_t now = (int64_t)time(NULL);
+    redisContext *c = conn_redis(cs);
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        lock_release_req_init(&priv_of(h[i])->rq);
+        st[i] = LOCK_ERR;
+    }
+    if (c != NULL) {
+        for (i = 0; i < n; i++)
+            idw_send(c, g_cfg.id_prefix, now, &iops[i]);
+        for (i = 0; i < n; i++)
+            lock_acquire_send(c, &ops[i], h[i]->key, h[i]->owner, h[i]->lease_ms);
+        for (i = 0; i < n; i++) {
+            id[i].st = idw_recv(c, &iops[i], &id[i].value);
+            id[i].taken = 1;
+        }
+        lock_acquire_recv_many(c, ops, n, g, st);
+        if (c->err)
+            conn_redis_broken(cs);
+    }
+    for (i = 0; i < n; i++) {
+        h[i]->taken = status_of(st[i]);
+        if (st[i] == LOCK_OK)
+            h[i]->token = g[i].token;
+    }
+    free(st);
+    free(g);
+    free(iops);
+    free(ops);
+}
+
+/* After a batch's commit, in one round trip on the leader's connection.
+ * A failure leaves each hold's own release to retry it. */
+static void release_many(conn_set *cs, ulock_hold *const *h, size_t n, unsigned char *done)
+{
+    lock_release_item *items;
+    redisContext *c = conn_redis(cs);
+
+    if (c == NULL)
+        return;
+    items = xmalloc(sizeof *items * n);
+    for (size_t i = 0; i < n; i++)
+        items[i] = (lock_release_item){ .key = h[i]->key, .owner = h[i]->owner,
+                                        .lease_ms = h[i]->lease_ms, .rq = &priv_of(h[i])->rq };
+    lock_release_many(c, items, n);
+    for (size_t i = 0; i < n; i++) {
+        done[i] = items[i].st != LOCK_ERR;
+        if (items[i].st == LOCK_NOT_OWNER)
+            warn_expired(h[i]);
+    }
+    if (c->err)
+        conn_redis_broken(cs);
+    free(items);
+}
+
+const ulock_backend ulock_reentrant = {
+    .name = "reentrant",
+    .tokens = 1,
+    .unavailable = "redis unavailable, retry later",
+    .acquire = acquire,
+    .release = release,
+    .acquire_many = acquire_many,
+    .release_many = release_many,
+};
