@@ -12,7 +12,7 @@ small Python HTTP servers behind it that answer, hang up, or hang:
     the access log names the upstream, nothing is written outside the prefix;
   - make bench's stand-in upstream (loadtest/upstream200.c) frames requests as
     nginx expects and keeps its connections;
-  - /admin, /metrics and /stats answer only the allow-list (--allow; loopback
+  - /admin, /metrics and /stats (nginx's own /stats/edge too) answer only the allow-list (--allow; loopback
     by default): a client on 127.0.0.2 with an allow-list of 127.0.0.1 gets
     403 with the JSON error body, whatever the spelling of the path or its
     headers, and reaches every other path.
