@@ -119,15 +119,22 @@ def reconcile(srv, rs, vid, acked, initial, timeout=30.0):
     if r_stock != pg_stock or r_buyers != set(users):
         fail(f"Redis stock {r_stock} / {len(r_buyers)} buyers vs Postgres {pg_stock} / "
              f"{len(users)}")
-    if not v["redis"]["agree"] or v["orders"] != len(rows):
-        fail(f"/stats does not see the agreement: {v}")
+    # /stats is a snapshot of at most STATS_INTERVAL_MS: the rows the
+    # consumers wrote show in the next one.
+    deadline = time.monotonic() + 10
+    while not v.get("redis", {}).get("agree") or v["orders"] != len(rows):
+        if time.monotonic() > deadline:
+            fail(f"/stats does not see the agreement: {v}")
+        time.sleep(0.2)
+        st = stats(srv)
+        v = voucher_stats(st, vid)
     return st, len(rows)
 
 
 def counter(srv, name):
     r = srv.get("/metrics")
     for line in r.body.splitlines() if isinstance(r.body, str) else []:
-        if line.startswith(name + "{"):
+        if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     fail(f"{name} not in /metrics")
 
