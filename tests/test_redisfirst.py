@@ -59,6 +59,42 @@ def an_instance_refuses_a_redis_that_would_lose_acknowledged_orders():
 
 
 @test
+def durability_wait_answers_200_only_once_a_replica_has_the_order():
+    # Redis without AOF, as a Sentinel-run master may be; one replica.
+    rs = durable_redis(["--appendonly", "no"])
+    replica = ss.RedisServer(args=["--replicaof", "127.0.0.1", str(rs.port)]).start()
+    a = None
+    try:
+        deadline = time.monotonic() + 10
+        while "master_link_status:up" not in rcli(replica, "INFO", "replication"):
+            if time.monotonic() > deadline:
+                fail("the replica did not connect")
+            time.sleep(0.05)
+        a = server("rf-wait", rs, REDIS_ORDER_DURABILITY="wait", REDIS_ORDER_WAIT_MS=300)
+        vid = ss.new_voucher(a, TOKEN, 10)
+        r = a.seckill(vid, 7700001)
+        if r.status != 200:
+            fail(f"with a replica: {r.status} {r.body}")
+        oid = r.body["orderId"]
+        if rcli(replica, "SISMEMBER", f"seckill:v:{{{vid}}}:buyers", 7700001) != "1":
+            fail("answered 200 before the replica had the buyer")
+        replica.kill()
+        r = a.seckill(vid, 7700002)
+        if r.status != 503:
+            fail(f"without a replica: {r.status} {r.body} (want 503)")
+        # The order stands (it is in the stream): the retry is a duplicate.
+        r = a.seckill(vid, 7700002)
+        if r.status != 409 or r.body["error"] != "already_ordered":
+            fail(f"the retry: {r.status} {r.body}")
+        reconcile(a, rs, vid, {7700001: int(oid)}, 10)
+    finally:
+        replica.kill()
+        if a is not None:
+            a.stop_ok()
+        rs.kill()
+
+
+@test
 def a_sale_through_two_instances_sells_once_per_user_and_every_order_lands():
     rs = durable_redis()
     a = server("rf-a", rs)
