@@ -643,6 +643,8 @@ class Ladder:
         if load["kind"] == "sale":
             n = load["requests"] if not self.args.quick else load["requests"] // 2
             return f"sale {n}x{load['concurrency']}"
+        if load["kind"] == "crash":
+            return f"burst {load['requests']}x{load['concurrency']}, kill"
         return f"storm {load['connections']}x{load['seconds']:g}s"
 
     def safe_defaults(self):

@@ -85,7 +85,7 @@ def ladder_runs_and_every_step_shows_its_outcome():
         state["doc"] = json.load(f)
     steps = {s["key"]: s for s in state["doc"]["steps"]}
     want = ["naive", "cas", "optimistic", "pessimistic", "none", "local-1", "local-2", "setnx",
-            "owner", "reentrant", "batched"]
+            "owner", "reentrant", "batched", "redis-lost", "redis-durable"]
     if [s["key"] for s in state["doc"]["steps"]] != want:
         fail(f"steps {[s['key'] for s in state['doc']['steps']]}, want {want}")
     missed = [f"{s['step']} {s['key']}: {[c['text'] for c in s['checks'] if not c['ok']]}"
@@ -111,6 +111,11 @@ def ladder_runs_and_every_step_shows_its_outcome():
          "owner: release refused, 1 order"),
         (s["reentrant"]["orders"] == 1 and s["reentrant"]["renewals"] >= 1,
          "reentrant: 1 order, lease renewed"),
+        (s["redis-lost"]["lost"] > 0 and s["redis-lost"]["lost"] <= s["redis-lost"]["ok"],
+         "redis-first without AOF: acknowledged orders lost to the Redis kill"),
+        (s["redis-durable"]["ok"] > 0 and s["redis-durable"]["lost"] == 0
+         and s["redis-durable"]["orders"] == s["redis-durable"]["ok"],
+         "redis-first with appendfsync always: every acknowledged order a row"),
     ]
     bad = [what for ok, what in facts if not ok]
     if bad:
@@ -123,8 +128,8 @@ def ladder_writes_table_report_and_chart():
         fail("no ladder run to look at")
     with open(os.path.join(OUT, "ladder.txt"), encoding="utf-8") as f:
         table = f.read()
-    if "oversold" not in table or len(table.strip().splitlines()) != 12:
-        fail(f"ladder.txt is not the 11-step table:\n{table}")
+    if "oversold" not in table or len(table.strip().splitlines()) != 14:
+        fail(f"ladder.txt is not the 13-step table:\n{table}")
     if "oversold" not in state["output"] or "RESULT: every step" not in state["output"]:
         fail("the terminal output lacks the table or the result line")
     with open(os.path.join(OUT, "ladder.md"), encoding="utf-8") as f:
@@ -146,8 +151,8 @@ def ladder_writes_table_report_and_chart():
     with open(html_path, encoding="utf-8") as f:
         html = f.read()
     sections = html.split('<section class="card step"')[1:]
-    if len(html) < 20000 or not html.rstrip().endswith("</html>") or len(sections) != 11:
-        fail(f"ladder.html: {len(html)} chars, {len(sections)} step sections (want 11)")
+    if len(html) < 20000 or not html.rstrip().endswith("</html>") or len(sections) != 13:
+        fail(f"ladder.html: {len(html)} chars, {len(sections)} step sections (want 13)")
     for n, sec in enumerate(sections, 1):
         missing = [w for w in (f'id="step-{n}"', "<svg", "latency per", "p99", "oversold",
                                "duplicate users", "stock drift", "expected", "reproduced")
