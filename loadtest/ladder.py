@@ -578,6 +578,11 @@ class Ladder:
         self.crash_facts = {}
         log(f"step {num} ({step['title']}): {step['instances']} instance(s), "
             + " ".join(f"{k}={v}" for k, v in env.items()))
+        # Redis's persistence first: an instance that must acknowledge
+        # durably refuses to start against a Redis that is not. (A first
+        # start gets stack.sh's default for SECKILL_STOCK=redis: always.)
+        if step.get("redis_aof") and self.stack.started:
+            self.redis_persistence(step["redis_aof"])
         if self.stack.configure(step["instances"], env):
             self.setup_db()
         if step.get("redis_aof"):
