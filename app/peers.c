@@ -4,6 +4,7 @@
 #include "conn.h"
 #include "expo.h"
 #include "log.h"
+#include "script.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -132,6 +133,10 @@ static void publish_once(redisContext **cp)
     char *text;
     redisReply *r;
 
+    if (*cp != NULL && !conn_redis_current(*cp)) {
+        redisFree(*cp);                        /* the master moved (failover) */
+        *cp = NULL;
+    }
     if (*cp == NULL && (*cp = conn_redis_open(err, sizeof err)) == NULL)
         return;                                /* Redis down: try again next tick */
     self = instance_json();
@@ -147,7 +152,7 @@ static void publish_once(redisContext **cp)
                        (long long)(util_wall_ms() - 10 * PEERS_LIVE_MS));
     free(text);
     for (int i = 0; i < 3; i++) {
-        if (redisGetReply(*cp, (void **)&r) != REDIS_OK || r == NULL) {
+        if (redisGetReply(*cp, (void **)&r) != REDIS_OK || (r = script_demoted(*cp, r)) == NULL) {
             redisFree(*cp);
             *cp = NULL;
             return;
