@@ -116,6 +116,8 @@ cleanup:
     cJSON *lock = cJSON_GetObjectItemCaseSensitive(cluster, "lock");
     cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMeanMs");
     cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMaxMs");
+    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(cluster, "redis"),
+                                            "syncReplicas");
     return rc;
 }
 

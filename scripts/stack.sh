@@ -32,7 +32,7 @@
 #                      (REDIS_PORT is not used); the instances find the master
 #                      through the Sentinels (REDIS_SENTINELS, REDIS_MASTER_NAME)
 #   REDIS_MASTER_NAME  the master's name in the Sentinels (default seckill)
-#   SENTINEL_DOWN_AFTER_MS      a silent master is down after this long (default 1000)
+#   SENTINEL_DOWN_AFTER_MS      a silent master is down after this long (default 2000)
 #   SENTINEL_FAILOVER_TIMEOUT_MS  Sentinel's failover-timeout (default 3000)
 #   INSTANCE_ENV_<i>   extra settings of instance i only, "NAME=value NAME=value"
 #                      (e.g. INSTANCE_ENV_1="DEMO_PAUSE_MS=8000")
@@ -66,7 +66,7 @@ PG_PORT=${PG_PORT:-auto}
 REDIS_PORT=${REDIS_PORT:-auto}
 REDIS_HA=${REDIS_HA:-0}
 REDIS_MASTER_NAME=${REDIS_MASTER_NAME:-seckill}
-SENTINEL_DOWN_AFTER_MS=${SENTINEL_DOWN_AFTER_MS:-1000}
+SENTINEL_DOWN_AFTER_MS=${SENTINEL_DOWN_AFTER_MS:-2000}
 SENTINEL_FAILOVER_TIMEOUT_MS=${SENTINEL_FAILOVER_TIMEOUT_MS:-3000}
 HA_NODES=3        # Redis servers (a master, two replicas) and Sentinels of REDIS_HA=1
 EXTERNAL_PG_DSN=${EXTERNAL_PG_DSN:-}

@@ -337,7 +337,7 @@ class SentinelServer:
     master_port with quorum 2; its config file (which Sentinel rewrites) is
     its own, in TEST_TMP."""
 
-    def __init__(self, name, master_port, down_after_ms=1000, failover_timeout_ms=3000):
+    def __init__(self, name, master_port, down_after_ms=2000, failover_timeout_ms=3000):
         self.port = free_port()
         self.dir = os.path.join(TEST_TMP, f"sentinel-{self.port}")
         os.makedirs(self.dir, exist_ok=True)
@@ -390,7 +390,7 @@ class RedisHA:
     """A master, 'replicas' replicas and three Sentinels (quorum 2) of the
     test's own. nodes[0] is the first master."""
 
-    def __init__(self, name="seckill", replicas=2, down_after_ms=1000, failover_timeout_ms=3000):
+    def __init__(self, name="seckill", replicas=2, down_after_ms=2000, failover_timeout_ms=3000):
         self.name = name
         self.down_after_ms = down_after_ms
         master = RedisServer().start()
