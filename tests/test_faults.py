@@ -681,7 +681,8 @@ FAILOVER_BOUND_S = 15.0         # kill -> first 200 must be within this
 
 
 class HAStack(Stack):
-    """The same stack with Redis under Sentinel (REDIS_HA=1)."""
+    """The same stack with Redis under Sentinel (REDIS_HA=1); kit.Stack's
+    failover helpers, their errors as test failures."""
 
     def __init__(self):
         kit.Stack.__init__(self, HA_RUN_DIR, ss.stack_settings(
@@ -690,78 +691,35 @@ class HAStack(Stack):
         self.spawned = []
         self.images = {}
 
-    @property
-    def redis_ports(self):
-        return [int(p) for p in self.info["REDIS_PORTS"].split()]
-
     def cli(self, port, *args, timeout=5):
-        return ss.redis(list(args), url=f"redis://127.0.0.1:{port}/0", timeout=timeout)
-
-    def sentinel_masters(self):
-        """The master's port as each Sentinel names it."""
-        out = []
-        for p in self.info["SENTINEL_PORTS"].split():
-            try:
-                a = self.cli(p, "SENTINEL", "get-master-addr-by-name",
-                             self.info["REDIS_MASTER_NAME"], timeout=2).split()
-                out.append(int(a[1]))
-            except (AssertionError, IndexError, ValueError):
-                out.append(None)
-        return out
+        try:
+            return kit.redis_cli(port, *args, timeout=timeout)
+        except kit.KitError as e:
+            fail(str(e))
 
     def master(self):
-        """(node number 1..3, port) of the master the Sentinels agree on."""
-        ports = set(self.sentinel_masters())
-        if len(ports) != 1 or None in ports:
-            fail(f"the Sentinels disagree on the master: {ports}")
-        port = ports.pop()
-        return self.redis_ports.index(port) + 1, port
-
-    def role(self, port):
         try:
-            return self.cli(port, "ROLE", timeout=2).split()[0]
-        except (AssertionError, IndexError):
-            return None
+            return self.redis_master()
+        except kit.KitError as e:
+            fail(str(e))
 
     def wait_new_master(self, old_port, timeout=30):
-        """Waits until every Sentinel names another master and it is one;
-        returns (seconds waited, port)."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            ports = set(self.sentinel_masters())
-            if len(ports) == 1 and None not in ports and old_port not in ports:
-                p = ports.pop()
-                if self.role(p) == "master":
-                    return time.monotonic() - t0, p
-            time.sleep(0.05)
-        fail(f"no failover away from {old_port} within {timeout}s")
+        try:
+            return self.wait_failover(old_port, timeout)
+        except kit.KitError as e:
+            fail(str(e))
 
     def wait_replica(self, port, timeout=30):
-        """Waits until the node on port is a replica whose link is up."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if "master_link_status:up" in self.cli(port, "INFO", "replication", timeout=2):
-                    return
-            except AssertionError:
-                pass
-            time.sleep(0.1)
-        fail(f"Redis on {port} is not a replica in sync within {timeout}s")
+        try:
+            return kit.Stack.wait_replica(self, port, timeout)
+        except kit.KitError as e:
+            fail(str(e))
 
     def restart_node(self, n, master_port):
-        """Node n (killed) again, as scripts/stack.sh starts it, as a replica."""
-        port = self.redis_ports[n - 1]
-        d = os.path.join(HA_RUN_DIR, f"redis-{n}")
-        p = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--dir", d, "--logfile",
-             os.path.join(d, "redis.log"), "--protected-mode", "yes", "--replicaof",
-             "127.0.0.1", str(master_port)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
-        self.spawned.append(p)
-        self.set_pid(f"redis-{n}", p.pid)
-        self.wait_replica(port)
+        try:
+            self.spawned.append(self.restart_redis_node(n, master_port))
+        except kit.KitError as e:
+            fail(str(e))
 
 
 def the_ha_stack():
@@ -778,17 +736,11 @@ def the_ha_stack():
 
 
 def evalsha_calls(st, port):
-    for line in st.cli(port, "INFO", "commandstats").splitlines():
-        if line.startswith("cmdstat_evalsha:"):
-            return int(line.split("calls=")[1].split(",")[0])
-    return 0
+    return kit.redis_info_count(port, "commandstats", "cmdstat_evalsha:", "calls")
 
 
 def readonly_errors(st, port):
-    for line in st.cli(port, "INFO", "errorstats").splitlines():
-        if line.startswith("errorstat_READONLY:"):
-            return int(line.split("count=")[1].split(",")[0])
-    return 0
+    return kit.redis_info_count(port, "errorstats", "errorstat_READONLY:", "count")
 
 
 def failover_checks(st, v, recs, t_fault, label, new_port):
