@@ -167,7 +167,8 @@ static void on_notice(const redisReply *r)
  * calls); a failing Sentinel's connections are dropped ('*sub' too). */
 static void query(redisContext **cmd, redisContext **sub)
 {
-    char host[256], err[256];
+    static int failing;                /* said once until a Sentinel answers again */
+    char host[256], err[256] = "";
     int port, i = st.current;
 
     for (int tried = 0; tried < g_cfg.n_sentinels; tried++) {
@@ -178,6 +179,10 @@ static void query(redisContext **cmd, redisContext **sub)
             int rc = ask(*cmd, host, sizeof host, &port, err, sizeof err);
             if (rc == 1) {
                 st.current = i;
+                if (failing)
+                    log_info("redis: a Sentinel answers again (%s:%d)", g_cfg.sentinels[i].host,
+                             g_cfg.sentinels[i].port);
+                failing = 0;
                 set_master(host, port, "asked a Sentinel");
                 return;
             }
@@ -194,8 +199,10 @@ static void query(redisContext **cmd, redisContext **sub)
         st.current = i;
     }
     count(&n_query_errors);
-    log_warn("redis: no Sentinel answered where the master '%s' is (last: %s)",
-             g_cfg.master_name, err);
+    if (!failing)
+        log_warn("redis: no Sentinel answered where the master '%s' is (last: %s); keeping "
+                 "%s:%d and asking every second", g_cfg.master_name, err, st.host, st.port);
+    failing = 1;
 }
 
 static int64_t ms_now(void)
