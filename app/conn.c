@@ -97,7 +97,8 @@ static int socket_stale(int fd)
     return 1;
 }
 
-/* The next pipelined reply; 0 unless it is an error (then 'err' says which). */
+/* The next pipelined reply of the set-up; 0 unless it is an error (then
+ * 'err' says which: the command refused, or the connection failed). */
 static int next_ok(redisContext *c, char *err, size_t errlen, const char *what)
 {
     void *reply = NULL;
@@ -110,8 +111,10 @@ static int next_ok(redisContext *c, char *err, size_t errlen, const char *what)
     }
     r = reply;
     ok = r != NULL && r->type != REDIS_REPLY_ERROR;
-    if (!ok)
-        snprintf(err, errlen, "%s: %s", what, r ? r->str : c->errstr);
+    if (r != NULL && !ok)
+        snprintf(err, errlen, "%s: %s", what, r->str);
+    else if (r == NULL)
+        snprintf(err, errlen, "set-up: %s", c->errstr);
     freeReplyObject(r);
     return ok;
 }
@@ -129,7 +132,7 @@ static int next_is_master(redisContext *c, const char *host, int port, char *err
     }
     r = reply;
     if (r == NULL) {
-        snprintf(err, errlen, "ROLE: %s", c->errstr);
+        snprintf(err, errlen, "set-up: %s", c->errstr);
     } else if (r->type == REDIS_REPLY_ERROR) {
         snprintf(err, errlen, "ROLE: %s", r->str);
     } else if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
@@ -182,17 +185,20 @@ static redisContext *open_master(char *err, size_t errlen, uint64_t *gen)
         snprintf(err, errlen, "socket options: %s", c->errstr);
         goto fail;
     }
-    if (u->password[0] != '\0') {
-        if (u->username[0] != '\0')
-            redisAppendCommand(c, "AUTH %s %s", u->username, u->password);
-        else
-            redisAppendCommand(c, "AUTH %s", u->password);
+    ok = REDIS_OK;
+    if (u->password[0] != '\0')
+        ok = u->username[0] != '\0' ? redisAppendCommand(c, "AUTH %s %s", u->username, u->password)
+                                    : redisAppendCommand(c, "AUTH %s", u->password);
+    if (ok == REDIS_OK && u->db != 0)
+        ok = redisAppendCommand(c, "SELECT %d", u->db);
+    if (ok == REDIS_OK)
+        ok = redisAppendCommand(c, "CLIENT SETNAME seckill:%s", g_cfg.instance_id);
+    if (ok == REDIS_OK && sentinel_enabled())
+        ok = redisAppendCommand(c, "ROLE");
+    if (ok != REDIS_OK) {
+        snprintf(err, errlen, "set-up: cannot format the commands");
+        goto fail;
     }
-    if (u->db != 0)
-        redisAppendCommand(c, "SELECT %d", u->db);
-    redisAppendCommand(c, "CLIENT SETNAME seckill:%s", g_cfg.instance_id);
-    if (sentinel_enabled())
-        redisAppendCommand(c, "ROLE");
     ok = (u->password[0] == '\0' || next_ok(c, err, errlen, "AUTH")) &&
          (u->db == 0 || next_ok(c, err, errlen, "SELECT")) &&
          /* A name is a courtesy: an ACL user may lack CLIENT, which is no reason to fail. */
