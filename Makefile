@@ -127,8 +127,7 @@ tsan: ## every test with ThreadSanitizer builds in build/tsan (TESTS="...": a su
 # The programs that exercise the threads: the lock's C tests (lock, lock
 # wait, watchdog, order ids), the server's worker pool and strategies, and
 # the server following a Redis failover (the Sentinel follower thread).
-TSAN_CONCURRENCY_TESTS := test_lock test_watchdog test_idw test_workers test_strategies \
-                          test_sentinel
+TSAN_CONCURRENCY_TESTS := test_lock test_watchdog test_idw test_workers test_strategies test_sentinel
 
 tsan-concurrency: ## ThreadSanitizer on the concurrency tests only (what CI runs; ~90 s with the build)
 	@$(MAKE) --no-print-directory tsan TESTS="$(TSAN_CONCURRENCY_TESTS)"

@@ -52,6 +52,13 @@ static const option_def options[] = {
       "open HTTP connections at most" },
     { "CONN_TIMEOUT_S", "conn-timeout", OPT_INT, F(conn_timeout_s), 1, 3600, "15",
       "close an HTTP connection idle this long (seconds)" },
+    { "SHUTDOWN_DRAIN_MS", "shutdown-drain-ms", OPT_INT, F(shutdown_drain_ms), 0, 600000, "6000",
+      "on SIGTERM, how long the instance keeps serving its open connections (each answer with "
+      "Connection: close) for their clients to close them (ms); above nginx's upstream "
+      "keepalive_timeout (5 s)" },
+    { "STATS_INTERVAL_MS", "stats-interval-ms", OPT_INT, F(stats_interval_ms), 0, 60000, "1000",
+      "GET /stats and /metrics read Postgres (one pass over the orders) and Redis at most once "
+      "per this interval, on one thread, for every caller (ms)" },
     { "MAX_BODY", "max-body", OPT_LONG, F(max_body), 0, 1L << 30, "65536",
       "largest request body in bytes (413 above)" },
     { "LOCK_LEASE_MS", "lock-lease-ms", OPT_LEASE, F(lock_lease_ms), 1, 86400000L, "10000",
@@ -68,6 +75,14 @@ static const option_def options[] = {
       "the grant is undone and the buyer gets 503" },
     { "LOCK_SYNC_TIMEOUT_MS", "lock-sync-timeout-ms", OPT_INT, F(lock_sync_timeout_ms), 1,
       60000, "500", "how long a grant waits for those acknowledgements (ms); below REDIS_TIMEOUT_MS" },
+    { "LOCK_TOKEN_TTL_MS", "lock-token-ttl-ms", OPT_LONG, F(lock_token_ttl_ms), 0,
+      2592000000L, "60000",
+      "a lock's fencing-token counter expires this long after its last token (ms; "
+      "0: never, as Redisson's RFencedLock)" },
+    { "FENCE_HORIZON_MS", "fence-horizon-ms", OPT_LONG, F(fence_horizon_ms), 0, 2592000000L,
+      "600000",
+      "order writes whose fencing token is older than this (by Postgres's clock) are refused; "
+      "tb_lock_fence rows twice as old are deleted (ms; 0: neither, rows kept forever)" },
     { "REDIS_TIMEOUT_MS", "redis-timeout-ms", OPT_INT, F(redis_timeout_ms), 10, 60000, "1000",
       "Redis connect and command timeout (ms)" },
     { "PG_CONNECT_TIMEOUT_S", "pg-connect-timeout", OPT_INT, F(pg_connect_timeout_s), 1, 60, "2",
@@ -107,6 +122,12 @@ static const option_def options[] = {
     { "FENCING", "fencing", OPT_BOOL, F(fencing), 0, 1, "1",
       "0, demo only (UNSAFE): order writes skip the fencing token check, so a holder whose "
       "lock was lost still writes" },
+    { "TEST_CLOCK_STEP_MS", "test-clock-step-ms", OPT_INT, F(test_clock_step_ms), 0, 3600000,
+      "0", "testing only: timed waits read the wall clock this far ahead, as if it were "
+      "stepped back by it each time (shows that no wait depends on the wall clock)" },
+    { "REQUEST_DEADLINE_MS", "request-deadline-ms", OPT_INT, F(request_deadline_ms), 0, 600000,
+      "8000", "work not started this long after a request arrived is answered 503 and not "
+      "done (below the proxy's read timeout; 0: no deadline)" },
     { "RETRY_AFTER_S", "retry-after", OPT_INT, F(retry_after_s), 0, 3600, "1",
       "Retry-After seconds sent with 503" },
 };
@@ -747,6 +768,11 @@ int config_load(int argc, char **argv)
     if (strcmp(g_cfg.log_format, "text") != 0 && strcmp(g_cfg.log_format, "json") != 0) {
         fprintf(stderr, "seckill: invalid LOG_FORMAT '%s': expected text or json\n",
                 g_cfg.log_format);
+        return -1;
+    }
+    if (g_cfg.fence_horizon_ms > 0 && g_cfg.fence_horizon_ms < 1000) {
+        fprintf(stderr, "seckill: invalid FENCE_HORIZON_MS=%ld: expected 0 (no horizon) or at "
+                        "least 1000 ms\n", g_cfg.fence_horizon_ms);
         return -1;
     }
     if (g_cfg.lua_dir[0] == '\0')

@@ -46,9 +46,13 @@ typedef struct config {
     int io_threads;             /* libmicrohttpd event threads: never block on Redis/Postgres */
     int max_connections;
     int conn_timeout_s;         /* idle HTTP connection timeout */
+    int shutdown_drain_ms;      /* SIGTERM: serve open connections this long at most */
+    int stats_interval_ms;      /* /stats and /metrics: one refresh per interval at most */
     long max_body;              /* bytes; larger bodies get 413 */
     long lock_lease_ms;         /* per-user order lock lease; -1 = watchdog */
     long watchdog_timeout_ms;   /* watchdog-mode lease, renewed every third of it */
+    long lock_token_ttl_ms;     /* fencing-token counter lifetime after its last token; 0: forever */
+    long fence_horizon_ms;      /* older tokens refused, rows twice as old swept; 0: off */
     int redis_timeout_ms;       /* connect and command timeout */
     int pg_connect_timeout_s;
     int pg_statement_timeout_ms;
@@ -60,6 +64,7 @@ typedef struct config {
     char id_prefix[64];         /* icr:{prefix}:{yyyy:MM:dd} */
     int demo_random_user;
     int retry_after_s;
+    int request_deadline_ms;    /* work not started by then: 503, not done (0: none) */
     int lock_strategy;          /* enum lock_strategy (SECKILL_LOCK) */
     int stock_strategy;         /* enum stock_strategy (SECKILL_STOCK) */
     int demo_delay_ms;          /* sleep between the reads and the writes (demo only) */
@@ -67,6 +72,7 @@ typedef struct config {
     int batch_max;              /* batched: buyers settled in one transaction at most */
     int early_lock_release;     /* optimistic: async commit, then wait for the flush */
     int batch_window_us;        /* batched: how long a batch gathers buyers */
+    int test_clock_step_ms;     /* testing only: util_set_test_clock_step_ms */
     char instance_uuid[37];     /* random per process; lock owner prefix */
 } config;
 

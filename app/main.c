@@ -5,6 +5,7 @@
 #include "bcast.h"
 #include "config.h"
 #include "conn.h"
+#include "fence.h"
 #include "handlers.h"
 #include "http.h"
 #include "lock.h"
@@ -15,6 +16,9 @@
 #include "store.h"
 #include "peers.h"
 #include "sentinel.h"
+#include "util.h"
+#include "stats.h"
+#include "ulock.h"
 #include "version.h"
 
 #include <pthread.h>
@@ -22,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <microhttpd.h>
 
 #define SHUTDOWN_GRACE_MS 5000
@@ -80,11 +85,29 @@ static void check_sync_replicas(void)
     redisFree(c);
 }
 
+/* After the first SIGTERM or SIGINT: a second one ends the process at once,
+ * for a shutdown that is stuck (a request that does not finish). The
+ * signals stay blocked in every thread; this one takes them with sigwait. */
+static void *second_signal_main(void *arg)
+{
+    const sigset_t *sigs = arg;
+    int sig;
+
+    for (;;) {
+        if (sigwait(sigs, &sig) != 0 || sig == SIGHUP)
+            continue;
+        log_warn("second signal %d during the shutdown: exiting at once, requests in flight "
+                 "are cut short", sig);
+        _exit(128 + sig);
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     char err[512];
     sigset_t sigs;
-    int sig, rc;
+    int sig, rc, drain_ms;
 
     /* --version needs no configuration: it answers even when the
      * environment holds something config_load would refuse. */
@@ -98,6 +121,7 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc > 0 ? EXIT_SUCCESS : EXIT_CONFIG;
     log_set_level((enum log_level)g_cfg.log_level);
+    util_set_test_clock_step_ms(g_cfg.test_clock_step_ms);
     log_set_json(strcmp(g_cfg.log_format, "json") == 0);
     {
         char desc[1400];
@@ -119,6 +143,14 @@ int main(int argc, char **argv)
     check_sync_replicas();
 
     conn_set_pg_init(store_prepare);
+    {
+        /* Every histogram has a bound at each timeout, so that calls cut by
+         * one are told from slow ones. */
+        const double timeouts[] = { g_cfg.redis_timeout_ms / 1000.0,
+                                    g_cfg.pg_statement_timeout_ms / 1000.0,
+                                    (double)g_cfg.pg_connect_timeout_s };
+        rec_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
+    }
 
     /* Block the signals in every thread; main alone takes them with sigwait. */
     sigemptyset(&sigs);
@@ -142,6 +174,7 @@ int main(int argc, char **argv)
         .stale = redis_stale,
         .sync_replicas = g_cfg.lock_sync_replicas,
         .sync_timeout_ms = g_cfg.lock_sync_timeout_ms,
+        .token_ttl_ms = g_cfg.lock_token_ttl_ms,
     };
     if (lock_runtime_start(&lo) != 0) {
         log_error("cannot start the lock renewal thread");
@@ -151,8 +184,16 @@ int main(int argc, char **argv)
         log_error("cannot start the broadcast subscriber thread");
         goto out_lock;
     }
-    if (http_start(handlers_routes, handlers_route_count) != 0)
+    if (stats_start() != 0) {
+        log_error("cannot start the stats thread");
         goto out_bcast;
+    }
+    /* Only tokens that are clock readings have an age to sweep by. */
+    if (g_cfg.fence_horizon_ms > 0 && ulock_token_clock() &&
+        fence_start(g_cfg.fence_horizon_ms) != 0)
+        goto out_stats;
+    if (http_start(handlers_routes, handlers_route_count) != 0)
+        goto out_fence;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
@@ -169,9 +210,25 @@ int main(int argc, char **argv)
         if (sigwait(&sigs, &sig) != 0)
             sig = SIGTERM;
     } while (sig == SIGHUP);
-    log_info("signal %d: finishing requests in flight, then stopping", sig);
-    http_stop(SHUTDOWN_GRACE_MS);
+    {
+        pthread_t second;
+        if (pthread_create(&second, NULL, second_signal_main, &sigs) == 0)
+            pthread_detach(second);
+    }
+    /* SIGINT (Ctrl-C; a restart with no traffic to protect) does not wait
+     * for clients to close their idle connections. */
+    drain_ms = sig == SIGINT ? 0 : g_cfg.shutdown_drain_ms;
+    log_info("signal %d: draining (GET /ready answers 503, no new connections, open ones "
+             "closed by their clients within %d ms), finishing requests in flight, then "
+             "stopping; a second signal stops at once", sig, drain_ms);
+    http_drain(drain_ms, SHUTDOWN_GRACE_MS);
+    stats_stop();              /* answers what waits for a snapshot */
+    http_stop();
     rc = EXIT_SUCCESS;
+out_fence:
+    fence_stop();              /* a no-op when not started */
+out_stats:
+    stats_stop();              /* a no-op once stopped */
 out_bcast:
     bcast_stop();
 out_lock:

@@ -15,7 +15,7 @@
 
 static int64_t started_at;
 
-static cJSON *instance_json(void)
+cJSON *peers_self_json(void)
 {
     cJSON *o = cJSON_CreateObject();
     char ts[32];
@@ -29,8 +29,7 @@ static cJSON *instance_json(void)
     return o;
 }
 
-/* Adds every number of 'src' into 'dst', recursively, creating as needed. */
-static void sum_into(cJSON *dst, const cJSON *src)
+void peers_sum(cJSON *dst, const cJSON *src)
 {
     const cJSON *it;
 
@@ -45,23 +44,30 @@ static void sum_into(cJSON *dst, const cJSON *src)
             if (d == NULL)
                 d = cJSON_AddObjectToObject(dst, it->string);
             if (cJSON_IsObject(d))
-                sum_into(d, it);
+                peers_sum(d, it);
         }
     }
 }
 
-int peers_json(redisContext *c, cJSON *instances, cJSON *cluster)
+void peers_cluster_tidy(cJSON *cluster)
+{
+    cJSON *lock = cJSON_GetObjectItemCaseSensitive(cluster, "lock");
+
+    cJSON_DeleteItemFromObjectCaseSensitive(cluster, "port");
+    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMeanMs");
+    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMaxMs");
+    /* A setting, not a count: the same on every instance. */
+    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(cluster, "redis"),
+                                            "syncReplicas");
+}
+
+int peers_others_json(redisContext *c, cJSON *others)
 {
     redisReply *ids = NULL, *vals = NULL;
     const char **argv = NULL;
     size_t *lens = NULL;
     char **keys = NULL;
-    cJSON *self = instance_json();
     int rc = -1;
-
-    cJSON_AddItemToArray(instances, self);
-    sum_into(cluster, self);
-    cJSON_AddBoolToObject(self, "self", 1);
 
     ids = redisCommand(c, "ZRANGEBYSCORE %s %lld +inf", PEERS_INSTANCES_KEY,
                        (long long)(util_wall_ms() - PEERS_LIVE_MS));
@@ -94,10 +100,8 @@ int peers_json(redisContext *c, cJSON *instances, cJSON *cluster)
         if (v->type != REDIS_REPLY_STRING || strcmp(ids->element[i]->str, g_cfg.instance_id) == 0)
             continue;                          /* expired meanwhile, or ourselves */
         cJSON *o = cJSON_ParseWithLength(v->str, v->len);
-        if (o == NULL)
-            continue;
-        cJSON_AddItemToArray(instances, o);
-        sum_into(cluster, o);
+        if (o != NULL)
+            cJSON_AddItemToArray(others, o);
     }
     rc = 0;
 cleanup:
@@ -111,13 +115,6 @@ cleanup:
     free(lens);
     freeReplyObject(ids);
     freeReplyObject(vals);
-    /* Sums of instance metadata, means and maxima mean nothing: counters only. */
-    cJSON_DeleteItemFromObjectCaseSensitive(cluster, "port");
-    cJSON *lock = cJSON_GetObjectItemCaseSensitive(cluster, "lock");
-    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMeanMs");
-    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMaxMs");
-    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(cluster, "redis"),
-                                            "syncReplicas");
     return rc;
 }
 
@@ -125,7 +122,10 @@ cleanup:
 
 static pthread_t pub_thread;
 static pthread_mutex_t pub_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pub_cv = PTHREAD_COND_INITIALIZER;
+/* The tick is a timed wait on the monotonic clock (peers_start): a step of
+ * the wall clock must not stop the publishing, or the instance drops out
+ * of the cluster view. */
+static pthread_cond_t pub_cv;
 static int pub_stop, pub_running;
 
 static void publish_once(redisContext **cp)
@@ -141,7 +141,7 @@ static void publish_once(redisContext **cp)
     }
     if (*cp == NULL && (*cp = conn_redis_open(err, sizeof err)) == NULL)
         return;                                /* Redis down: try again next tick */
-    self = instance_json();
+    self = peers_self_json();
     text = cJSON_PrintUnformatted(self);
     cJSON_Delete(self);
     if (text == NULL)
@@ -174,8 +174,7 @@ static void *publisher_main(void *arg)
         pthread_mutex_unlock(&pub_mu);
         publish_once(&c);
         pthread_mutex_lock(&pub_mu);
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_sec += 1;
+        util_deadline(CLOCK_MONOTONIC, 1000000, &deadline);
         while (!pub_stop && pthread_cond_timedwait(&pub_cv, &pub_mu, &deadline) == 0)
             ;
     }
@@ -194,8 +193,12 @@ int peers_start(void)
 {
     started_at = util_now_s();
     pub_stop = 0;
-    if (pthread_create(&pub_thread, NULL, publisher_main, NULL) != 0)
+    if (util_cond_init_monotonic(&pub_cv) != 0)
         return -1;
+    if (pthread_create(&pub_thread, NULL, publisher_main, NULL) != 0) {
+        pthread_cond_destroy(&pub_cv);
+        return -1;
+    }
     pub_running = 1;
     return 0;
 }
@@ -209,5 +212,6 @@ void peers_stop(void)
     pthread_cond_signal(&pub_cv);
     pthread_mutex_unlock(&pub_mu);
     pthread_join(pub_thread, NULL);
+    pthread_cond_destroy(&pub_cv);
     pub_running = 0;
 }

@@ -8,11 +8,11 @@ One module, in sections, each the only copy of what it does:
                proc_status() / pid_alive() / wait_gone() from /proc, stop_pid(),
                with_settings() (an environment), write_atomic() (a file)
   the stack    Stack: scripts/stack.sh in a RUN_DIR of its own (start, stop,
-               restart-instances with other settings, its env file, PIDs;
-               with REDIS_HA=1 the Sentinels' master, a failover awaited, a
-               node restarted as a replica); redis_cli(), redis_role(),
-               redis_info_count(); start_nginx(): nginx/gen-conf.sh's
-               configuration, nginx on it
+               restart-instances with other settings, rolling-restart, its env
+               file, PIDs; with REDIS_HA=1 the Sentinels' master, a failover
+               awaited, a node restarted as a replica); redis_cli(),
+               redis_role(), redis_info_count(); start_nginx():
+               nginx/gen-conf.sh's configuration, nginx on it
   psql         psql() and psql_value(): SQL on stdin, rows of strings, a timeout
   HTTP         request() and Client: JSON requests with timeouts; call(): the
                same for tools, any failure a KitError; voucher_body()
@@ -246,7 +246,7 @@ class Stack:
         if p.returncode != 0:
             tail = "" if self.log else ":\n" + p.stderr.strip()[-3000:]
             raise KitError(f"scripts/stack.sh {cmd} failed (exit {p.returncode}){tail}")
-        if cmd in ("start", "restart", "restart-instances"):
+        if cmd in ("start", "restart", "restart-instances", "rolling-restart"):
             self.started = True
             self.read_env()
         elif cmd == "stop":
@@ -266,6 +266,11 @@ class Stack:
         nginx and the ports stay."""
         self.set(settings or {})
         return self.command("restart-instances", timeout)
+
+    def rolling_restart(self, timeout=180):
+        """The instances one at a time (scripts/stack.sh rolling-restart):
+        each drains, starts again and is ready before the next one stops."""
+        return self.command("rolling-restart", timeout)
 
     def stop(self, timeout=120):
         return self.command("stop", timeout)

@@ -34,3 +34,11 @@ bench-ab: all ## compare instance settings on one stack, interleaved: make bench
 	@test -n "$(AB)" || { echo "usage: make bench-ab AB=\"'VAR=a' 'VAR=b'\"" >&2; exit 2; }
 	@BENCH_RUN_DIR=$${BENCH_RUN_DIR:-$(abspath $(BUILD))/bench-ab-run} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench_ab.py $(AB)
+
+# Buyers' latency with and without clients polling /stats in a loop
+# (loadtest/bench_pollers.py: POLLERS, POLL_ROUNDS, POLL_SECONDS, POLL_BUYERS,
+# PACE_MS). SECKILL_BIN=<another build> measures that one.
+.PHONY: bench-pollers
+bench-pollers: all ## buyers' p50/p99 through nginx with and without 20 clients polling /stats
+	@BENCH_RUN_DIR=$${BENCH_RUN_DIR:-$(abspath $(BUILD))/bench-pollers-run} \
+	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench_pollers.py
