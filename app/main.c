@@ -145,10 +145,12 @@ int main(int argc, char **argv)
     conn_set_pg_init(store_prepare);
     {
         /* Every histogram has a bound at each timeout, so that calls cut by
-         * one are told from slow ones. */
+         * one are told from slow ones; the request deadline too, when set. */
         const double timeouts[] = { g_cfg.redis_timeout_ms / 1000.0,
                                     g_cfg.pg_statement_timeout_ms / 1000.0,
-                                    (double)g_cfg.pg_connect_timeout_s };
+                                    (double)g_cfg.pg_connect_timeout_s,
+                                    g_cfg.request_deadline_ms / 1000.0 };
+        /* (a deadline of 0, none, adds no bound) */
         rec_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
     }
 
