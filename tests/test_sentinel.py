@@ -16,7 +16,8 @@ LOCK_SYNC_REPLICAS undoes grants the replicas did not acknowledge.
   new master the server sells there; nothing of ours reaches the demoted one;
 - a failover under the server's feet (the master SIGKILLed): 503 during the
   switch, each within REDIS_TIMEOUT_MS, then sales on the promoted replica;
-  the lock library's renewal thread (watchdog mode) follows too;
+  the lock library's renewal thread (watchdog mode), the reset subscriber
+  and the stats publisher follow too;
 - WAIT: with LOCK_SYNC_REPLICAS=1 and the replica paused, a buyer gets 503
   unavailable, the grant is undone (no lock key left, no order), and the
   same buyer buys once the replica is back;
@@ -313,6 +314,14 @@ def failover_the_server_follows_the_new_master():
             red = s_.get("/stats").body["redis"]
             if red.get("master") != f"127.0.0.1:{new}" or red.get("failovers") != 1:
                 fail(f"{s_.name}: /stats redis after the failover: {red}")
+        # The threads that no request drives follow too: each server's reset
+        # subscriber listens on the new master, its stats publisher writes there.
+        for s_ in (srv, wd):
+            ha.wait(lambda: f"name=seckill:{s_.name} " in
+                    ha.node(new).cli("CLIENT", "LIST", "TYPE", "pubsub"), 5,
+                    f"{s_.name}'s reset subscriber on the new master")
+            ha.wait(lambda: ha.node(new).cli("EXISTS", f"seckill:instance:{s_.name}") == "1", 5,
+                    f"{s_.name}'s stats on the new master")
         # 5 s after the grant its 6 s lease has 1 s left, unless renewed on
         # the new master since.
         time.sleep(max(0.0, t_lock + 5.0 - time.monotonic()))
