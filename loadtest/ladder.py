@@ -31,7 +31,7 @@ ones -- is asserted: the exit status is 1 when one does not reproduce.
                only); the
                master is SIGKILLed and the replicas resumed, Sentinel promotes
                one that never saw the grant; his request B on instance 2 finds
-               the lock free and stays 10 s in its transaction (DEMO_DELAY_MS,
+               the lock free and stays 7 s in its transaction (DEMO_DELAY_MS,
                instance 2 only), so A writes while B's transaction is open.
                Without fencing both write (a duplicate); with fencing A's token
                is older than B's and Postgres refuses A; with
@@ -103,8 +103,12 @@ STORM_BUCKET = 0.25                          # s: the storms' latency timeline
 STOCK_ENV = {"DEMO_DELAY_MS": 20}
 LOCK_ENV = {"DEMO_DELAY_MS": 2000}           # the user's lock is held 2 s
 # The failover steps: the price sale, then the lost lock (see the module doc).
+# B's transaction (from the failover, about 3 s after A's grant, for delay_ms)
+# must be open when A writes (pause_ms after its grant), and with fencing
+# A's wait for the fence row B holds (until B commits) must stay below
+# PG_STATEMENT_TIMEOUT_MS (5 s), or A gets 503 instead of its refusal.
 FAILOVER = {"kind": "failover", "requests": 1000, "concurrency": 20, "stock": 100,
-            "pause_ms": 8000, "delay_ms": 10000}
+            "pause_ms": 8000, "delay_ms": 7000}
 SYNC_ENV = {"LOCK_SYNC_REPLICAS": 1, "LOCK_SYNC_TIMEOUT_MS": 300}
 STALE_MESSAGE = "stale fencing token"
 
