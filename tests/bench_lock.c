@@ -106,10 +106,12 @@ static int redis_start(int i, int master)
     if (redis_pids[i] < 0)
         return -1;
     if (redis_pids[i] == 0) {
+        /* No file anywhere: a replica loads its first sync straight from
+         * the socket instead of writing dump.rdb into the current directory. */
         char *args[] = { "redis-server", "--port", port_s, "--bind", "127.0.0.1", "--save", "",
                          "--appendonly", "no", "--daemonize", "no", "--logfile", "",
-                         "--loglevel", "warning", master ? "--replicaof" : NULL, "127.0.0.1",
-                         master_s, NULL };
+                         "--loglevel", "warning", "--repl-diskless-load", "on-empty-db",
+                         master ? "--replicaof" : NULL, "127.0.0.1", master_s, NULL };
         int devnull = open("/dev/null", 0);
         if (devnull >= 0) {
             dup2(devnull, STDIN_FILENO);
