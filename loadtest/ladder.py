@@ -926,7 +926,7 @@ unset multiplot
 
 # ------------------------------------------------------------------ main
 
-TALLY_COLS = [kit.Col("#", "r", 2, fit=False), kit.Col("step", "l", 24, 1, fit=False),
+TALLY_COLS = [kit.Col("#", "r", 2, fit=False), kit.Col("step", "l", 24, 1),
               kit.Col("inst", "r", 4, 1, fit=False), kit.Col("reproduced")]
 
 
