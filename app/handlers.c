@@ -172,6 +172,31 @@ static api_err voucher_verdict(const store_voucher *v)
     return API_OK;
 }
 
+/* The sold-out answers that nginx may repeat by itself for a while (the
+ * sold-out edge, nginx/nginx.conf.tmpl): the verdicts above, whose "no
+ * stock" is always Postgres's own - the voucher row read with stock 0, or
+ * the flag a transaction set when it found none (vcache.h; a reset drops
+ * both on every instance). Never a lost compare-and-swap (stock may remain:
+ * the transaction's answers carry no header at all) nor any other error.
+ * The header's value is how long, in ms: EDGE_SOLD_OUT_MS, and never past
+ * the voucher's end, from which on the answer is 'ended'. */
+#define EDGE_SOLD_OUT_HEADER "X-Edge-Sold-Out"
+#define EDGE_SOLD_OUT_MS 1000
+
+static http_outcome send_verdict(http_req *r, api_err e, const store_voucher *v)
+{
+    char ms[24];
+    int64_t left;
+
+    if (e != API_SOLD_OUT)
+        return http_send_error(r, e, NULL);
+    left = (v->end_time + 1) * 1000 - util_wall_ms();     /* util_now_s() > end_time */
+    if (left <= 0)
+        return http_send_error(r, e, NULL);
+    snprintf(ms, sizeof ms, "%" PRId64, left < EDGE_SOLD_OUT_MS ? left : EDGE_SOLD_OUT_MS);
+    return http_send_error_header(r, e, NULL, EDGE_SOLD_OUT_HEADER, ms);
+}
+
 static void seckill_reply(void *arg, api_err err, const char *message, int64_t order_id);
 
 /* On the event thread: 1. validate, 2. refuse from the voucher cache (sold
@@ -197,7 +222,7 @@ static http_outcome f_seckill(http_req *r, const char *arg, size_t arg_len)
     r->user_id = user_id;
     cached = vcache_get(voucher_id, &v);
     if (cached && (e = voucher_verdict(&v)) != API_OK)
-        return http_send_error(r, e, NULL);
+        return send_verdict(r, e, &v);
     if (vcache_ordered(voucher_id, user_id))
         return http_send_error(r, API_ALREADY_ORDERED, NULL);
     /* Batched, with a batch of this voucher at work: straight into it,
@@ -256,7 +281,7 @@ static http_outcome h_seckill(http_req *r, const char *arg, size_t arg_len)
         vcache_put(&v, gen);
     }
     if ((err = voucher_verdict(&v)) != API_OK)
-        return http_send_error(r, err, NULL);
+        return send_verdict(r, err, &v);
 
     /* 3-6. Lock and id, transaction, release, answer (app/order.c): answered
      *    by seckill_reply, here or on the worker that settles the order's

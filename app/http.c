@@ -290,7 +290,7 @@ http_outcome http_send_json(http_req *r, int status, cJSON *body)
 }
 
 static http_outcome send_error_with(http_req *r, api_err e, const char *message,
-                                    const char *allow)
+                                    const char *hdr_name, const char *hdr_value)
 {
     struct MHD_Response *resp = NULL;
     cJSON *o;
@@ -307,15 +307,21 @@ static http_outcome send_error_with(http_req *r, api_err e, const char *message,
         if (resp == NULL)
             free(text);
     }
-    if (resp != NULL && allow != NULL)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    if (resp != NULL && hdr_name != NULL)
+        MHD_add_response_header(resp, hdr_name, hdr_value);
     r->err = e;
     return answer(r, api_err_status(e), resp, "application/json");
 }
 
 http_outcome http_send_error(http_req *r, api_err e, const char *message)
 {
-    return send_error_with(r, e, message, NULL);
+    return send_error_with(r, e, message, NULL, NULL);
+}
+
+http_outcome http_send_error_header(http_req *r, api_err e, const char *message,
+                                    const char *name, const char *value)
+{
+    return send_error_with(r, e, message, name, value);
 }
 
 /* Matches 'path' against 'pattern' segment by segment; '*' takes one segment
@@ -583,7 +589,7 @@ static enum MHD_Result dispatch(http_req *r)
         http_send_error(r, API_NOT_FOUND, NULL);
     else {
         r->route = HTTP_ROUTE_METHOD - i;
-        send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, allow);
+        send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, MHD_HTTP_HEADER_ALLOW, allow);
     }
     return mhd_result(r);
 }

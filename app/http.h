@@ -171,4 +171,8 @@ http_outcome http_send_text(http_req *r, int status, const char *content_type, c
  * the default text). Adds Retry-After to 503. */
 http_outcome http_send_error(http_req *r, api_err e, const char *message);
 
+/* The same with one more response header 'name: value' (both borrowed). */
+http_outcome http_send_error_header(http_req *r, api_err e, const char *message,
+                                    const char *name, const char *value);
+
 #endif

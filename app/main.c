@@ -149,8 +149,7 @@ int main(int argc, char **argv)
         const double timeouts[] = { g_cfg.redis_timeout_ms / 1000.0,
                                     g_cfg.pg_statement_timeout_ms / 1000.0,
                                     (double)g_cfg.pg_connect_timeout_s,
-                                    g_cfg.request_deadline_ms / 1000.0 };
-        /* (a deadline of 0, none, adds no bound) */
+                                    g_cfg.request_deadline_ms / 1000.0 };   /* 0: none */
         rec_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
     }
 

@@ -165,7 +165,7 @@ STACK_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_L
                "VOUCHER_ID", "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT",
                "REDIS_PORT", "EXTERNAL_PG_DSN", "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL",
                "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK", "NGINX_ALLOW",
-               "RUN_DIR")
+               "NGINX_EDGE", "RUN_DIR")
 
 
 def stack_env(settings=None, scrub=()):
@@ -485,8 +485,10 @@ def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30)
     gen = [GEN_CONF, "--prefix", prefix, "--listen", f"127.0.0.1:{port}", "-o", conf]
     for u in upstreams:
         gen += ["--upstream", u]
-    # The caller's NGINX_ALLOW would change gen-conf.sh's default allow-list.
-    run(gen + list(gen_args), timeout, env=with_settings(os.environ, {"NGINX_ALLOW": None}))
+    # The caller's NGINX_ALLOW and NGINX_EDGE would change gen-conf.sh's
+    # defaults (the allow-list, the sold-out edge): gen_args say so instead.
+    run(gen + list(gen_args), timeout,
+        env=with_settings(os.environ, {"NGINX_ALLOW": None, "NGINX_EDGE": None}))
     if extra_conf:
         with open(conf) as f:
             text = f.read().rstrip()

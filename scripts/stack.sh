@@ -44,6 +44,8 @@
 #   NGINX_ALLOW        client addresses nginx serves /admin, /metrics and /stats to
 #                      (space separated, CIDR allowed; default loopback:
 #                      "127.0.0.0/8 ::1"); others get 403 (nginx/gen-conf.sh --allow)
+#   NGINX_EDGE         on (default) or off: nginx answers a voucher known to be sold
+#                      out by itself (nginx/gen-conf.sh --edge)
 #   THREADS, IO_THREADS, DEMO_RANDOM_USER, SECKILL_*, MAX_BODY, ... passed to the instances as set
 #   SECKILL_BIN        server binary (default <repo>/build/seckill)
 #   PG_BIN             Postgres server binaries (default newest /usr/lib/postgresql/*/bin)
@@ -680,7 +682,7 @@ write_env_file() {
 # is: the launcher's own, every server setting the binary knows (its --help)
 # and SECKILL_*, and the binary itself (rebuilt: restart).
 CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
-    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW REDIS_HA
+    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW NGINX_EDGE REDIS_HA
     SENTINEL_DOWN_AFTER_MS SENTINEL_FAILOVER_TIMEOUT_MS)
 config_signature() {
     local v
