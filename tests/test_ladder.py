@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The demo ladder end to end, as CI runs it: loadtest/ladder.py --quick.
+"""The demo ladder end to end, as CI runs it: loadtest/ladder.py --quick
+--no-failover (the failover steps 12-15 run in make ladder).
 
 The ladder starts a stack of its own (scripts/stack.sh in $TEST_TMP/ladder, free
 ports: Postgres, Redis, two instances, nginx), walks every step with real load
@@ -64,7 +65,11 @@ atexit.register(cleanup)
 
 @test
 def ladder_runs_and_every_step_shows_its_outcome():
-    args = [sys.executable, LADDER, "--quick", "--keep-stack", "--run-dir", RUN_DIR, "--out", OUT]
+    # The failover steps (12-15: a stack with Redis under Sentinel, two minutes
+    # more) are left to make ladder; the failover itself is in CI through
+    # test_faults.py and test_sentinel.py.
+    args = [sys.executable, LADDER, "--quick", "--no-failover", "--keep-stack", "--run-dir",
+            RUN_DIR, "--out", OUT]
     t0 = time.monotonic()
     log_path = os.path.join(ss.TEST_TMP, "ladder-output.txt")
     with open(log_path, "w") as log:
@@ -111,9 +116,10 @@ def ladder_runs_and_every_step_shows_its_outcome():
          "owner: release refused, 1 order"),
         (s["reentrant"]["orders"] == 1 and s["reentrant"]["renewals"] >= 1,
          "reentrant: 1 order, lease renewed"),
-        (s["redis-lost"]["lost"] > 0 and s["redis-lost"]["lost"] <= s["redis-lost"]["ok"],
+        (s["redis-lost"]["ackedLost"] > 0
+         and s["redis-lost"]["ackedLost"] <= s["redis-lost"]["ok"],
          "redis-first without AOF: acknowledged orders lost to the Redis kill"),
-        (s["redis-durable"]["ok"] > 0 and s["redis-durable"]["lost"] == 0
+        (s["redis-durable"]["ok"] > 0 and s["redis-durable"]["ackedLost"] == 0
          and s["redis-durable"]["orders"] == s["redis-durable"]["ok"],
          "redis-first with appendfsync always: every acknowledged order a row"),
     ]
@@ -153,7 +159,7 @@ def ladder_writes_table_report_and_chart():
     sections = html.split('<section class="card step"')[1:]
     if len(html) < 20000 or not html.rstrip().endswith("</html>") or len(sections) != 13:
         fail(f"ladder.html: {len(html)} chars, {len(sections)} step sections (want 13)")
-    for n, sec in enumerate(sections, 1):
+    for n, sec in zip(list(range(1, 12)) + [16, 17], sections):
         missing = [w for w in (f'id="step-{n}"', "<svg", "latency per", "p99", "oversold",
                                "duplicate users", "stock drift", "expected", "reproduced")
                    if w not in sec]
