@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -153,6 +154,27 @@ def per_instance_totals(before, after):
     return out
 
 
+def redis_first_drain(url, voucher, timeout=60.0):
+    """(drained, agree): polls /stats of the service behind 'url' until the
+    orders stream is empty and nothing is pending, then reads the voucher's
+    reconciliation."""
+    base = url.split("/voucher/")[0]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            st = kit.call(base, "GET", "/stats", timeout=10).body
+        except kit.KitError:
+            st = {}
+        rf = (st or {}).get("redisFirst") or {}
+        if rf.get("backlog") == 0 and rf.get("pending") == 0:
+            v = voucher_from_stats(st, voucher) or {}
+            if (v.get("redis") or {}).get("agree") and rf.get("deadLetters") == 0:
+                return True, True
+        if time.monotonic() > deadline:
+            return rf.get("backlog") == 0 and rf.get("pending") == 0, False
+        time.sleep(0.2)
+
+
 def voucher_from_stats(stats, voucher):
     for v in (stats or {}).get("vouchers", []) or []:
         if str(v.get("voucherId")) == str(voucher):
@@ -268,6 +290,15 @@ def cmd_run(a):
     if status_source == "nginx access log":
         ok_responses = statuses.get("200", 0)
         unknown = sum(statuses.get(k, 0) for k in ("499", "502", "504"))
+    # Redis-first (SECKILL_STOCK=redis): the orders reach Postgres after
+    # their 200s, so the checks wait for the stream to drain, and Redis and
+    # Postgres must then agree (the reconciliation in /stats).
+    rf_checks = []
+    if isinstance(after, dict) and "redisFirst" in after:
+        drained, agree = redis_first_drain(a.url, a.voucher)
+        rf_checks.append((drained, "the orders stream drained into Postgres"
+                                   + ("" if drained else " (not within 60 s)")))
+        rf_checks.append((agree, "Redis and Postgres agree (stock, buyers; no dead letters)"))
     ids = None
     if a.ids and os.path.exists(a.ids):
         ids = check_invariants.read_ids(a.ids)
@@ -295,6 +326,7 @@ def cmd_run(a):
                                f"exactly {a.expect_orders} order(s) (found {v.get('orders')}, /stats)"))
         else:
             checks.append((False, f"voucher {a.voucher} is missing from /stats"))
+    checks += rf_checks
     if a.tool == "wrk" and m.get("okWithoutOrderId"):
         checks.append((False, f"{m['okWithoutOrderId']} answers with 200 carried no orderId"))
     if a.expect_both_instances and len([n for _x, n in inst if n > 0]) < a.expect_both_instances:
