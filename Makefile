@@ -15,7 +15,8 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-protot
              -Wpointer-arith -Wformat=2 -Wno-missing-field-initializers
 CFLAGS    += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -pthread -MMD -MP \
              $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
-LDLIBS    += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -pthread -lm
+# The ZooKeeper C client ships no pkg-config file: named here, checked by pkg-check.
+LDLIBS    += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lzookeeper_mt -pthread -lm
 LDFLAGS   += $(EXTRA_LDFLAGS)
 
 BUILD     ?= build
@@ -39,10 +40,12 @@ SECKILL_VERSION := $(VERSION_TEXT)$(if $(GIT_DESCRIBE), (git $(GIT_DESCRIBE)))
 # libraries, the servers the tests start (Postgres, Redis, nginx), the load
 # tools, the browser test's Chromium and Node.js, docker-compose (validates
 # the compose file), clang with its runtime libraries (make fuzz: libFuzzer
-# lives in libclang-rt-14-dev) and GCC's ThreadSanitizer runtime (make tsan).
+# lives in libclang-rt-14-dev), GCC's ThreadSanitizer runtime (make tsan), and
+# ZooKeeper (SECKILL_LOCK=zk: the C client; the server, with Java, for the tests).
 DEB_PKGS  := build-essential pkg-config libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev \
              postgresql redis-server nginx apache2-utils wrk python3 curl procps docker-compose \
-             chromium nodejs gnuplot-nox clang libclang-rt-14-dev libtsan2
+             chromium nodejs gnuplot-nox clang libclang-rt-14-dev libtsan2 \
+             libzookeeper-mt-dev zookeeperd
 
 # The Debian package that ships each pkg-config name (for pkg-check's message).
 PKG_DEBS  := libmicrohttpd=libmicrohttpd-dev hiredis=libhiredis-dev libpq=libpq-dev \
@@ -175,6 +178,8 @@ pkg-check: ## check the build's libraries with pkg-config (every compile runs it
 	        missing="$$missing $$p ($$d)"; debs="$$debs $$d"; \
 	    done; \
 	fi; \
+	if ! printf '#include <zookeeper/zookeeper.h>\n' | $(CC) -E -x c - >/dev/null 2>&1; then \
+	    missing="$$missing zookeeper_mt (libzookeeper-mt-dev)"; debs="$$debs libzookeeper-mt-dev"; fi; \
 	if [ -n "$$missing" ]; then \
 	    echo "seckill: cannot build: missing:$$missing" >&2; \
 	    echo "run \`make deps\` (as root; it installs every package the project needs)," >&2; \

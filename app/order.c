@@ -70,7 +70,7 @@ static order_job *job_new(conn_set *cs, int64_t voucher_id, int64_t user_id,
     j->buyer.hold = &j->hold;
     j->buyer.same_thread = ulock_thread_bound();
     if (ulock_tokens())                      /* the write checks the grant's token */
-        j->buyer.order.fence_key = j->hold.key;
+        j->buyer.order.fence_key = j->hold.fence_key;
     return j;
 }
 
