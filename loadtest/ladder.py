@@ -70,10 +70,10 @@ UNIQUE = "uq_voucher_order_user_voucher"
 # Instance settings the ladder sets itself for every step: never inherited.
 STEP_VARS = ("SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS",
              "LOCK_LEASE_MS", "WATCHDOG_TIMEOUT_MS", "DEMO_RANDOM_USER", "INSTANCES",
-             "LOG_LEVEL")
+             "LOG_LEVEL", "ZK_SESSION_TIMEOUT_MS", "LOCK_PG_SWEEP_MS")
 # The caller's variables that must not leak into the stack or the loads.
 SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
-                     "LOADTEST_OUT", "ADMIN_TOKEN")
+                     "LOADTEST_OUT", "ADMIN_TOKEN", "ZK_HOSTS", "LOCK_SERVICES")
 
 # ------------------------------------------------------------------ the steps
 
@@ -137,6 +137,64 @@ STEPS = [
 ]
 
 
+# The lock backends of the lock-service steps: the single-user storm on each
+# backend of another service, then, per backend, its holder killed and its
+# service stopped mid-sale. A backend is one entry: its settings for these
+# steps, the stack service it needs (scripts/stack.sh service-stop/-start),
+# and when a killed holder's lock must be free again (seconds after the kill).
+HOLD_S = 3                                   # leases and session timeouts of these steps
+LOCK_BACKENDS = [
+    dict(lock="reentrant", service="redis", storm=False,
+         env={"LOCK_LEASE_MS": -1, "WATCHDOG_TIMEOUT_MS": HOLD_S * 1000},
+         frees="watchdog lease ends", free_s=(HOLD_S * 2 / 3 - 0.4, HOLD_S + 0.6)),
+    dict(lock="zk", service="zk", storm=True,
+         env={"ZK_SESSION_TIMEOUT_MS": HOLD_S * 1000},
+         frees="session timeout", free_s=(HOLD_S * 2 / 3 - 0.4, HOLD_S + 1.5)),
+    dict(lock="pg-table", service="postgres", storm=True,
+         env={"LOCK_LEASE_MS": HOLD_S * 1000},
+         frees="row expires", free_s=(HOLD_S - 1.0, HOLD_S + 0.6)),
+    dict(lock="pg-advisory", service="postgres", storm=True, env={},
+         frees="session ends", free_s=(0.0, 1.0)),
+]
+CRASH_PAUSE_MS = 5000        # the holder stalls this long after taking the lock: killed meanwhile
+OUTAGE = {"kind": "outage", "connections": 8, "seconds": 7.0, "stop_at": 2.0, "start_at": 4.5,
+          "stock": 100000}
+
+
+def lock_steps(first):
+    """The lock-service steps, numbered from 'first'."""
+    out = []
+    for b in LOCK_BACKENDS:
+        if b["storm"]:
+            out.append(dict(key=f"storm-{b['lock']}", title=f"{b['lock']}: one user",
+                            lock=b["lock"], stock="optimistic", instances=2, env=LOCK_ENV,
+                            load=STORM, service=b["service"], expect="exactly 1 order",
+                            story=f"the single-user storm with SECKILL_LOCK={b['lock']}"))
+    for b in LOCK_BACKENDS:
+        out.append(dict(key=f"crash-{b['lock']}", title=f"{b['lock']}: holder killed",
+                        lock=b["lock"], stock="optimistic", instances=2, backend=b,
+                        env=dict(b["env"], DEMO_PAUSE_MS=CRASH_PAUSE_MS),
+                        load={"kind": "crash", "stock": 100}, service=b["service"],
+                        expect=f"free in {b['free_s'][0]:g}-{b['free_s'][1]:g} s, 1 order",
+                        story=f"instance 1 takes the user's lock and is killed (SIGKILL) while "
+                              f"it holds it; instance 2 asks every 25 ms: the lock is free when "
+                              f"the {b['frees']}"))
+    for b in LOCK_BACKENDS:
+        out.append(dict(key=f"outage-{b['lock']}", title=f"{b['lock']}: {b['service']} down",
+                        lock=b["lock"], stock="optimistic", instances=2, backend=b,
+                        env=dict(b["env"]), load=OUTAGE, service=b["service"],
+                        expect="503 while down, no hang, no wrong order",
+                        story=f"distinct buyers for {OUTAGE['seconds']:g} s; {b['service']} "
+                              f"stopped at {OUTAGE['stop_at']:g} s, started at "
+                              f"{OUTAGE['start_at']:g} s"))
+    for i, st in enumerate(out):
+        st["num"] = first + i
+    return out
+
+
+STEPS += lock_steps(len(STEPS) + 1)
+
+
 def check_step(step, r, results):
     """[(ok, text)] for the step's expected outcome; r: the step's figures."""
     k = step["key"]
@@ -180,6 +238,36 @@ def check_step(step, r, results):
         out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
                     f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
         out.append((r["renewals"] >= 1, f"watchdog renewals {r['renewals']} >= 1"))
+    elif k.startswith("storm-"):
+        out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
+                    f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
+    elif k.startswith("crash-"):
+        lo, hi = step["backend"]["free_s"]
+        c = r["crash"]
+        out.append((c["heldBeforeKill"], "instance 2 was refused (409) while instance 1 held it"))
+        free = c["freeAfterS"]
+        out.append((free is not None and lo <= free <= hi,
+                    f"lock free {'never' if free is None else f'{free:.2f} s'} after the kill "
+                    f"(expected {lo:g}-{hi:g} s: {step['backend']['frees']})"))
+        out.append((r["orders"] == 1 and c["winner"] == 200,
+                    f"orders {r['orders']} = 1, instance 2's order answered {c['winner']}"))
+        return out + [(r["strategiesSeen"] == [f"{step['lock']}/{step['stock']}"],
+                       f"instance 2 ran {', '.join(r['strategiesSeen']) or '?'}"),
+                      (r["status5xx"] == 0, f"5xx answers of instance 2: {r['status5xx']}")]
+    elif k.startswith("outage-"):
+        o = r["outage"]
+        bad = {s: n for s, n in r["statuses"].items() if s not in ("200", "409", "503")}
+        out.append((not bad and r["transportErrors"] == 0,
+                    f"answers only 200/409/503 (others {bad or 0}, transport errors "
+                    f"{r['transportErrors']})"))
+        out.append((o["unavailable"] >= 1, f"503 unavailable while down: {o['unavailable']} >= 1"))
+        out.append((o["maxMs"] < 5000, f"slowest answer {o['maxMs']:.0f} ms < 5000 (no hang)"))
+        out.append((r["orders"] == r["ok"] and r["duplicateUsers"] == 0 and r["oversold"] == 0,
+                    f"orders {r['orders']} = 200 answers {r['ok']}, duplicate users "
+                    f"{r['duplicateUsers']}, oversold {r['oversold']}"))
+        out.append((o["okAfter"] >= 1, f"sales resumed after the restart: {o['okAfter']} x 200"))
+        return out + [(r["strategiesSeen"] == [f"{step['lock']}/{step['stock']}"] * step["instances"],
+                       f"instances ran {', '.join(r['strategiesSeen']) or '?'}")]
     # Every step: the instances ran what the step says, and no answer was lost.
     out.append((r["strategiesSeen"] == [f"{step['lock']}/{step['stock']}"] * step["instances"],
                 f"instances ran {', '.join(r['strategiesSeen']) or '?'}"))
@@ -202,15 +290,17 @@ class Stack(kit.Stack):
     """The ladder's stack: every step sets the instances' strategies and knobs
     afresh (STEP_VARS not named by a step are unset)."""
 
-    def __init__(self, run_dir):
+    def __init__(self, run_dir, services=""):
         super().__init__(run_dir, scrub=SCRUB)
         self.instances = None
+        self.services = services             # LOCK_SERVICES: the steps' lock services
 
     def configure(self, instances, step_env):
         """The instances run with step_env. True when the database is new
         (a full start), so the caller sets it up again."""
         settings = {k: None for k in STEP_VARS}
-        settings.update({"INSTANCES": instances, "DEMO_RANDOM_USER": 1, "LOG_LEVEL": "warn"})
+        settings.update({"INSTANCES": instances, "DEMO_RANDOM_USER": 1, "LOG_LEVEL": "warn",
+                         "LOCK_SERVICES": self.services})
         settings.update(step_env)
         fresh = not (self.started and self.instances == instances)
         # First start, or another instance count: the whole stack (a new
@@ -218,6 +308,13 @@ class Stack(kit.Stack):
         self.command("start" if fresh else "restart-instances", 180, **settings)
         self.instances = instances
         return fresh
+
+    def service(self, what, name, timeout=90):
+        """scripts/stack.sh service-stop|service-start NAME."""
+        p = subprocess.run([kit.STACK_SH, f"service-{what}", name], capture_output=True, text=True,
+                           timeout=timeout, env=self.run_env(), cwd=ROOT)
+        if p.returncode != 0:
+            raise LadderError(f"stack.sh service-{what} {name}: {p.stderr.strip()[-800:]}")
 
     def stop(self):
         p = self.run("stop")
@@ -232,7 +329,9 @@ class Ladder:
     def __init__(self, args):
         self.args = args
         self.out = args.out
-        self.stack = Stack(args.run_dir)
+        services = sorted({s["service"] for s in args.selected if s.get("service") == "zk"})
+        self.stack = Stack(args.run_dir, " ".join(services))
+        self.extra = {}
         self.voucher = None
         self.constraint_dropped = False
         self.user_base = 8_000_000_000 + random.randrange(1_000_000) * 1000
@@ -289,6 +388,8 @@ class Ladder:
         url = f"{self.base_url}/voucher/{self.voucher}/seckill"
         if load["kind"] == "sale":
             return self.sale(load, url, step_dir)
+        if load["kind"] == "outage":
+            return self.outage(step, load, url, step_dir)
         return self.storm(load, url, user, step_dir)
 
     def sale(self, load, url, step_dir):
@@ -372,6 +473,140 @@ class Ladder:
         errors = sum(1 for x in lines if x[1] == 0)
         return len(lines), seconds, errors, [x[2] for x in lines]
 
+    def outage(self, step, load, url, step_dir):
+        """Distinct buyers (DEMO_RANDOM_USER: no X-User-Id) on CONNECTIONS
+        keep-alive connections for SECONDS; the step's service is stopped at
+        STOP_AT and started again at START_AT. Every answer's start, status
+        and time go to outage.tsv; the figures of the outage to self.extra."""
+        u = urllib.parse.urlsplit(url)
+        lines, lock = [], threading.Lock()
+        t0 = time.monotonic()
+        deadline = t0 + load["seconds"]
+
+        def buyer():
+            client = kit.Client(f"{u.scheme}://{u.netloc}", timeout=30)
+            while time.monotonic() < deadline:
+                t = time.monotonic()
+                try:
+                    rsp = client.request("POST", u.path, {})
+                    status = rsp.status
+                    code = rsp.body.get("error", "") if isinstance(rsp.body, dict) else ""
+                except (OSError, http.client.HTTPException):
+                    status, code = 0, "transport"
+                with lock:
+                    lines.append((t - t0, status, (time.monotonic() - t) * 1000.0, code))
+                time.sleep(0.01)
+            client.close()
+
+        threads = [threading.Thread(target=buyer, daemon=True) for _ in range(load["connections"])]
+        for t in threads:
+            t.start()
+        marks = {}
+        try:
+            time.sleep(max(0.0, t0 + load["stop_at"] - time.monotonic()))
+            self.stack.service("stop", step["service"])
+            marks["stopped"] = time.monotonic() - t0
+            time.sleep(max(0.0, t0 + load["start_at"] - time.monotonic()))
+            self.stack.service("start", step["service"])
+            marks["started"] = time.monotonic() - t0
+        finally:
+            for t in threads:
+                t.join(timeout=max(1.0, deadline + 60 - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            raise LadderError("the outage's buyers did not finish within 60 s of its end")
+        seconds = time.monotonic() - t0
+        lines.sort()
+        with open(os.path.join(step_dir, "outage.tsv"), "w", encoding="utf-8") as f:
+            f.write(f"# stopped at {marks['stopped']:.3f} s, started at {marks['started']:.3f} s\n")
+            f.write("start_s\tstatus\tms\terror\n")
+            for start, status, ms, code in lines:
+                f.write(f"{start:.3f}\t{status}\t{ms:.1f}\t{code}\n")
+        self.extra = {"outage": {
+            "stoppedAtS": round(marks["stopped"], 3), "startedAtS": round(marks["started"], 3),
+            "unavailable": sum(1 for x in lines if x[1] == 503 and x[3] == "unavailable"),
+            "maxMs": max((x[2] for x in lines), default=0.0),
+            "okAfter": sum(1 for x in lines if x[1] == 200 and x[0] > marks["started"]),
+            "okDuring": sum(1 for x in lines if x[1] == 200
+                            and marks["stopped"] < x[0] and x[0] + x[2] / 1000 < marks["started"]),
+        }}
+        errors = sum(1 for x in lines if x[1] == 0)
+        return len(lines), seconds, errors, [x[2] for x in lines]
+
+    def crash(self, step, step_dir, user):
+        """Instance 1 takes the user's lock and stalls (DEMO_PAUSE_MS); it is
+        killed with SIGKILL while it holds it. Instance 2 asks for the same
+        user every 25 ms: 409 while the lock is held; the request that takes
+        it stalls too, then answers 200. Returns the step's figures."""
+        urls = self.stack.instance_urls
+        path = f"/voucher/{self.voucher}/seckill"
+        hdr = {"X-User-Id": str(user)}
+        first = {}
+
+        def holder():
+            try:
+                first["r"] = kit.request(urls[0], "POST", path, hdr, None, 30).status
+            except (OSError, http.client.HTTPException) as e:
+                first["r"] = type(e).__name__
+        th = threading.Thread(target=holder, daemon=True)
+        th.start()
+        time.sleep(0.5)
+        lines = []
+        t = time.monotonic()
+        probe = kit.request(urls[1], "POST", path, hdr, None, 30).status
+        lines.append((-0.0, probe, (time.monotonic() - t) * 1000.0))
+        pid = self.stack.pid("app-1")
+        if pid is None:
+            raise LadderError("no pid of instance 1")
+        os.kill(pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        free_after, winner = None, None
+        while time.monotonic() < t_kill + 20:
+            t = time.monotonic()
+            try:
+                st = kit.request(urls[1], "POST", path, hdr, None, 30).status
+            except (OSError, http.client.HTTPException):
+                st = 0
+            lines.append((t - t_kill, st, (time.monotonic() - t) * 1000.0))
+            if st != 409:
+                free_after, winner = t - t_kill, st
+                break
+            time.sleep(0.025)
+        th.join(5)
+        with open(os.path.join(step_dir, "crash.tsv"), "w", encoding="utf-8") as f:
+            f.write("since_kill_s\tstatus\tms\n")
+            for a, b, c in lines:
+                f.write(f"{a:.3f}\t{b}\t{c:.1f}\n")
+        facts = check_invariants.voucher_facts(self.dsn, self.voucher)
+        stats = kit.call(urls[1], "GET", "/stats", want=200).body
+        with open(os.path.join(step_dir, "stats.json"), "w", encoding="utf-8") as f:
+            json.dump([stats], f, indent=1)
+        statuses = {}
+        for _a, b, _c in lines:
+            statuses[str(b)] = statuses.get(str(b), 0) + 1
+        ok = statuses.get("200", 0)
+        return {
+            "initialStock": facts["initialStock"], "stockLeft": facts["stock"],
+            "orders": facts["orders"], "oversold": facts["oversold"],
+            "duplicateUsers": facts["duplicateUsers"], "duplicateOrders": 0,
+            "stockDrift": facts["stockDrift"], "requests": len(lines), "ok": ok,
+            "statuses": statuses, "successRate": 100.0 * ok / len(lines),
+            "rps": 0.0, "seconds": (lines[-1][0] if lines else 0.0),
+            "p50ms": kit.percentile([x[2] for x in lines], 50),
+            "p99ms": kit.percentile([x[2] for x in lines], 99),
+            "transportErrors": statuses.get("0", 0),
+            "status5xx": sum(v for k2, v in statuses.items() if k2.startswith("5")),
+            "okByInstance": {"seckill-2": ok}, "requestsByInstance": {"seckill-2": len(lines)},
+            "notOwnerReleases": int(stats.get("lock", {}).get("notOwnerReleases", 0)),
+            "renewals": int(stats.get("lock", {}).get("renewals", 0)),
+            "lockAcquired": int(stats.get("lock", {}).get("acquired", 0)),
+            "staleTokenRejections": int(stats.get("lock", {}).get("staleTokenRejections", 0)),
+            "strategiesSeen": [f"{stats.get('lockStrategy')}/{stats.get('stockStrategy')}"],
+            "timeline": [], "timelineSource": "",
+            "crash": {"heldBeforeKill": probe == 409, "freeAfterS": free_after, "winner": winner,
+                      "holderAnswer": first.get("r")},
+            "measured": "never free" if free_after is None else f"free after {free_after:.2f} s",
+        }
+
     def access_log_slice(self, offset, step_dir):
         """(statuses, {instance: 200s}, {instance: requests}) of the step's seckill requests."""
         path = self.stack.info.get("NGINX_ACCESS_LOG", "")
@@ -435,6 +670,15 @@ class Ladder:
         log_path = self.stack.info.get("NGINX_ACCESS_LOG", "")
         offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
 
+        if step["load"]["kind"] == "crash":
+            r = {"step": num, "key": key, "title": step["title"], "lock": step["lock"],
+                 "stock": step["stock"], "instances": step["instances"], "env": env,
+                 "load": self.load_text(step), "expect": step["expect"], "story": step["story"]}
+            r.update(self.crash(step, step_dir, user))
+            r["checks"] = [{"ok": c_ok, "text": c_text} for c_ok, c_text in check_step(step, r, results)]
+            r["pass"] = all(c["ok"] for c in r["checks"])
+            return r
+        self.extra = {}
         requests, seconds, errors, times = self.drive(step, step_dir, user)
         time.sleep(1.3)                          # nginx flushes its buffered log every second
 
@@ -475,6 +719,11 @@ class Ladder:
             "strategiesSeen": [f"{s.get('lockStrategy')}/{s.get('stockStrategy')}" for s in stats],
             "timeline": timeline, "timelineSource": tl_source,
         }
+        r.update(self.extra)
+        if "outage" in r:
+            o = r["outage"]
+            r["measured"] = (f"{o['unavailable']} x 503, max {o['maxMs'] / 1000:.2f} s, "
+                             f"{o['okAfter']} x 200 after")
         r["checks"] = [{"ok": c_ok, "text": c_text} for c_ok, c_text in check_step(step, r, results)]
         r["pass"] = all(c["ok"] for c in r["checks"])
         if ok != r["orders"]:
@@ -486,6 +735,10 @@ class Ladder:
         if load["kind"] == "sale":
             n = load["requests"] if not self.args.quick else load["requests"] // 2
             return f"sale {n}x{load['concurrency']}"
+        if load["kind"] == "crash":
+            return "holder killed"
+        if load["kind"] == "outage":
+            return f"buyers {load['connections']}x{load['seconds']:g}s"
         return f"storm {load['connections']}x{load['seconds']:g}s"
 
     def safe_defaults(self):
@@ -501,7 +754,7 @@ COLS = [kit.Col(t, a) for t, a in (
     ("#", "r"), ("step", "l"), ("lock", "l"), ("stock", "l"), ("inst", "r"),
     ("load", "l"), ("req", "r"), ("req/s", "r"), ("p99ms", "r"), ("200", "r"),
     ("orders", "r"), ("oversold", "r"), ("dupUsers", "r"), ("drift", "r"),
-    ("notOwner", "r"), ("expected", "l"), ("result", "l"))]
+    ("notOwner", "r"), ("measured", "l"), ("expected", "l"), ("result", "l"))]
 
 
 def table_rows(results):
@@ -510,7 +763,7 @@ def table_rows(results):
         rows.append([r["step"], r["title"], r["lock"], r["stock"], r["instances"], r["load"],
                      r["requests"], kit.fmt_ms(r["rps"]), kit.fmt_ms(r["p99ms"]), r["ok"], r["orders"],
                      r["oversold"], r["duplicateUsers"], r["stockDrift"], r["notOwnerReleases"],
-                     r["expect"], "ok" if r["pass"] else "MISS"])
+                     r.get("measured", ""), r["expect"], "ok" if r["pass"] else "MISS"])
     return rows
 
 
@@ -732,6 +985,7 @@ def main(argv=None):
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, on_term)
 
+    a.selected = steps
     lad = Ladder(a)
     all_runs = []
     rc = 0

@@ -16,6 +16,11 @@
 #   env           print the env file (BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...)
 #   instance-env  print the environment an instance gets (NAME=value, instance 1)
 #   describe      print the default ports, schema files and instance env names
+#   service-stop NAME | service-start NAME
+#                 stop or start again one service of a running stack, on the
+#                 same port: postgres (fast shutdown; same data), redis (empty
+#                 again: it keeps no data), zk (same data: sessions survive a
+#                 restart shorter than their timeout). For outage tests.
 #
 # Environment:
 #   RUN_DIR            run directory (default: <repo>/.run)
@@ -38,6 +43,10 @@
 #                      at least 100; raise it when instances will restart with
 #                      more THREADS or other clients such as pgbench connect)
 #   STACK_TIMEOUT      seconds to wait for each component to be ready (default 30)
+#   LOCK_SERVICES      the lock services to run beside Redis and Postgres, space
+#                      separated (default: what SECKILL_LOCK needs): zk, a
+#                      standalone ZooKeeper (scripts/zk.sh; the instances get
+#                      ZK_HOSTS). ZK_PORT: its port (default 'auto').
 #
 # Source RUN_DIR/stack.env to get BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...
 set -euo pipefail
@@ -55,6 +64,14 @@ PG_PORT=${PG_PORT:-auto}
 REDIS_PORT=${REDIS_PORT:-auto}
 EXTERNAL_PG_DSN=${EXTERNAL_PG_DSN:-}
 EXTERNAL_REDIS_URL=${EXTERNAL_REDIS_URL:-}
+ZK_PORT=${ZK_PORT:-auto}
+# The lock services a lock strategy needs besides Redis and Postgres.
+if [[ -z "${LOCK_SERVICES+x}" ]]; then
+    case "${SECKILL_LOCK:-}" in
+        zk) LOCK_SERVICES=zk ;;
+        *) LOCK_SERVICES="" ;;
+    esac
+fi
 SECKILL_BIN=${SECKILL_BIN:-$ROOT/build/seckill}
 case "$SECKILL_BIN" in /*) ;; *) SECKILL_BIN="$PWD/$SECKILL_BIN" ;; esac
 STACK_TIMEOUT=${STACK_TIMEOUT:-30}
@@ -121,6 +138,7 @@ pid_names() {
         n=$(basename "$f" .pid)
         echo "$n"
     done | sort -t- -k2 -n
+    [[ -f "$PIDS/zk.pid" ]] && echo zk
     [[ -f "$PIDS/redis.pid" ]] && echo redis
     [[ -f "$PIDS/postgres.pid" ]] && echo postgres
     return 0
@@ -274,6 +292,8 @@ choose_ports() {
     [[ "$APP_PORT_BASE" == auto ]] && nfree=$((nfree + INSTANCES))
     [[ -z "$EXTERNAL_PG_DSN" && "$PG_PORT" == auto ]] && nfree=$((nfree + 1))
     [[ -z "$EXTERNAL_REDIS_URL" && "$REDIS_PORT" == auto ]] && nfree=$((nfree + 1))
+    [[ "$ZK_PORT" == auto ]] || is_port "$ZK_PORT" || die "ZK_PORT must be a port or 'auto'"
+    lock_service zk && [[ "$ZK_PORT" == auto ]] && nfree=$((nfree + 1))
     local -a free=()
     if ((nfree > 0)); then mapfile -t free < <(free_ports "$nfree"); fi
     local k=0
@@ -297,8 +317,12 @@ choose_ports() {
     if [[ -z "$EXTERNAL_REDIS_URL" ]]; then
         if [[ "$REDIS_PORT" == auto ]]; then next_free; P_REDIS=$FREE_PORT; else P_REDIS=$REDIS_PORT; want+=("$P_REDIS"); names+=(redis); vars+=(REDIS_PORT); fi
     fi
+    P_ZK=""
+    if lock_service zk; then
+        if [[ "$ZK_PORT" == auto ]]; then next_free; P_ZK=$FREE_PORT; else P_ZK=$ZK_PORT; want+=("$P_ZK"); names+=(zookeeper); vars+=(ZK_PORT); fi
+    fi
     # Distinct, and free.
-    local all="$P_NGINX ${P_APP[*]} $P_PG $P_REDIS"
+    local all="$P_NGINX ${P_APP[*]} $P_PG $P_REDIS $P_ZK"
     local dup
     dup=$(tr ' ' '\n' <<<"$all" | sed '/^$/d' | sort | uniq -d | head -n 1)
     [[ -z "$dup" ]] || die "port $dup is configured twice (NGINX_PORT, APP_PORT_BASE, PG_PORT, REDIS_PORT)"
@@ -417,6 +441,20 @@ start_redis() {
     log "Redis pid $pid on 127.0.0.1:$port"
 }
 
+# Is NAME one of LOCK_SERVICES?
+lock_service() { [[ " $LOCK_SERVICES " == *" $1 "* ]]; }
+
+# ZooKeeper for SECKILL_LOCK=zk: scripts/zk.sh under RUN_DIR/zk.
+start_zk() {
+    local port=$1 out pid
+    out=$(ZK_TIMEOUT=$STACK_TIMEOUT "$ROOT/scripts/zk.sh" start "$RUN_DIR/zk" "$port") ||
+        die "ZooKeeper did not start on 127.0.0.1:$port (log: $RUN_DIR/zk/zk.log)"
+    pid=$("$ROOT/scripts/zk.sh" pid "$RUN_DIR/zk") || die "ZooKeeper is not running after start"
+    write_pidfile zk "$pid" "*ZooKeeperServerMain $RUN_DIR/zk/zoo.cfg*"
+    STACK_ZK_HOSTS=${out#ZK_HOSTS=}
+    log "ZooKeeper pid $pid on $STACK_ZK_HOSTS"
+}
+
 # The environment of instance I (NAME=value lines) -- on top of the launcher's
 # own environment, which passes THREADS, DEMO_RANDOM_USER, SECKILL_*, ... through.
 instance_env() {
@@ -432,6 +470,7 @@ instance_env() {
     printf 'THREADS=%s\n' "${THREADS:-8}"
     printf 'IO_THREADS=%s\n' "${IO_THREADS:-2}"
     printf 'DEMO_RANDOM_USER=%s\n' "${DEMO_RANDOM_USER:-0}"
+    if [[ -n "${STACK_ZK_HOSTS:-}" ]]; then printf 'ZK_HOSTS=%s\n' "$STACK_ZK_HOSTS"; fi
 }
 
 start_instance() {
@@ -523,6 +562,7 @@ write_env_file() {
             PG_PORT "$P_PG" \
             REDIS_URL "$STACK_REDIS_URL" \
             REDIS_PORT "$P_REDIS" \
+            ZK_HOSTS "${STACK_ZK_HOSTS:-}" \
             ADMIN_TOKEN "$ADMIN_TOKEN"
     } >"$ENV_FILE.tmp"
     chmod 600 "$ENV_FILE.tmp"
@@ -533,13 +573,13 @@ write_env_file() {
 # is: the launcher's own, every server setting the binary knows (its --help)
 # and SECKILL_*, and the binary itself (rebuilt: restart).
 CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
-    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW)
+    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW LOCK_SERVICES ZK_PORT)
 config_signature() {
     local v
     {
         for v in "${CONFIG_VARS[@]}"; do printf '%s=%s\n' "$v" "${!v:-}"; done
         for v in $("$SECKILL_BIN" --help 2>&1 | awk '/^  [A-Z][A-Z0-9_]+ /{print $1}'); do
-            case "$v" in PORT | BIND | INSTANCE_ID | PG_DSN | REDIS_URL | ADMIN_TOKEN | LUA_DIR) continue ;; esac
+            case "$v" in PORT | BIND | INSTANCE_ID | PG_DSN | REDIS_URL | ADMIN_TOKEN | LUA_DIR | ZK_HOSTS) continue ;; esac
             printf '%s=%s\n' "$v" "${!v:-}"
         done
         env | grep '^SECKILL_[A-Z_]*=' | grep -v '^SECKILL_BIN=' | sort || true
@@ -566,6 +606,7 @@ healthy() {
     done
     [[ -n "$(state_get EXTERNAL_PG_DSN)" ]] || live_pid postgres >/dev/null || { WHY="Postgres is not running"; return 1; }
     [[ -n "$(state_get EXTERNAL_REDIS_URL)" ]] || live_pid redis >/dev/null || { WHY="Redis is not running"; return 1; }
+    ! lock_service zk || live_pid zk >/dev/null || { WHY="ZooKeeper is not running"; return 1; }
     base=$(state_get BASE_URL)
     http_ok "$base/health" || { WHY="$base/health does not answer"; return 1; }
     for port in $(state_get INSTANCE_PORTS); do
@@ -638,6 +679,8 @@ cmd_start() {
         redis-cli -u "$STACK_REDIS_URL" ping 2>/dev/null | grep -q PONG ||
             die "EXTERNAL_REDIS_URL $STACK_REDIS_URL does not answer PING"
     fi
+    STACK_ZK_HOSTS=""
+    if lock_service zk; then start_zk "$P_ZK"; fi
     local i
     for ((i = 1; i <= INSTANCES; i++)); do start_instance "$i" "${P_APP[$((i - 1))]}"; done
     for ((i = 1; i <= INSTANCES; i++)); do wait_instance "$i" "${P_APP[$((i - 1))]}"; done
@@ -662,6 +705,7 @@ cmd_restart_instances() {
     ((${#P_APP[@]} == n)) || die "$STATE_FILE lists ${#P_APP[@]} instance ports for $n instances"
     STACK_PG_DSN=$(. "$ENV_FILE" && printf '%s' "$PG_DSN")
     STACK_REDIS_URL=$(. "$ENV_FILE" && printf '%s' "$REDIS_URL")
+    STACK_ZK_HOSTS=$(. "$ENV_FILE" && printf '%s' "${ZK_HOSTS:-}")
     ADMIN_TOKEN=$(cat "$RUN_DIR/admin_token")
     for ((i = 1; i <= n; i++)); do
         if pid=$(live_pid "app-$i"); then stop_pid "app-$i" "$pid" TERM 10; fi
@@ -685,6 +729,7 @@ stop_all() {
                 nginx) stop_pid nginx "$pid" QUIT 10 ;;
                 app-*) stop_pid "$n" "$pid" TERM 10 ;;
                 redis) stop_pid redis "$pid" TERM 10 ;;
+                zk) stop_pid zk "$pid" TERM 10 ;;
                 postgres) stop_pid postgres "$pid" INT 30 ;;   # fast shutdown
             esac
             stopped+=("$n($pid)")
@@ -745,6 +790,49 @@ cmd_status() {
     fi
 }
 
+# Stops or starts one service of a running stack on the same port.
+cmd_service() {
+    local what=$1 name=$2 pid port bin data
+    [[ -f "$ENV_FILE" ]] || die "no stack runs in $RUN_DIR (no env file)"
+    case "$name" in
+        postgres)
+            [[ -z "$(state_get EXTERNAL_PG_DSN)" ]] || die "Postgres is external: not ours to stop"
+            bin=$(find_pg_bin)
+            data="$RUN_DIR/pg/data"
+            local -a ctl=("$bin/pg_ctl" -D "$data" -w -t "$STACK_TIMEOUT")
+            [[ $(id -u) -ne 0 ]] || ctl=(runuser -u postgres -- "${ctl[@]}")
+            if [[ "$what" == stop ]]; then
+                "${ctl[@]}" -m fast stop >/dev/null || die "pg_ctl stop failed"
+                rm -f "$PIDS/postgres.pid"
+            else
+                live_pid postgres >/dev/null && return 0
+                setsid -w "${ctl[@]}" -l "$RUN_DIR/pg/postgres.log" start >/dev/null ||
+                    die "pg_ctl start failed"
+                pid=$(head -n 1 "$data/postmaster.pid")
+                write_pidfile postgres "$pid" "*/postgres -D $data*"
+            fi ;;
+        redis)
+            [[ -z "$(state_get EXTERNAL_REDIS_URL)" ]] || die "Redis is external: not ours to stop"
+            port=$(. "$ENV_FILE" && printf '%s' "$REDIS_PORT")
+            if [[ "$what" == stop ]]; then
+                if pid=$(live_pid redis); then stop_pid redis "$pid" TERM 10; fi
+                rm -f "$PIDS/redis.pid"
+            else
+                live_pid redis >/dev/null || start_redis "$port"
+            fi ;;
+        zk)
+            [[ -d "$RUN_DIR/zk" ]] || die "this stack runs no ZooKeeper (LOCK_SERVICES=zk)"
+            if [[ "$what" == stop ]]; then
+                if pid=$(live_pid zk); then stop_pid zk "$pid" TERM 10; fi
+                rm -f "$PIDS/zk.pid"
+            else
+                live_pid zk >/dev/null || start_zk ""
+            fi ;;
+        *) die "service-$what: unknown service '$name' (postgres, redis, zk)" ;;
+    esac
+    if [[ "$what" == stop ]]; then log "$name stopped"; else log "$name started"; fi
+}
+
 cmd_env() {
     [[ -f "$ENV_FILE" ]] || { log "no env file: the stack is not running in $RUN_DIR"; return 1; }
     cat "$ENV_FILE"
@@ -779,6 +867,7 @@ main() {
         env) cmd_env ;;
         instance-env) cmd_instance_env ;;
         describe) cmd_describe ;;
+        service-stop | service-start) [[ -n "${2:-}" ]] || die "usage: $0 $cmd NAME"; cmd_service "${cmd#service-}" "$2" ;;
         -h | --help | help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
         *) die "usage: $0 start|stop|restart|restart-instances|status|env|instance-env|describe (see --help)" ;;
     esac
