@@ -23,7 +23,9 @@ build/bench-lock/locks.png, copied to docs/img/locks.png when every backend
 was measured. Knobs (environment): BENCH_LOCK_THREADS (8),
 BENCH_LOCK_SECONDS (5), BENCH_LOCK_HANDOFFS (300), BENCH_LOCK_LEASE_MS
 (3000), BENCH_LOCK_BACKENDS ("redis zk pg-table pg-advisory"),
-BENCH_LOCK_OUT (build/bench-lock), BENCH_LOCK_DOCS=0 (no copy to docs/).
+BENCH_LOCK_OUT (build/bench-lock), BENCH_LOCK_DOCS=0 (no copy to docs/),
+BENCH_LOCK_PG_DURABLE (1: Postgres fsyncs its commits, as ZooKeeper syncs its log
+before answering; 0: the stack's throwaway settings, no chart copied).
 Standard library only; needs redis-benchmark, pgbench, gnuplot (chart).
 """
 
@@ -48,6 +50,9 @@ SECONDS = float(os.environ.get("BENCH_LOCK_SECONDS", "5"))
 HANDOFFS = int(os.environ.get("BENCH_LOCK_HANDOFFS", "300"))
 LEASE_MS = int(os.environ.get("BENCH_LOCK_LEASE_MS", "3000"))
 BACKENDS = os.environ.get("BENCH_LOCK_BACKENDS", "redis zk pg-table pg-advisory").split()
+# Postgres with fsync and synchronous commit on (the stack's PG_DURABLE=1), as ZooKeeper
+# syncs its log before it answers a write; 0: the stack's throwaway settings.
+PG_DURABLE = os.environ.get("BENCH_LOCK_PG_DURABLE", "1")
 OUT = os.path.abspath(os.environ.get("BENCH_LOCK_OUT", os.path.join(BUILD, "bench-lock")))
 RUN_DIR = os.path.join(BUILD, "bench-lock-run")
 # What each backend is, for the table: its service and what frees a dead holder's lock.
@@ -92,14 +97,16 @@ def redis_ceiling(info):
 
 
 def pgbench_ceiling(info, backend, scripts):
-    p = subprocess.run(["pgbench", "-n", "-c", str(THREADS), "-j", "2", "-T", str(int(SECONDS)),
-                        "-f", os.path.join(scripts, f"{backend}.sql"), info["PG_DSN"]],
+    p = subprocess.run(["pgbench", "-n", "-M", "prepared", "-c", str(THREADS), "-j", "2",
+                        "-T", str(int(SECONDS)), "-f", os.path.join(scripts, f"{backend}.sql"),
+                        info["PG_DSN"]],
                        capture_output=True, text=True, timeout=SECONDS + 120)
     m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", p.stdout)
     if p.returncode != 0 or not m:
         raise kit.KitError(f"pgbench: {p.stdout[-300:]} {p.stderr[-500:]}")
     tps = float(m.group(1))
-    return {"tool": f"pgbench -c {THREADS} -T {int(SECONDS)} -f {backend}.sql (acquire; release)",
+    return {"tool": f"pgbench -M prepared -c {THREADS} -T {int(SECONDS)} -f {backend}.sql "
+                    "(acquire; release)",
             "opsPerS": 2 * tps, "pairsPerS": tps}
 
 
@@ -155,7 +162,7 @@ set grid ytics
 set xrange [-0.6:{n - 0.4}]
 set offsets 0, 0, graph 0.15, 0
 set key top right
-set multiplot layout 3,1 title "lock backends, one run ({meta['threads']} threads, lease / session {meta['leaseMs']} ms, {meta['cpus']} CPUs)"
+set multiplot layout 3,1 title "lock backends, one run ({meta['threads']} threads, lease / session {meta['leaseMs']} ms, Postgres {'durable' if meta['pgDurable'] else 'fsync off'}, {meta['cpus']} CPUs)"
 set title "uncontended acquire+release pairs per second: the lock, and its service's own ceiling"
 set boxwidth 0.35
 set yrange [0:*]
@@ -193,7 +200,8 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     stack = kit.Stack(RUN_DIR, log=None, scrub=("SECKILL_LOCK", "ZK_HOSTS", "REDIS_URL", "PG_DSN"))
     settings = {"INSTANCES": 1, "NGINX_PORT": "auto", "APP_PORT_BASE": "auto", "PG_PORT": "auto",
-                "REDIS_PORT": "auto", "LOCK_SERVICES": "zk", "LOG_LEVEL": "warn"}
+                "REDIS_PORT": "auto", "LOCK_SERVICES": "zk", "LOG_LEVEL": "warn",
+                "PG_DURABLE": PG_DURABLE}
     rc = 0
     t0 = time.monotonic()
     try:
@@ -223,11 +231,12 @@ def main():
             results.append(r)
         meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "cpus": os.cpu_count(), "threads": THREADS, "seconds": SECONDS,
-                "handoffs": HANDOFFS, "leaseMs": LEASE_MS,
+                "handoffs": HANDOFFS, "leaseMs": LEASE_MS, "pgDurable": PG_DURABLE == "1",
                 "took": round(time.monotonic() - t0, 1)}
         table = kit.table(COLS, rows_of(results))
         print(f"\nlock backends ({meta['date']}, {meta['cpus']} CPUs, {THREADS} threads, "
-              f"{SECONDS:g} s per rate, {HANDOFFS} hand-offs, lease/session {LEASE_MS} ms)")
+              f"{SECONDS:g} s per rate, {HANDOFFS} hand-offs, lease/session {LEASE_MS} ms, "
+              f"Postgres {'durable' if meta['pgDurable'] else 'fsync off'})")
         print(table)
         for r in results:
             print(f"  {r['backend']:<12} ceiling: {r['ceiling']['tool']}: "
@@ -237,7 +246,8 @@ def main():
         with open(os.path.join(OUT, "bench-lock.txt"), "w", encoding="utf-8") as f:
             f.write(table + "\n")
         png = write_chart(results, meta)
-        if png and set(BACKENDS) == set(ABOUT) and os.environ.get("BENCH_LOCK_DOCS", "1") != "0":
+        if png and set(BACKENDS) == set(ABOUT) and PG_DURABLE == "1" and \
+                os.environ.get("BENCH_LOCK_DOCS", "1") != "0":
             shutil.copy(png, os.path.join(ROOT, "docs", "img", "locks.png"))
             print("chart: docs/img/locks.png")
         print(f"data {os.path.join(OUT, 'bench-lock.json')}" + (f", chart {png}" if png else ""))

@@ -34,7 +34,15 @@ from the ladder's client in 0.25 s buckets, the sales per second from nginx's
 access log), ladder.json (every figure), steps/ (raw
 load output, the access-log slice and /stats of every step; run-N/ with --runs).
 
+  lock services  after those, per lock backend of another service (zk,
+               pg-table, pg-advisory) the storm, then for every backend (Redis's
+               too) a holder killed with SIGKILL while it holds a user's lock
+               (time until the other instance gets it) and the lock's service
+               stopped mid-sale (what buyers see): LOCK_BACKENDS below; the
+               stack then runs a ZooKeeper too (LOCK_SERVICES=zk)
+
   loadtest/ladder.py [--quick] [--runs N] [--steps 1,2,8] [--no-batched]
+                     [--no-lock-services]
                      [--keep-stack] [--run-dir DIR] [--out DIR]
 
 --quick: 500 buyers instead of 1000 in the stock steps (CI); every assertion
@@ -951,6 +959,8 @@ def parse_args(argv):
     ap.add_argument("--runs", type=int, default=1, help="run the ladder N times, then tally")
     ap.add_argument("--steps", default="", help="only these step numbers (e.g. 1,2,8)")
     ap.add_argument("--no-batched", action="store_true", help="without the batched row")
+    ap.add_argument("--no-lock-services", action="store_true",
+                    help="without the lock-service steps (storms, killed holders, outages)")
     ap.add_argument("--keep-stack", action="store_true",
                     help="leave the stack running (default strategies) at the end")
     ap.add_argument("--run-dir", default=os.environ.get("LADDER_RUN_DIR",
@@ -971,7 +981,8 @@ def main(argv=None):
         if shutil.which(tool) is None:
             print(f"ladder: error: '{tool}' not found (make deps)", file=sys.stderr)
             return 2
-    steps = [s for s in STEPS if not (s.get("optional") and a.no_batched)]
+    steps = [s for s in STEPS if not (s.get("optional") and a.no_batched)
+             and not (s.get("service") and a.no_lock_services)]
     if a.steps:
         want = {int(x) for x in a.steps.split(",") if x.strip()}
         steps = [s for s in steps if s["num"] in want]
