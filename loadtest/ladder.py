@@ -534,6 +534,8 @@ class Ladder:
             "unavailable": sum(1 for x in lines if x[1] == 503 and x[3] == "unavailable"),
             "maxMs": max((x[2] for x in lines), default=0.0),
             "okAfter": sum(1 for x in lines if x[1] == 200 and x[0] > marks["started"]),
+            "backAfterS": min((round(x[0] + x[2] / 1000 - marks["started"], 3) for x in lines
+                               if x[1] == 200 and x[0] > marks["started"]), default=None),
             "okDuring": sum(1 for x in lines if x[1] == 200
                             and marks["stopped"] < x[0] and x[0] + x[2] / 1000 < marks["started"]),
         }}
@@ -730,8 +732,9 @@ class Ladder:
         r.update(self.extra)
         if "outage" in r:
             o = r["outage"]
+            back = "never" if o["backAfterS"] is None else f"{o['backAfterS']:.2f} s"
             r["measured"] = (f"{o['unavailable']} x 503, max {o['maxMs'] / 1000:.2f} s, "
-                             f"{o['okAfter']} x 200 after")
+                             f"200 again {back} after the restart")
         r["checks"] = [{"ok": c_ok, "text": c_text} for c_ok, c_text in check_step(step, r, results)]
         r["pass"] = all(c["ok"] for c in r["checks"])
         if ok != r["orders"]:
