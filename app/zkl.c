@@ -137,24 +137,15 @@ static int wait_connected(zkl_client *c, long ms)
     return ok;
 }
 
-/* Drops every hold of a session that is gone: they were lost with it. */
-static void drop_session_holds(zkl_client *c, int64_t session)
+/* Holds taken in 'session' (under mu). They stay in the table until their
+ * release, which reports them lost. */
+static int session_holds(zkl_client *c, int64_t session)
 {
-    for (int b = 0; b < ZKL_BUCKETS; b++) {
-        hold **pp = &c->table[b];
-        while (*pp != NULL) {
-            hold *h = *pp;
-            if (h->session == session) {
-                log_warn("zookeeper: the session of %s's lock %s ended: the hold is lost",
-                         h->owner, h->key);
-                c->counts.lost++;
-                *pp = h->next;
-                free(h);
-            } else {
-                pp = &h->next;
-            }
-        }
-    }
+    int n = 0;
+    for (int b = 0; b < ZKL_BUCKETS; b++)
+        for (const hold *h = c->table[b]; h != NULL; h = h->next)
+            n += h->session == session;
+    return n;
 }
 
 /* Takes the read lock on a handle whose session has not expired: an
@@ -177,10 +168,11 @@ static zhandle_t *use_handle(zkl_client *c)
     if (expired) {
         int64_t old = c->session;
         zhandle_t *zh = c->zh;
-        drop_session_holds(c, old);
+        int lost = session_holds(c, old);
         c->norphans = 0;                   /* ephemeral: gone with the session */
         pthread_mutex_unlock(&c->mu);
-        log_warn("zookeeper: session 0x%" PRIx64 " expired: opening a new one", (uint64_t)old);
+        log_warn("zookeeper: session 0x%" PRIx64 " expired (%d lock(s) held in it are lost): "
+                 "opening a new one", (uint64_t)old, lost);
         if (zh != NULL)
             zookeeper_close(zh);
         if (open_handle(c) != 0)
@@ -734,6 +726,17 @@ zkl_status zkl_release(zkl_client *c, const char *key, const char *owner, int *l
     }
     pthread_mutex_unlock(&c->mu);
     rc = zh != NULL ? zoo_delete(zh, h->path, -1) : ZINVALIDSTATE;
+    if (lost_reply(rc)) {
+        /* The connection broke: wait a little for it to come back (then
+         * delete again) or for the news that the session is gone. */
+        int back, gone;
+        wait_connected(c, c->timeout_ms / 3);
+        pthread_mutex_lock(&c->mu);
+        back = !c->expired && c->state == ZOO_CONNECTED_STATE && c->session == h->session;
+        gone = c->expired || (c->state == ZOO_CONNECTED_STATE && c->session != h->session);
+        pthread_mutex_unlock(&c->mu);
+        rc = back ? zoo_delete(zh, h->path, -1) : gone ? ZSESSIONEXPIRED : rc;
+    }
     if (rc == ZOK) {
         out = ZKL_OK;
         note(c, &c->counts.released);
