@@ -418,8 +418,8 @@ static int write_script(FILE *f, const char *sql)
 {
     for (const char *p = sql; *p; p++) {
         if (p[0] == '$' && p[1] >= '1' && p[1] <= '3') {
-            fputs(p[1] == '1' ? "('lock:pgbench:' || :client_id::text)" :
-                  p[1] == '2' ? "('pgbench:' || :client_id::text)" : "30000", f);
+            fputs(p[1] == '1' ? "('pgbench-lock-' || CAST(:client_id AS text))" :
+                  p[1] == '2' ? "('pgbench-owner-' || CAST(:client_id AS text))" : "30000", f);
             p++;
         } else {
             fputc(*p, f);
@@ -443,8 +443,8 @@ static int pgbench_scripts(const char *dir)
     snprintf(path, sizeof path, "%s/pg-advisory.sql", dir);
     if ((f = fopen(path, "w")) == NULL)
         return -1;
-    fprintf(f, "SELECT pg_try_advisory_lock(:client_id::bigint);\n"
-               "SELECT pg_advisory_unlock(:client_id::bigint);\n");
+    fprintf(f, "SELECT pg_try_advisory_lock(CAST(:client_id AS bigint));\n"
+               "SELECT pg_advisory_unlock(CAST(:client_id AS bigint));\n");
     rc |= fclose(f);
     return rc;
 }
