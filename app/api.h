@@ -30,6 +30,10 @@ const char *api_err_code(api_err e);
 /* The HTTP status each code is answered with. */
 int api_err_status(api_err e);
 
+/* The 503's message for work not started by its request's deadline
+ * (REQUEST_DEADLINE_MS). */
+#define API_LATE_MESSAGE "not started before the request's deadline, retry later"
+
 /* Default human message for a code. */
 const char *api_err_message(api_err e);
 

@@ -56,10 +56,13 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static queue queues[NQUEUES];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
+/* The gathering window is a timed wait: on the monotonic clock, so that a
+ * step of the wall clock (NTP, an operator) cannot hold a batch. */
 static void init(void)
 {
     for (int i = 0; i < NQUEUES; i++)
-        pthread_cond_init(&queues[i].full, NULL);
+        if (util_cond_init_monotonic(&queues[i].full) != 0)
+            abort();
 }
 
 static scratch *scratch_new(int n)
@@ -144,7 +147,7 @@ static int take_locks(conn_set *cs, scratch *s, waiter **w, int n, int *nrefused
 static void settle(conn_set *cs, queue *q)
 {
     scratch *s = q->s;
-    int nt = 0, n = 0, nr = 0;
+    int nt = 0, n = 0, nr = 0, kept = 0;
     PGconn *pg;
     store_status st;
 
@@ -157,7 +160,17 @@ static void settle(conn_set *cs, queue *q)
         q->tail = NULL;
     pthread_mutex_unlock(&mu);
 
-    nt = take_locks(cs, s, s->taken, nt, &nr);
+    /* Buyers who waited here past their deadline are not ordered (their
+     * locks, not taken yet, are not taken). */
+    for (int t = 0; t < nt; t++) {
+        if (stock_past_deadline(s->taken[t]->b)) {
+            s->refused[nr] = s->taken[t];
+            s->why[nr++] = STORE_UNAVAILABLE;
+        } else {
+            s->taken[kept++] = s->taken[t];
+        }
+    }
+    nt = take_locks(cs, s, s->taken, kept, &nr);
     for (int t = 0; t < nt; t++) {
         waiter *w = s->taken[t];
         /* The same user twice in one batch means a concurrent request of that
@@ -182,10 +195,13 @@ static void settle(conn_set *cs, queue *q)
         if (st == STORE_DUPLICATE ||
             (st != STORE_OK && pg != NULL && PQstatus(pg) == CONNECTION_OK)) {
             /* A unique violation (a lock lapsed) or a deadlock fails the whole
-             * statement: settle these buyers one by one so each gets its answer. */
+             * statement: settle these buyers one by one so each gets its
+             * answer, those whose deadline has not passed meanwhile. */
             log_warn("batch of %d failed as a whole; settling one by one", n);
             for (int i = 0; i < n; i++)
-                s->results[i] = store_order_create(pg, &s->orders[i]);
+                s->results[i] = stock_past_deadline(s->batch[i]->b)
+                                    ? STORE_UNAVAILABLE
+                                    : store_order_create(pg, &s->orders[i]);
         } else if (st != STORE_OK) {
             for (int i = 0; i < n; i++)
                 s->results[i] = st;
@@ -244,7 +260,7 @@ static void settle_alone(conn_set *cs, waiter *me)
     void *arg = me->arg;
     PGconn *pg;
 
-    if (take_locks(cs, &s, one, 1, &nr) == 1)
+    if (!stock_past_deadline(me->b) && take_locks(cs, &s, one, 1, &nr) == 1)
         why = (pg = conn_pg(cs)) == NULL ? STORE_UNAVAILABLE : store_order_create(pg, &me->b->order);
     free(me);
     done(cs, arg, why);
@@ -280,10 +296,7 @@ static void submit(conn_set *cs, stock_buyer *b, stock_done_fn done, void *arg)
         q->s = scratch_new(g_cfg.batch_max);
     while (q->head != NULL) {
         struct timespec deadline;
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_nsec += (long)g_cfg.batch_window_us * 1000L;
-        deadline.tv_sec += deadline.tv_nsec / 1000000000L;
-        deadline.tv_nsec %= 1000000000L;
+        util_deadline(CLOCK_MONOTONIC, g_cfg.batch_window_us, &deadline);
         while (q->n < g_cfg.batch_max &&
                pthread_cond_timedwait(&q->full, &mu, &deadline) != ETIMEDOUT)
             ;

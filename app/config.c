@@ -16,7 +16,8 @@ config g_cfg;
 enum opt_type { OPT_INT, OPT_LONG, OPT_STR, OPT_BOOL, OPT_LEVEL, OPT_LOCK, OPT_STOCK, OPT_LEASE };
 
 static const char *const lock_names[] = { "none", "local", "setnx", "owner", "reentrant",
-                                          "zk", "pg-table", "pg-advisory" };
+                                          "zk", "pg-table", "pg-advisory",
+                                          "multilock", "redlock" };
 static const char *const stock_names[] = { "naive", "cas", "optimistic", "pessimistic",
                                            "batched" };
 
@@ -81,13 +82,21 @@ static const option_def options[] = {
     { "DEMO_RANDOM_USER", "demo-random-user", OPT_BOOL, F(demo_random_user), 0, 1, "0",
       "1: a seckill request without X-User-Id is a new random user (load tests only)" },
     { "SECKILL_LOCK", "lock", OPT_LOCK, F(lock_strategy), 0, 0, "reentrant",
-      "per-user lock: reentrant (Redis), zk (ZooKeeper), pg-table or pg-advisory (Postgres); "
+      "per-user lock: reentrant (Redis), multilock or redlock (several Redis masters), zk "
+      "(ZooKeeper), pg-table or pg-advisory (Postgres); "
       "none, local, setnx and owner are the demo ladder's unsafe steps" },
     { "ZK_HOSTS", "zk-hosts", OPT_STR, F(zk_hosts), 0, 0, "",
       "SECKILL_LOCK=zk: the ZooKeeper servers, host:port[,host:port...]" },
     { "ZK_SESSION_TIMEOUT_MS", "zk-session-timeout-ms", OPT_INT, F(zk_session_timeout_ms), 500,
       600000, "6000", "SECKILL_LOCK=zk: session timeout asked of ZooKeeper (ms); the locks of "
       "a process that died go after it" },
+    { "LOCK_REDIS_NODES", "lock-redis-nodes", OPT_STR, F(lock_redis_nodes), 0, 0, "",
+      "SECKILL_LOCK=multilock or redlock: the independent Redis masters, "
+      "redis://host:port[,redis://host:port...] (redlock: at least 3)" },
+    { "LOCK_REDIS_NODE_TIMEOUT_MS", "lock-redis-node-timeout-ms", OPT_INT,
+      F(lock_redis_node_timeout_ms), 1, 10000, "50",
+      "multilock, redlock: each node's connect and command timeout (ms), at most a tenth of "
+      "LOCK_LEASE_MS" },
     { "LOCK_PG_SWEEP_MS", "lock-pg-sweep-ms", OPT_INT, F(lock_pg_sweep_ms), 0, 3600000, "0",
       "SECKILL_LOCK=pg-table: delete expired lock rows this often (ms; 0: never, the next "
       "acquire takes an expired row over)" },
@@ -104,6 +113,12 @@ static const option_def options[] = {
       "demo only: sleep this long inside the critical section to widen races" },
     { "DEMO_PAUSE_MS", "demo-pause-ms", OPT_INT, F(demo_pause_ms), 0, 60000, "0",
       "demo only: pause this long after taking the lock (a GC pause: shows fencing)" },
+    { "TEST_CLOCK_STEP_MS", "test-clock-step-ms", OPT_INT, F(test_clock_step_ms), 0, 3600000,
+      "0", "testing only: timed waits read the wall clock this far ahead, as if it were "
+      "stepped back by it each time (shows that no wait depends on the wall clock)" },
+    { "REQUEST_DEADLINE_MS", "request-deadline-ms", OPT_INT, F(request_deadline_ms), 0, 600000,
+      "8000", "work not started this long after a request arrived is answered 503 and not "
+      "done (below the proxy's read timeout; 0: no deadline)" },
     { "RETRY_AFTER_S", "retry-after", OPT_INT, F(retry_after_s), 0, 3600, "1",
       "Retry-After seconds sent with 503" },
 };
@@ -210,7 +225,8 @@ const char *config_stock_name(int s)
 /* The lock strategies that keep one order per user. */
 static int lock_safe(int s)
 {
-    return s == LOCKS_REENTRANT || s == LOCKS_ZK || s == LOCKS_PG_TABLE || s == LOCKS_PG_ADVISORY;
+    return s == LOCKS_REENTRANT || s == LOCKS_ZK || s == LOCKS_PG_TABLE || s == LOCKS_PG_ADVISORY ||
+           s == LOCKS_MULTILOCK || s == LOCKS_REDLOCK;
 }
 
 int config_unsafe(void)

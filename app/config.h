@@ -18,7 +18,8 @@ typedef struct redis_url {
  * reentrant (the default) and the other lock services' backends are safe.
  * Of the stock strategies, naive oversells. */
 enum lock_strategy { LOCKS_NONE, LOCKS_LOCAL, LOCKS_SETNX, LOCKS_OWNER, LOCKS_REENTRANT,
-                     LOCKS_ZK, LOCKS_PG_TABLE, LOCKS_PG_ADVISORY };
+                     LOCKS_ZK, LOCKS_PG_TABLE, LOCKS_PG_ADVISORY,
+                     LOCKS_MULTILOCK, LOCKS_REDLOCK };
 enum stock_strategy { STOCKS_NAIVE, STOCKS_CAS, STOCKS_OPTIMISTIC, STOCKS_PESSIMISTIC,
                       STOCKS_BATCHED };
 
@@ -47,9 +48,12 @@ typedef struct config {
     char id_prefix[64];         /* icr:{prefix}:{yyyy:MM:dd} */
     int demo_random_user;
     int retry_after_s;
+    int request_deadline_ms;    /* work not started by then: 503, not done (0: none) */
     int lock_strategy;          /* enum lock_strategy (SECKILL_LOCK) */
     char zk_hosts[1024];        /* SECKILL_LOCK=zk: "host:port[,host:port...]" */
     int zk_session_timeout_ms;  /* asked of ZooKeeper; a dead holder's lock goes after it */
+    char lock_redis_nodes[2048]; /* multilock, redlock: redis://h:p,redis://h:p,... */
+    int lock_redis_node_timeout_ms; /* each node's connect and command timeout */
     int lock_pg_sweep_ms;       /* pg-table: delete expired rows this often (0: never) */
     int stock_strategy;         /* enum stock_strategy (SECKILL_STOCK) */
     int demo_delay_ms;          /* sleep between the reads and the writes (demo only) */
@@ -57,6 +61,7 @@ typedef struct config {
     int batch_max;              /* batched: buyers settled in one transaction at most */
     int early_lock_release;     /* optimistic: async commit, then wait for the flush */
     int batch_window_us;        /* batched: how long a batch gathers buyers */
+    int test_clock_step_ms;     /* testing only: util_set_test_clock_step_ms */
     char instance_uuid[37];     /* random per process; lock owner prefix */
 } config;
 

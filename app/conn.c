@@ -48,6 +48,14 @@ static void make_key(void)
         abort();
 }
 
+void conn_renew_owner(conn_set *cs)
+{
+    /* A counter, not pthread_self(): ids are never reused within the process,
+     * so a new thread can never look like the reentrant owner of a stale lock. */
+    cs->thread_id = atomic_fetch_add(&next_thread_id, 1);
+    snprintf(cs->owner, sizeof cs->owner, "%s:%" PRIu64, g_cfg.instance_uuid, cs->thread_id);
+}
+
 conn_set *conn_get(void)
 {
     conn_set *cs = tls_set;
@@ -56,10 +64,7 @@ conn_set *conn_get(void)
         return cs;
     pthread_once(&set_key_once, make_key);
     cs = xcalloc(1, sizeof *cs);
-    /* A counter, not pthread_self(): ids are never reused within the process,
-     * so a new thread can never look like the reentrant owner of a stale lock. */
-    cs->thread_id = atomic_fetch_add(&next_thread_id, 1);
-    snprintf(cs->owner, sizeof cs->owner, "%s:%" PRIu64, g_cfg.instance_uuid, cs->thread_id);
+    conn_renew_owner(cs);
     if (pthread_setspecific(set_key, cs) != 0)
         abort();
     tls_set = cs;
@@ -192,16 +197,24 @@ void conn_redis_broken(conn_set *cs)
 
 PGconn *conn_pg_open(char *err, size_t errlen)
 {
-    char timeout[16], options[64];
-    /* Our defaults first: later keywords win, so PG_DSN can override them. */
+    char timeout[16], options[64], user_timeout[16];
+    /* Our defaults first: later keywords win, so PG_DSN can override them.
+     * A peer that vanished (host down, network cut) is noticed by TCP
+     * itself: keepalives on an idle or waiting connection (5 s, then 3
+     * probes 2 s apart), tcp_user_timeout for data sent and never
+     * acknowledged, as long as one round trip may last (store.c bounds
+     * every wait for an answer the same way, which also covers a server
+     * that stopped answering while its kernel still acknowledges). The
+     * connect itself is bounded by connect_timeout. */
     const char *keys[] = { "connect_timeout", "application_name", "options", "keepalives",
                            "keepalives_idle", "keepalives_interval", "keepalives_count",
-                           "dbname", NULL };
-    const char *vals[] = { timeout, g_cfg.instance_id, options, "1", "5", "2", "3",
+                           "tcp_user_timeout", "dbname", NULL };
+    const char *vals[] = { timeout, g_cfg.instance_id, options, "1", "5", "2", "3", user_timeout,
                            g_cfg.pg_dsn[0] ? g_cfg.pg_dsn : NULL, NULL };
     PGconn *pg;
 
     snprintf(timeout, sizeof timeout, "%d", g_cfg.pg_connect_timeout_s);
+    snprintf(user_timeout, sizeof user_timeout, "%d", g_cfg.pg_statement_timeout_ms + 1000);
     snprintf(options, sizeof options, "-c statement_timeout=%d", g_cfg.pg_statement_timeout_ms);
     pg = PQconnectdbParams(keys, vals, 1);
     if (pg == NULL) {

@@ -63,6 +63,13 @@ PGconn *conn_pg_open(char *err, size_t errlen);
  * request of the same user cannot take it again as its reentrant holder. */
 void conn_fresh_owner(char *buf, size_t n);
 
+/* Gives the calling worker a new owner id (cs->owner, cs->thread_id), from
+ * the same counter: after a lock reply of this owner was lost (an acquire
+ * that may have been granted, a release that may not have happened), so
+ * that its next request of the same user cannot re-enter, and extend, a
+ * hold that nobody will release. */
+void conn_renew_owner(conn_set *cs);
+
 /* Closes and frees the calling thread's set now (idempotent). */
 void conn_close_thread(void);
 

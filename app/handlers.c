@@ -107,9 +107,7 @@ static http_outcome h_ready(http_req *r, const char *arg, size_t arg_len)
     (void)arg;
     (void)arg_len;
     if (pg != NULL) {
-        PGresult *res = PQexec(pg, "SELECT 1");
-        pg_ok = PQresultStatus(res) == PGRES_TUPLES_OK;
-        PQclear(res);
+        pg_ok = store_ping(pg) == STORE_OK;
         if (!pg_ok)
             conn_pg_broken(cs);
     }
@@ -204,7 +202,7 @@ static http_outcome f_seckill(http_req *r, const char *arg, size_t arg_len)
     /* Batched, with a batch of this voucher at work: straight into it,
      * without a worker's turn. Parked first: its leader may answer at once. */
     if (cached && order_joinable() && http_park(r) == 0) {
-        if (!order_join(voucher_id, user_id, seckill_reply, r))
+        if (!order_join(voucher_id, user_id, http_deadline_us(r), seckill_reply, r))
             http_unpark(r);                  /* no batch at work after all: to h_seckill */
         return HTTP_HANDED_OFF;
     }
@@ -263,7 +261,7 @@ static http_outcome h_seckill(http_req *r, const char *arg, size_t arg_len)
      *    batch. Handed off first: the answer may come before order_submit
      *    returns. */
     out = http_hand_off(r);
-    order_submit(cs, r->voucher_id, r->user_id, seckill_reply, r);
+    order_submit(cs, r->voucher_id, r->user_id, http_deadline_us(r), seckill_reply, r);
     return out;                              /* r may be answered and gone by now */
 }
 

@@ -195,6 +195,12 @@ void http_load(int *in_progress, int *queued)
     *queued = atomic_load_explicit(&wq.depth, memory_order_relaxed);
 }
 
+int64_t http_deadline_us(const http_req *r)
+{
+    return g_cfg.request_deadline_ms > 0 ? r->start_us + (int64_t)g_cfg.request_deadline_ms * 1000
+                                         : INT64_MAX;
+}
+
 const char *http_header(http_req *r, const char *name)
 {
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
@@ -416,6 +422,8 @@ static void *worker_main(void *arg)
     while ((r = wq_pop(&closing)) != NULL) {
         if (closing)
             out = http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
+        else if (util_mono_us() > http_deadline_us(r))
+            out = http_send_error(r, API_UNAVAILABLE, API_LATE_MESSAGE);
         else
             out = route_table[r->route].fn(r, r->arg, r->arg_len);
         if (out == HTTP_HANDED_OFF)

@@ -128,6 +128,14 @@ void http_load(int *in_progress, int *queued);
  * there is no such route. Static, set by http_start. */
 const char *http_route_label(int i);
 
+/* The request's deadline on the monotonic clock (util_mono_us): its
+ * arrival plus REQUEST_DEADLINE_MS, INT64_MAX when there is none. Work
+ * not started by then is answered 503 and not done: the client (nginx,
+ * whose read timeout is longer) has given up, and an order it never hears
+ * of helps nobody. A request still queued for a worker then is answered
+ * so by the worker that takes it. */
+int64_t http_deadline_us(const http_req *r);
+
 /* Request header value, or NULL. Borrowed from MHD. */
 const char *http_header(http_req *r, const char *name);
 

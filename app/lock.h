@@ -97,6 +97,12 @@ lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *
                               const char *owner, long lease_ms);
 lock_status lock_acquire_recv(redisContext *c, lock_acquire_op *op, lock_grant *g);
 
+/* lock_acquire_send with the deadline 'timeout_ms' (> 0) ahead instead of
+ * the caller's command timeout: for a connection with a shorter timeout of
+ * its own (mlock's nodes), so that a late execution refuses. */
+lock_status lock_acquire_send_within(redisContext *c, lock_acquire_op *op, const char *key,
+                                     const char *owner, long lease_ms, int timeout_ms);
+
 /* 'n' attempts in one round trip (a batch's buyers): lock_acquire_send for
  * each, then this once, after every reply appended before them is read.
  * Outcomes go to st[i] and g[i] as for lock_acquire_recv; an attempt

@@ -14,6 +14,7 @@
 #include "script.h"
 #include "store.h"
 #include "peers.h"
+#include "util.h"
 #include "version.h"
 
 #include <pthread.h>
@@ -43,6 +44,7 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc > 0 ? EXIT_SUCCESS : 2;
     log_set_level((enum log_level)g_cfg.log_level);
+    util_set_test_clock_step_ms(g_cfg.test_clock_step_ms);
     log_set_json(strcmp(g_cfg.log_format, "json") == 0);
     {
         char desc[1400];

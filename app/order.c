@@ -53,7 +53,7 @@ int order_joinable(void)
  * moves on, and would otherwise be the reentrant holder of the same user's
  * next request. 'cs' may be NULL then (an event thread). */
 static order_job *job_new(conn_set *cs, int64_t voucher_id, int64_t user_id,
-                          order_reply_fn reply, void *arg)
+                          int64_t deadline_us, order_reply_fn reply, void *arg)
 {
     order_job *j = xcalloc(1, sizeof *j);
     char owner[128];
@@ -69,6 +69,7 @@ static order_job *job_new(conn_set *cs, int64_t voucher_id, int64_t user_id,
     j->buyer.order.user_id = user_id;
     j->buyer.hold = &j->hold;
     j->buyer.same_thread = ulock_thread_bound();
+    j->buyer.deadline_us = deadline_us;
     if (ulock_tokens())                      /* the write checks the grant's token */
         j->buyer.order.fence_key = j->hold.fence_key;
     return j;
@@ -181,7 +182,9 @@ static void learn(order_job *j, store_status st)
         j->message = "the order lock expired before the write (stale fencing token)";
         break;
     case STORE_UNAVAILABLE:
-        if (j->message == NULL)
+        if (j->buyer.late)
+            j->message = API_LATE_MESSAGE;
+        else if (j->message == NULL)
             j->message = "database unavailable, retry later";
         break;
     default:
@@ -210,10 +213,10 @@ static void settled(conn_set *cs, void *arg, store_status st)
     free(j);
 }
 
-void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply_fn reply,
-                  void *arg)
+void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t deadline_us,
+                  order_reply_fn reply, void *arg)
 {
-    order_job *j = job_new(cs, voucher_id, user_id, reply, arg);
+    order_job *j = job_new(cs, voucher_id, user_id, deadline_us, reply, arg);
     PGconn *pg = NULL;
 
     if (order_joinable()) {
@@ -221,22 +224,25 @@ void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply
          * worker touches neither Redis nor Postgres. */
         j->buyer.lock_pending = 1;
         stock_settle(cs, NULL, &j->buyer, settled, j);
-    } else if ((pg = reach(cs, j)) != NULL && take_lock(cs, j) && take_id(cs, j)) {
+    } else if ((pg = reach(cs, j)) != NULL && take_lock(cs, j) && take_id(cs, j) &&
+               !stock_past_deadline(&j->buyer)) {
         /* 4. Stock and order in one transaction, the stock strategy's way;
          *    then settled(): 5. release, 6. answer. */
         stock_settle(cs, pg, &j->buyer, settled, j);
     } else {
-        settled(cs, j, STORE_UNAVAILABLE);   /* refused on the way: j->refusal says why */
+        /* Refused on the way (j->refusal says why), or too late to start. */
+        settled(cs, j, STORE_UNAVAILABLE);
     }
 }
 
-int order_join(int64_t voucher_id, int64_t user_id, order_reply_fn reply, void *arg)
+int order_join(int64_t voucher_id, int64_t user_id, int64_t deadline_us, order_reply_fn reply,
+               void *arg)
 {
     order_job *j;
 
     if (!order_joinable())
         return 0;
-    j = job_new(NULL, voucher_id, user_id, reply, arg);
+    j = job_new(NULL, voucher_id, user_id, deadline_us, reply, arg);
     j->buyer.lock_pending = 1;
     if (stock_join(&j->buyer, settled, j))
         return 1;
@@ -257,6 +263,10 @@ api_err order_store_error(store_status st)
     case STORE_DUPLICATE:
     case STORE_STALE_TOKEN:         /* another request of this user holds or held the lock */
         return API_ALREADY_ORDERED;
+    case STORE_NOT_STARTED:
+        return API_NOT_STARTED;
+    case STORE_ENDED:
+        return API_ENDED;
     case STORE_INVALID:
         return API_INVALID_FIELD;
     case STORE_UNAVAILABLE:

@@ -29,16 +29,19 @@ typedef void (*order_reply_fn)(void *arg, api_err err, const char *message, int6
 /* Places the order and calls 'reply' exactly once: on the caller's thread
  * before returning, or - a deferred stock strategy, "batched" - on the
  * worker that settles the order's batch, after its commit and the release
- * of its lock. The caller's worker is free as soon as this returns. */
-void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, order_reply_fn reply,
-                  void *arg);
+ * of its lock. The caller's worker is free as soon as this returns.
+ * 'deadline_us' (monotonic, INT64_MAX: none): an order whose transaction
+ * has not started by then is not placed; 'reply' gets API_UNAVAILABLE. */
+void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t deadline_us,
+                  order_reply_fn reply, void *arg);
 
 /* For an event thread: when order_joinable() and a batch of this voucher
  * has a leader at work, hands the order to it and returns 1; 'reply' is
  * then called once, on the leader's worker, as with order_submit. Returns
  * 0 otherwise, having done nothing: call order_submit on a worker. Never
  * blocks. */
-int order_join(int64_t voucher_id, int64_t user_id, order_reply_fn reply, void *arg);
+int order_join(int64_t voucher_id, int64_t user_id, int64_t deadline_us, order_reply_fn reply,
+               void *arg);
 
 /* 1 when the strategies in force let a batch's leader take the whole
  * order (lock, id and statement): then order_join may take it. */

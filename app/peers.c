@@ -122,7 +122,10 @@ cleanup:
 
 static pthread_t pub_thread;
 static pthread_mutex_t pub_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pub_cv = PTHREAD_COND_INITIALIZER;
+/* The tick is a timed wait on the monotonic clock (peers_start): a step of
+ * the wall clock must not stop the publishing, or the instance drops out
+ * of the cluster view. */
+static pthread_cond_t pub_cv;
 static int pub_stop, pub_running;
 
 static void publish_once(redisContext **cp)
@@ -167,8 +170,7 @@ static void *publisher_main(void *arg)
         pthread_mutex_unlock(&pub_mu);
         publish_once(&c);
         pthread_mutex_lock(&pub_mu);
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_sec += 1;
+        util_deadline(CLOCK_MONOTONIC, 1000000, &deadline);
         while (!pub_stop && pthread_cond_timedwait(&pub_cv, &pub_mu, &deadline) == 0)
             ;
     }
@@ -187,8 +189,12 @@ int peers_start(void)
 {
     started_at = util_now_s();
     pub_stop = 0;
-    if (pthread_create(&pub_thread, NULL, publisher_main, NULL) != 0)
+    if (util_cond_init_monotonic(&pub_cv) != 0)
         return -1;
+    if (pthread_create(&pub_thread, NULL, publisher_main, NULL) != 0) {
+        pthread_cond_destroy(&pub_cv);
+        return -1;
+    }
     pub_running = 1;
     return 0;
 }
@@ -202,5 +208,6 @@ void peers_stop(void)
     pthread_cond_signal(&pub_cv);
     pthread_mutex_unlock(&pub_mu);
     pthread_join(pub_thread, NULL);
+    pthread_cond_destroy(&pub_cv);
     pub_running = 0;
 }

@@ -69,16 +69,23 @@ static void gates_init(void)
         pthread_mutex_init(&gates[i], NULL);
 }
 
-static store_status gated_order_create(conn_set *cs, PGconn *pg, const store_order *o)
+/* A buyer may wait at the gate behind a statement that Postgres holds up:
+ * its deadline is checked once through it. */
+static store_status gated_order_create(conn_set *cs, PGconn *pg, stock_buyer *b)
 {
+    const store_order *o = &b->order;
     pthread_mutex_t *g;
     store_early e;
     store_status st;
 
     pthread_once(&gates_once, gates_init);
     g = &gates[(uint64_t)o->voucher_id % GATE_STRIPES];
+    pthread_mutex_lock(g);
+    if (stock_past_deadline(b)) {
+        pthread_mutex_unlock(g);
+        return STORE_UNAVAILABLE;
+    }
     if (!g_cfg.early_lock_release) {
-        pthread_mutex_lock(g);
         st = store_order_create(pg, o);
         pthread_mutex_unlock(g);
         return st;
@@ -86,7 +93,6 @@ static store_status gated_order_create(conn_set *cs, PGconn *pg, const store_ord
     /* Early release: the gate covers the order's commit only; the wait for
      * its flush, sent in the same round trip, runs outside it, so the next
      * buyer's statement overlaps this one's fsync. */
-    pthread_mutex_lock(g);
     st = store_order_send_early(pg, o, &e);
     pthread_mutex_unlock(g);
     st = store_order_finish_early(pg, &e, st);
@@ -98,7 +104,7 @@ static store_status gated_order_create(conn_set *cs, PGconn *pg, const store_ord
 static void optimistic_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done,
                               void *arg)
 {
-    done(cs, arg, gated_order_create(cs, pg, &b->order));
+    done(cs, arg, gated_order_create(cs, pg, b));
 }
 
 const stock_backend stock_optimistic = {

@@ -19,6 +19,7 @@
 #include "conn.h"
 #include "store.h"
 #include "ulock.h"
+#include "util.h"
 
 /* One buyer on the way to the database. Owned by the caller until its
  * 'done' has been called. */
@@ -30,7 +31,22 @@ typedef struct stock_buyer {
     ulock_id id;              /* ... the id's outcome, then */
     int same_thread;          /* 'hold' may be released only by this thread: settle
                                  before returning even when deferred */
+    int64_t deadline_us;      /* monotonic; INT64_MAX: none. Not started by then:
+                                 STORE_UNAVAILABLE, nothing done, 'late' set */
+    int late;
 } stock_buyer;
+
+/* 1 (and b->late set) when 'b''s deadline has passed: a strategy checks it
+ * right before the statement that would order, and answers
+ * STORE_UNAVAILABLE without running it. (Inline: batch.c, which stock.c's
+ * table names, uses it too.) */
+static inline int stock_past_deadline(stock_buyer *b)
+{
+    if (util_mono_us() <= b->deadline_us)
+        return 0;
+    b->late = 1;
+    return 1;
+}
 
 /* A buyer's outcome, on the worker that settled it, with that worker's
  * connections; the hold is still the caller's to release (it may have

@@ -1,13 +1,17 @@
 /* store: Postgres access through prepared statements. */
 #include "store.h"
+#include "config.h"
 #include "log.h"
 #include "rec.h"
 #include "util.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 typedef struct statement {
@@ -16,6 +20,13 @@ typedef struct statement {
     const char *sql;
 } statement;
 
+/* The voucher's sale window by Postgres's clock, at the start of the
+ * statement (after any wait for the fence row): begin_time <= now <=
+ * end_time, as the instance checks it. */
+#define SALE_EARLY "(begin_time > statement_timestamp())"
+#define SALE_LATE "(end_time < statement_timestamp())"
+#define SALE_OPEN "begin_time <= statement_timestamp() AND statement_timestamp() <= end_time"
+
 /* One statement per operation keeps each call to one round trip. */
 static const statement statements[] = {
     { "voucher_get", 1,
@@ -23,22 +34,33 @@ static const statement statements[] = {
       "       extract(epoch FROM begin_time)::bigint, extract(epoch FROM end_time)::bigint"
       "  FROM tb_voucher WHERE voucher_id = $1" },
 
-    /* Fence, duplicate check, deduction and insert in one statement: the row
-     * lock taken by the UPDATE is held only until this statement's commit.
-     * The fence row moves only forward; a stale token leaves it and
-     * everything else untouched. */
+    /* The order, after fence_advance in the same transaction (one round
+     * trip, store_order_create): the duplicate check, the deduction and the
+     * insert. A statement reads what was committed when it started, so the
+     * fence row is locked by a statement of its own first: this one starts
+     * after the lock was granted, hence after whoever held it before (an
+     * older holder of the same user's lock) committed, and its duplicate
+     * check sees that holder's order. The fence row moves only forward;
+     * "fence" holds when it carries this holder's token, i.e. no newer
+     * holder wrote before us (stale: nothing is written). The row lock
+     * taken by the UPDATE is held only until this transaction's commit.
+     * The sale window is checked here too, by Postgres's clock when the
+     * statement starts (SALE_OPEN; "sale" says which side it missed): the
+     * instance's own check reads its clock, in whole seconds, against a
+     * voucher cached for up to a second, before the buyer waited in a
+     * queue. */
     { "order_create", 6,
       "WITH fence AS ("
-      "    INSERT INTO tb_lock_fence (lock_key, token) SELECT $4::text, $5::bigint"
-      "     WHERE $4::text IS NOT NULL"
-      "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
-      "     WHERE tb_lock_fence.token <= EXCLUDED.token"
-      "    RETURNING 1"
+      "    SELECT 1 FROM tb_lock_fence WHERE lock_key = $4::text AND token = $5::bigint"
       "), dup AS ("
       "    SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1 LIMIT 1"
+      "), sale AS ("
+      "    SELECT " SALE_EARLY " AS early, " SALE_LATE " AS late"
+      "      FROM tb_voucher WHERE voucher_id = $1"
       "), upd AS ("
       "    UPDATE tb_voucher SET stock = stock - 1"
-      "     WHERE voucher_id = $1 AND stock > 0 AND NOT EXISTS (SELECT 1 FROM dup)"
+      "     WHERE voucher_id = $1 AND stock > 0 AND " SALE_OPEN
+      "       AND NOT EXISTS (SELECT 1 FROM dup)"
       "       AND ($4::text IS NULL OR EXISTS (SELECT 1 FROM fence))"
       "    RETURNING voucher_id"
       "), ins AS ("
@@ -53,7 +75,8 @@ static const statement statements[] = {
       ")"
       "SELECT $4::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fence),"
       "       EXISTS (SELECT 1 FROM dup), EXISTS (SELECT 1 FROM ins),"
-      "       (SELECT count(*) FROM early)" },
+      "       (SELECT count(*) FROM early),"
+      "       EXISTS (SELECT 1 FROM sale WHERE early), EXISTS (SELECT 1 FROM sale WHERE late)" },
 
     /* A transaction that wrote WAL commits synchronously: its commit flushes
      * the WAL up to its own commit record, so this returns once every commit
@@ -61,20 +84,29 @@ static const statement statements[] = {
      * synchronous_standby_names asks for it). A transactional logical message
      * is the smallest such write (no table, no row: no contention); without
      * a write Postgres would commit it asynchronously. Concurrent callers
-     * share one flush (Postgres's group commit). Only when order $1 exists:
-     * a refusal wrote nothing that needs waiting for, and then this writes
+     * share one flush (Postgres's group commit). Only when order $1 exists,
+     * which the first column says: an order the statement reported but
+     * whose commit failed has no row, and must not read as flushed; a
+     * refusal wrote nothing that needs waiting for, and then this writes
      * nothing either and returns without a flush. */
     { "wait_durable", 1,
-      "SELECT pg_logical_emit_message(true, 'seckill.durable', '')"
-      " WHERE EXISTS (SELECT 1 FROM tb_voucher_order WHERE id = $1)" },
+      "SELECT o.found,"
+      "       CASE WHEN o.found THEN pg_logical_emit_message(true, 'seckill.durable', '') END"
+      "  FROM (SELECT EXISTS (SELECT 1 FROM tb_voucher_order WHERE id = $1) AS found) o" },
 
-    /* The step-by-step transaction (store_order_steps). */
+    /* The fence row, advanced by a statement of its own (locked until the
+     * commit): before order_create, and first in the step-by-step
+     * transaction (store_order_steps), whose other statements follow. */
     { "fence_advance", 2,
       "INSERT INTO tb_lock_fence (lock_key, token) VALUES ($1, $2)"
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
       "     WHERE tb_lock_fence.token <= EXCLUDED.token RETURNING 1" },
-    { "order_exists", 2,
-      "SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1 LIMIT 1" },
+    /* The step-by-step transaction's duplicate check and sale window (no
+     * row: no such voucher), then its stock steps and insert. */
+    { "order_check", 2,
+      "SELECT EXISTS (SELECT 1 FROM tb_voucher_order WHERE user_id = $2 AND voucher_id = $1),"
+      "       " SALE_EARLY ", " SALE_LATE
+      "  FROM tb_voucher WHERE voucher_id = $1" },
     { "stock_read", 1, "SELECT stock FROM tb_voucher WHERE voucher_id = $1" },
     { "stock_read_locked", 1, "SELECT stock FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE" },
     { "stock_write", 2, "UPDATE tb_voucher SET stock = $2 WHERE voucher_id = $1" },
@@ -84,29 +116,37 @@ static const statement statements[] = {
     { "order_insert", 3,
       "INSERT INTO tb_voucher_order (id, user_id, voucher_id) VALUES ($1, $2, $3)" },
 
-    /* Group commit: the whole batch in one statement. The voucher row is
-     * locked first (FOR UPDATE), so 'win' counts against the latest stock. */
+    /* Group commit: the fence rows of the whole batch, then (order_batch)
+     * its orders, in one transaction and one round trip, for the same
+     * reason as fence_advance before order_create. Keys in order, so that
+     * two batches lock shared rows in the same order. */
+    { "fence_batch", 2,
+      "INSERT INTO tb_lock_fence (lock_key, token)"
+      "SELECT k, t FROM unnest($1::text[], $2::bigint[]) AS r(k, t)"
+      " WHERE k IS NOT NULL ORDER BY k"
+      "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
+      "     WHERE tb_lock_fence.token <= EXCLUDED.token" },
+
+    /* The voucher row is locked first (FOR UPDATE), so 'win' counts against
+     * the latest stock; no one wins outside the sale window ('b'efore it
+     * began, 'e'nded). */
     { "order_batch", 5,
       "WITH req AS ("
       "    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[])"
       "           WITH ORDINALITY AS r(order_id, user_id, lock_key, token, n)"
-      "), fence AS ("
-      "    INSERT INTO tb_lock_fence (lock_key, token)"
-      "    SELECT lock_key, token FROM req WHERE lock_key IS NOT NULL"
-      "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
-      "     WHERE tb_lock_fence.token <= EXCLUDED.token"
-      "    RETURNING lock_key"
       "), fenced AS ("
       "    SELECT r.* FROM req r"
-      "     WHERE r.lock_key IS NULL OR r.lock_key IN (SELECT lock_key FROM fence)"
+      "     WHERE r.lock_key IS NULL OR EXISTS (SELECT 1 FROM tb_lock_fence f"
+      "                       WHERE f.lock_key = r.lock_key AND f.token = r.token)"
       "), fresh AS ("
       "    SELECT f.*, row_number() OVER (ORDER BY f.n) AS rn FROM fenced f"
       "     WHERE NOT EXISTS (SELECT 1 FROM tb_voucher_order o"
       "                        WHERE o.user_id = f.user_id AND o.voucher_id = $1)"
       "), v AS ("
-      "    SELECT stock FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE"
+      "    SELECT stock, " SALE_EARLY " AS early, " SALE_LATE " AS late"
+      "      FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE"
       "), win AS ("
-      "    SELECT fr.* FROM fresh fr, v WHERE fr.rn <= v.stock"
+      "    SELECT fr.* FROM fresh fr, v WHERE fr.rn <= v.stock AND NOT v.early AND NOT v.late"
       "), upd AS ("
       "    UPDATE tb_voucher SET stock = stock - (SELECT count(*) FROM win)"
       "     WHERE voucher_id = $1 AND EXISTS (SELECT 1 FROM win) RETURNING stock"
@@ -117,6 +157,8 @@ static const statement statements[] = {
       "SELECT r.n, CASE"
       "    WHEN r.n NOT IN (SELECT n FROM fenced) THEN 's'"
       "    WHEN r.n IN (SELECT n FROM win) THEN 'o'"
+      "    WHEN EXISTS (SELECT 1 FROM v WHERE early) THEN 'b'"
+      "    WHEN EXISTS (SELECT 1 FROM v WHERE late) THEN 'e'"
       "    WHEN r.n NOT IN (SELECT n FROM fresh) THEN 'd'"
       "    ELSE 'x' END"
       "  FROM req r ORDER BY r.n" },
@@ -151,11 +193,81 @@ static const statement statements[] = {
 
 #define NSTATEMENTS (sizeof statements / sizeof statements[0])
 
+/*---- round trips, each with the client's own bound ----*/
+
+/* statement_timeout (PG_STATEMENT_TIMEOUT_MS) ends a slow statement on the
+ * server. A server that cannot answer at all - a stopped or hung process,
+ * a host whose kernel still acknowledges while the database is gone - ends
+ * nothing, and libpq's blocking calls would wait for it forever (TCP
+ * keepalives and tcp_user_timeout, set in conn.c, only catch a peer whose
+ * kernel is gone too). So every wait for an answer is bounded here, a
+ * second past the statement timeout: the connection is then shut down
+ * and the call fails as unavailable (the statement's outcome is unknown:
+ * a retry is safe, it sells or answers already_ordered). */
+int store_round_trip_ms(void)
+{
+    return g_cfg.pg_statement_timeout_ms + STORE_SLACK_MS;
+}
+
+/* Waits until a result can be read from 'pg' without blocking, at most
+ * until 'until' (util_mono_us). 0, or -1 when the connection failed, or
+ * timed out and was shut down: it is CONNECTION_BAD then. */
+static int await_input(PGconn *pg, int64_t until)
+{
+    while (PQisBusy(pg)) {
+        struct pollfd pfd = { .fd = PQsocket(pg), .events = POLLIN };
+        int64_t left = until - util_mono_us();
+        int rc;
+
+        if (pfd.fd < 0)
+            return -1;
+        if (left <= 0) {
+            log_warn("store: no answer from Postgres within %d ms: closing the connection",
+                     store_round_trip_ms());
+            shutdown(pfd.fd, SHUT_RDWR);
+            PQconsumeInput(pg);             /* reads the end: the connection is bad now */
+            return -1;
+        }
+        rc = poll(&pfd, 1, (int)((left + 999) / 1000));
+        if (rc < 0 && errno != EINTR)
+            return -1;
+        if (rc > 0 && !PQconsumeInput(pg))
+            return -1;
+    }
+    return 0;
+}
+
+/* The result of the command just sent, as PQexec gives it (the last one,
+ * or the first error), read within the bound; NULL when the connection
+ * failed or timed out (PQerrorMessage says why). */
+static PGresult *collect(PGconn *pg)
+{
+    int64_t until = util_mono_us() + (int64_t)store_round_trip_ms() * 1000;
+    PGresult *kept = NULL, *r;
+
+    for (;;) {
+        if (await_input(pg, until) != 0) {
+            PQclear(kept);
+            return NULL;
+        }
+        if ((r = PQgetResult(pg)) == NULL)
+            return kept;
+        if (kept != NULL && PQresultStatus(kept) == PGRES_FATAL_ERROR) {
+            PQclear(r);
+        } else {
+            PQclear(kept);
+            kept = r;
+        }
+    }
+}
+
 int store_prepare(PGconn *pg)
 {
     for (size_t i = 0; i < NSTATEMENTS; i++) {
-        PGresult *res = PQprepare(pg, statements[i].name, statements[i].sql,
-                                  statements[i].nparams, NULL);
+        PGresult *res = PQsendPrepare(pg, statements[i].name, statements[i].sql,
+                                      statements[i].nparams, NULL)
+                            ? collect(pg)
+                            : NULL;
         int ok = res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK;
         if (!ok)
             log_error("store: prepare %s: %s", statements[i].name, PQerrorMessage(pg));
@@ -197,13 +309,14 @@ static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)
 static PGresult *exec(PGconn *pg, const char *name, int n, const char *const *vals)
 {
     int64_t t0 = util_mono_us();
-    return observed(pg, PQexecPrepared(pg, name, n, vals, NULL, NULL, 0), t0);
+    PGresult *res = PQsendQueryPrepared(pg, name, n, vals, NULL, NULL, 0) ? collect(pg) : NULL;
+    return observed(pg, res, t0);
 }
 
 static PGresult *timed_exec(PGconn *pg, const char *sql)
 {
     int64_t t0 = util_mono_us();
-    return observed(pg, PQexec(pg, sql), t0);
+    return observed(pg, PQsendQuery(pg, sql) ? collect(pg) : NULL, t0);
 }
 
 static int64_t get_i64(const PGresult *res, int row, int col)
@@ -267,37 +380,36 @@ static store_status order_result(PGconn *pg, const PGresult *res)
         return result_error(pg, (PGresult *)res, "order_create");
     if (PQgetvalue(res, 0, 0)[0] == 't')
         return STORE_STALE_TOKEN;
-    if (PQgetvalue(res, 0, 1)[0] == 't')
-        return STORE_DUPLICATE;
     if (PQgetvalue(res, 0, 2)[0] == 't')
         return STORE_OK;
+    if (PQgetvalue(res, 0, 4)[0] == 't')
+        return STORE_NOT_STARTED;
+    if (PQgetvalue(res, 0, 5)[0] == 't')
+        return STORE_ENDED;
+    if (PQgetvalue(res, 0, 1)[0] == 't')
+        return STORE_DUPLICATE;
     return STORE_SOLD_OUT;
 }
 
-store_status store_order_create(PGconn *pg, const store_order *o)
-{
-    order_params p;
-    PGresult *res;
-    store_status st;
-
-    order_params_fill(&p, o, 0);
-    res = exec(pg, "order_create", 6, p.vals);
-    st = order_result(pg, res);
-    PQclear(res);
-    return st;
-}
-
-/* Reads the results of one pipeline segment (a statement and its Sync):
- * returns the statement's first result (caller clears; NULL when none came)
- * and sets *synced when the Sync was reached. Two NULLs in a row mean the
- * connection has nothing more to give (it broke). */
+/* Reads every result of one pipeline segment (its statements and its
+ * Sync): returns the first error among them, else the last result (caller
+ * clears; NULL when none came), and sets *synced when the Sync was
+ * reached. A segment is one implicit transaction whose COMMIT runs at the
+ * Sync: a statement can succeed and its commit still fail (a deferred
+ * constraint, a serialization failure, the server shutting down), and that
+ * error comes as a result of its own after the statement's; a failed
+ * statement skips the rest (PGRES_PIPELINE_ABORTED). Two NULLs in a row
+ * mean the connection has nothing more to give (it broke). */
 static PGresult *segment_read(PGconn *pg, int *synced)
 {
-    PGresult *first = NULL, *r;
+    int64_t until = util_mono_us() + (int64_t)store_round_trip_ms() * 1000;
+    PGresult *kept = NULL, *r;
     int nulls = 0;
 
     *synced = 0;
     while (nulls < 2) {
+        if (await_input(pg, until) != 0)
+            break;
         if ((r = PQgetResult(pg)) == NULL) {
             nulls++;
             continue;
@@ -308,12 +420,68 @@ static PGresult *segment_read(PGconn *pg, int *synced)
             *synced = 1;
             break;
         }
-        if (first == NULL)
-            first = r;
-        else
+        if (kept != NULL && PQresultStatus(kept) == PGRES_FATAL_ERROR) {
             PQclear(r);
+        } else {
+            PQclear(kept);
+            kept = r;
+        }
     }
-    return first;
+    return kept;
+}
+
+/* A connection left in a state nobody can use: shut down, so that it reads
+ * as CONNECTION_BAD and is re-opened by its next user. */
+static void drop(PGconn *pg)
+{
+    if (PQsocket(pg) >= 0)
+        shutdown(PQsocket(pg), SHUT_RDWR);
+    PQconsumeInput(pg);
+}
+
+/* Leaves pipeline mode once every segment was read. 0, or -1 having
+ * dropped a connection that could not. */
+static int leave_pipeline(PGconn *pg)
+{
+    if (PQpipelineStatus(pg) == PQ_PIPELINE_OFF || PQexitPipelineMode(pg))
+        return 0;
+    log_warn("store: cannot leave pipeline mode: %s", PQerrorMessage(pg));
+    drop(pg);
+    return -1;
+}
+
+/* Queues the order's transaction in pipeline mode: fence_advance (when the
+ * order carries a fencing token), order_create, and the Sync that commits
+ * both. 1, or 0 when sending failed. */
+static int send_order(PGconn *pg, const order_params *p)
+{
+    const char *const fence[2] = { p->vals[3], p->vals[4] };
+
+    if (p->vals[3] != NULL && !PQsendQueryPrepared(pg, "fence_advance", 2, fence, NULL, NULL, 0))
+        return 0;
+    return PQsendQueryPrepared(pg, "order_create", 6, p->vals, NULL, NULL, 0) &&
+           PQpipelineSync(pg);
+}
+
+store_status store_order_create(PGconn *pg, const store_order *o)
+{
+    order_params p;
+    PGresult *res = NULL;
+    int synced = 0;
+    int64_t t0 = util_mono_us();
+    store_status st;
+
+    order_params_fill(&p, o, 0);
+    if (!PQenterPipelineMode(pg))
+        return result_error(pg, NULL, "order_create (pipeline)");
+    if (send_order(pg, &p))
+        res = segment_read(pg, &synced);
+    rec_backend(REC_PG, util_mono_us() - t0, synced);
+    st = synced ? order_result(pg, res) : result_error(pg, res, "order_create");
+    PQclear(res);
+    if (leave_pipeline(pg) != 0 && st == STORE_OK)
+        st = STORE_UNAVAILABLE;
+    return st;
 }
 
 store_status store_order_send_early(PGconn *pg, const store_order *o, store_early *e)
@@ -324,13 +492,14 @@ store_status store_order_send_early(PGconn *pg, const store_order *o, store_earl
     store_status st;
 
     memset(e, 0, sizeof *e);
+    e->order_id = o->order_id;
     order_params_fill(&p, o, 1);
     e->t0 = util_mono_us();
     if (!PQenterPipelineMode(pg))
         return result_error(pg, NULL, "order_create (pipeline)");
     /* Two segments, each with its own Sync, hence its own transaction: the
      * order commits (without waiting for the flush) before the wait runs. */
-    if (PQsendQueryPrepared(pg, "order_create", 6, p.vals, NULL, NULL, 0) && PQpipelineSync(pg)) {
+    if (send_order(pg, &p)) {
         e->segments = 1;
         if (PQsendQueryPrepared(pg, "wait_durable", 1, &p.vals[2], NULL, NULL, 0) &&
             PQpipelineSync(pg))
@@ -355,17 +524,29 @@ store_status store_order_finish_early(PGconn *pg, store_early *e, store_status s
     if (e->segments == 2 && e->read == 1) {
         res = segment_read(pg, &synced);
         rec_backend(REC_PG, util_mono_us() - t0, synced);
-        if (st == STORE_OK && (!synced || PQresultStatus(res) != PGRES_TUPLES_OK))
+        if (st == STORE_OK && (!synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
+                               PQntuples(res) != 1))
             st = result_error(pg, res, "wait_durable");
+        else if (st == STORE_OK && PQgetvalue(res, 0, 0)[0] != 't') {
+            /* Reported, yet not there: its commit failed after the statement. */
+            log_warn("store: order %" PRId64 " reported, but its commit failed", e->order_id);
+            st = STORE_UNAVAILABLE;
+        }
         PQclear(res);
     } else if (st == STORE_OK) {
         st = STORE_UNAVAILABLE;                  /* the wait was never sent */
     }
-    if (PQpipelineStatus(pg) != PQ_PIPELINE_OFF && !PQexitPipelineMode(pg)) {
-        log_warn("store: cannot leave pipeline mode: %s", PQerrorMessage(pg));
-        if (st == STORE_OK)
-            st = STORE_UNAVAILABLE;
-    }
+    if (leave_pipeline(pg) != 0 && st == STORE_OK)
+        st = STORE_UNAVAILABLE;
+    return st;
+}
+
+store_status store_ping(PGconn *pg)
+{
+    PGresult *res = timed_exec(pg, "SELECT 1");
+    store_status st = PQresultStatus(res) == PGRES_TUPLES_OK ? STORE_OK
+                                                             : result_error(pg, res, "ping");
+    PQclear(res);
     return st;
 }
 
@@ -400,6 +581,28 @@ static store_status step(PGconn *pg, const char *name, int n, const char *const 
     return st;
 }
 
+/* order_check: STORE_OK, or why the order cannot be placed. */
+static store_status order_check(PGconn *pg, const char *const *vu)
+{
+    PGresult *res = exec(pg, "order_check", 2, vu);
+    store_status st;
+
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+        st = result_error(pg, res, "order_check");
+    else if (PQntuples(res) == 0)
+        st = STORE_NOT_FOUND;
+    else if (PQgetvalue(res, 0, 1)[0] == 't')
+        st = STORE_NOT_STARTED;
+    else if (PQgetvalue(res, 0, 2)[0] == 't')
+        st = STORE_ENDED;
+    else if (PQgetvalue(res, 0, 0)[0] == 't')
+        st = STORE_DUPLICATE;
+    else
+        st = STORE_OK;
+    PQclear(res);
+    return st;
+}
+
 store_status store_order_steps(PGconn *pg, const store_order *o, const store_stock_step *stock,
                                int delay_ms)
 {
@@ -425,14 +628,10 @@ store_status store_order_steps(PGconn *pg, const store_order *o, const store_sto
             goto cleanup;
         }
     }
-    /* One order per user: checked, not enforced (the lock and the unique
-     * constraint must do that). */
-    if ((st = step(pg, "order_exists", 2, vu, &rows, NULL)) != STORE_OK)
+    /* The sale window, by Postgres's clock, and one order per user: checked,
+     * not enforced (the lock and the unique constraint must do that). */
+    if ((st = order_check(pg, vu)) != STORE_OK)
         goto cleanup;
-    if (rows > 0) {
-        st = STORE_DUPLICATE;
-        goto cleanup;
-    }
     if (stock->read != NULL) {
         if ((st = stock->read(pg, o->voucher_id, &seen)) != STORE_OK)
             goto cleanup;
@@ -567,11 +766,24 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
     char *keys = array_text(n, orders, 2), *tokens = array_text(n, orders, 3);
     const char *vals[5] = { v, ids, users, keys, tokens };
     store_status st;
-    PGresult *res;
+    PGresult *res = NULL;
+    int fenced = 0, synced = 0;
+    int64_t t0 = util_mono_us();
 
     snprintf(v, sizeof v, "%" PRId64, n > 0 ? orders[0].voucher_id : 0);
-    res = exec(pg, "order_batch", 5, vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || (size_t)PQntuples(res) != n) {
+    for (size_t i = 0; i < n && !fenced; i++)
+        fenced = orders[i].fence_key != NULL;
+    /* fence_batch, then order_batch, one transaction, one round trip. */
+    if (!PQenterPipelineMode(pg)) {
+        st = result_error(pg, NULL, "order_batch (pipeline)");
+        goto cleanup;
+    }
+    if ((!fenced || PQsendQueryPrepared(pg, "fence_batch", 2, &vals[3], NULL, NULL, 0)) &&
+        PQsendQueryPrepared(pg, "order_batch", 5, vals, NULL, NULL, 0) && PQpipelineSync(pg))
+        res = segment_read(pg, &synced);
+    rec_backend(REC_PG, util_mono_us() - t0, synced);
+    if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
+        (size_t)PQntuples(res) != n) {
         st = result_error(pg, res, "order_batch");
         goto cleanup;
     }
@@ -585,6 +797,12 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
             break;
         case 's':
             results[i] = STORE_STALE_TOKEN;
+            break;
+        case 'b':
+            results[i] = STORE_NOT_STARTED;
+            break;
+        case 'e':
+            results[i] = STORE_ENDED;
             break;
         default:
             results[i] = STORE_SOLD_OUT;

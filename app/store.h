@@ -16,6 +16,8 @@ typedef enum store_status {
     STORE_INVALID,        /* a constraint refused the values (e.g. end before begin) */
     STORE_STALE_TOKEN,    /* a newer lock holder already wrote: this holder's lease is gone */
     STORE_CONFLICT,       /* cas: the stock changed since it was read (not sold out) */
+    STORE_NOT_STARTED,    /* the order's transaction ran before the sale window, */
+    STORE_ENDED,          /* ... or after it (by Postgres's clock) */
     STORE_UNAVAILABLE     /* connection lost, timed out or refused: answer 503 */
 } store_status;
 
@@ -28,8 +30,18 @@ typedef struct store_voucher {
     int64_t end_time;
 } store_voucher;
 
+/* Every call waits for Postgres at most store_round_trip_ms() per round
+ * trip (PG_STATEMENT_TIMEOUT_MS + STORE_SLACK_MS): a server that stopped
+ * answering is given up, its connection shut down (CONNECTION_BAD: the
+ * caller re-opens it) and the call fails as STORE_UNAVAILABLE. */
+#define STORE_SLACK_MS 1000
+int store_round_trip_ms(void);
+
 /* Prepares every statement on a fresh session. Returns 0 or -1. */
 int store_prepare(PGconn *pg);
+
+/* SELECT 1 (readiness). */
+store_status store_ping(PGconn *pg);
 
 store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *out);
 
@@ -41,26 +53,31 @@ typedef struct store_order {
     int64_t fence_token;
 } store_order;
 
-/* The whole order in one statement, hence one transaction: fencing-token
- * check, duplicate check, optimistic deduction (stock > 0), insert. A unique
- * violation rolls all of it back and reads as STORE_DUPLICATE. */
+/* The whole order in one transaction and one round trip (pipelined): the
+ * fence row advanced by a statement of its own (locked), then one statement
+ * with the duplicate check, the optimistic deduction (stock > 0) and the
+ * insert, whose snapshot is taken after the fence row was granted. A
+ * unique violation rolls all of it back and reads as STORE_DUPLICATE. */
 store_status store_order_create(PGconn *pg, const store_order *o);
 
 /* Early lock release, in one round trip. store_order_send_early sends the
- * same statement, committed without waiting for its WAL flush, and behind
+ * same transaction, committed without waiting for its WAL flush, and behind
  * it a wait for that flush; it returns the order's outcome as soon as its
  * commit is done, so the voucher row is free for the next buyer while this
  * commit is still being written (a hot row otherwise sells one order per
  * fsync). The outcome is visible to others at once but not yet durable:
  * store_order_finish_early (call it exactly once after every send, with
  * the send's status) reads the wait and returns the status to answer with:
- * STORE_OK only once the commit is on disk, else STORE_UNAVAILABLE. A
+ * STORE_OK only once the commit is on disk and the order's row is there
+ * (a commit can fail after its statement succeeded), else
+ * STORE_UNAVAILABLE. A
  * crash in between loses the order and its deduction together. If the
  * connection is left in pipeline mode (PQpipelineStatus) it must be
  * re-opened. */
 typedef struct store_early {
     int segments;             /* statements sent, each with its Sync */
     int read;                 /* segments read */
+    int64_t order_id;
     int64_t t0;
 } store_early;
 
@@ -98,10 +115,11 @@ store_status store_stock_write_back(PGconn *pg, int64_t voucher_id, int64_t seen
 store_status store_stock_cas(PGconn *pg, int64_t voucher_id, int64_t seen, int *rows);
 
 /* Group commit (stock strategy "batched"): settles 'n' buyers of one voucher
- * in one statement. Each gets its own answer in 'results' (STORE_OK,
- * STORE_SOLD_OUT for those past the stock, STORE_DUPLICATE,
- * STORE_STALE_TOKEN); stock never goes below zero and the first buyers in
- * 'orders' are served first. Users must be distinct within a batch. Returns
+ * in one transaction (their fence rows, then one statement), one round
+ * trip. Each gets its own answer in 'results' (STORE_OK, STORE_SOLD_OUT for
+ * those past the stock, STORE_DUPLICATE, STORE_STALE_TOKEN, and
+ * STORE_NOT_STARTED / STORE_ENDED outside the sale window); stock never
+ * goes below zero and the first buyers in 'orders' are served first. Users must be distinct within a batch. Returns
  * STORE_OK when the statement ran (then read 'results'), else the failure
  * shared by all (e.g. STORE_DUPLICATE on a unique violation: settle those
  * buyers one by one). */

@@ -20,6 +20,8 @@ static const ulock_backend *const backends[] = {
     [LOCKS_ZK] = &ulock_zk,
     [LOCKS_PG_TABLE] = &ulock_pg_table,
     [LOCKS_PG_ADVISORY] = &ulock_pg_advisory,
+    [LOCKS_MULTILOCK] = &ulock_multilock,
+    [LOCKS_REDLOCK] = &ulock_redlock,
 };
 #define NBACKENDS (sizeof backends / sizeof backends[0])
 

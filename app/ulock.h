@@ -10,6 +10,8 @@
  *   ulock_zk.c        zk: ZooKeeper's lock recipe (zkl.h)
  *   ulock_pg.c        pg-table and pg-advisory: a lock table and advisory
  *                     locks in Postgres (pgl.h)
+ *   ulock_multi.c     multilock and redlock: one lock over several
+ *                     independent Redis masters (mlock.h)
  *
  * A strategy is a ulock_backend: acquire one attempt with the configured
  * lease, release once after the transaction, and optionally both for a
@@ -140,5 +142,6 @@ extern const ulock_backend ulock_reentrant;
 extern const ulock_backend ulock_none, ulock_local, ulock_setnx, ulock_owner;
 extern const ulock_backend ulock_zk;
 extern const ulock_backend ulock_pg_table, ulock_pg_advisory;
+extern const ulock_backend ulock_multilock, ulock_redlock;
 
 #endif

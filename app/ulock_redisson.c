@@ -8,8 +8,11 @@
 #include "log.h"
 #include "util.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* What a hold keeps: its release request, whose id makes a retried
@@ -25,34 +28,116 @@ static priv *priv_of(ulock_hold *h)
     return (priv *)(void *)h->priv;
 }
 
-/* A lock whose acquire reply was lost may still have been granted: it is
- * released at this worker's next attempt, or the user is locked out for a
- * whole lease. One per worker thread. */
-static _Thread_local struct {
+/* Orphans: locks whose acquire reply was lost (the connection failed after
+ * the attempt was sent) may have been granted all the same, and the user
+ * would be locked out for a whole lease. Each is released at the next
+ * attempt of any worker, or at once on a fresh connection when one opens.
+ * Shared by the workers: a batch's leader can leave a whole batch of them
+ * and the next attempt comes on any worker. Their owners are never used
+ * again (a request's own, or a worker's, renewed: owner_lost), so a
+ * release repeated after another lost reply is harmless. */
+#define ORPHANS_MAX 4096
+
+typedef struct orphan {
     char key[64];
     char owner[128];
     long lease_ms;
 } orphan;
+
+static pthread_mutex_t orphans_mu = PTHREAD_MUTEX_INITIALIZER;
+static orphan *orphans;                 /* orphans_mu */
+static size_t norphans, orphans_cap;    /* orphans_mu */
+static _Atomic size_t orphans_waiting;  /* norphans, for the attempts' fast path */
 
 static ulock_status status_of(lock_status st)
 {
     return st == LOCK_OK ? ULOCK_OK : st == LOCK_BUSY ? ULOCK_BUSY : ULOCK_ERR;
 }
 
-/* Releases this worker's orphan, if any. 0, or -1 when Redis failed. */
-static int release_orphan(conn_set *cs, redisContext *c)
+static void orphan_add(const char *key, const char *owner, long lease_ms)
 {
-    if (orphan.key[0] == '\0')
+    pthread_mutex_lock(&orphans_mu);
+    if (norphans == ORPHANS_MAX) {
+        log_warn("%s: too many locks of unknown state waiting for release; left to its lease",
+                 key);
+    } else {
+        if (norphans == orphans_cap) {
+            orphans_cap = orphans_cap ? orphans_cap * 2 : 16;
+            orphans = xrealloc(orphans, sizeof *orphans * orphans_cap);
+        }
+        snprintf(orphans[norphans].key, sizeof orphans[norphans].key, "%s", key);
+        snprintf(orphans[norphans].owner, sizeof orphans[norphans].owner, "%s", owner);
+        orphans[norphans].lease_ms = lease_ms;
+        atomic_store(&orphans_waiting, ++norphans);
+    }
+    pthread_mutex_unlock(&orphans_mu);
+}
+
+/* Releases every orphan in one round trip on 'c'. 0, or -1 when Redis
+ * failed (those whose release may not have run are kept). */
+static int release_orphans(conn_set *cs, redisContext *c)
+{
+    lock_release_item *items;
+    lock_release_req *rqs;
+    orphan *list;
+    size_t n;
+    int rc = 0;
+
+    if (atomic_load(&orphans_waiting) == 0)
         return 0;
-    /* Not ours (LOCK_NOT_OWNER) is the usual answer: nothing was granted. */
-    if (lock_release(c, orphan.key, orphan.owner, orphan.lease_ms, NULL) == LOCK_OK)
-        log_warn("released %s, granted after its reply was lost", orphan.key);
+    pthread_mutex_lock(&orphans_mu);
+    list = orphans;
+    n = norphans;
+    orphans = NULL;
+    norphans = orphans_cap = 0;
+    atomic_store(&orphans_waiting, 0);
+    pthread_mutex_unlock(&orphans_mu);
+    if (n == 0)
+        return 0;
+    items = xmalloc(sizeof *items * n);
+    rqs = xmalloc(sizeof *rqs * n);
+    for (size_t i = 0; i < n; i++) {
+        lock_release_req_init(&rqs[i]);
+        items[i] = (lock_release_item){ .key = list[i].key, .owner = list[i].owner,
+                                        .lease_ms = list[i].lease_ms, .rq = &rqs[i] };
+    }
+    lock_release_many(c, items, n);
+    for (size_t i = 0; i < n; i++) {
+        /* Not ours (LOCK_NOT_OWNER) is the usual answer: nothing was granted. */
+        if (items[i].st == LOCK_OK)
+            log_warn("released %s, granted after its reply was lost", items[i].key);
+        else if (items[i].st == LOCK_ERR)
+            orphan_add(list[i].key, list[i].owner, list[i].lease_ms);
+    }
     if (c->err) {
         conn_redis_broken(cs);
-        return -1;
+        rc = -1;
     }
-    orphan.key[0] = '\0';
-    return 0;
+    free(rqs);
+    free(items);
+    free(list);
+    return rc;
+}
+
+/* A reply about hold 'h' was lost: its lock may be held by its owner until
+ * the lease ends. When that owner is the worker's own, the worker takes a
+ * new one, or its next request of the same user would re-enter that hold
+ * (and extend its lease) instead of being refused. */
+static void owner_lost(conn_set *cs, const ulock_hold *h)
+{
+    if (strcmp(h->owner, cs->owner) == 0)
+        conn_renew_owner(cs);
+}
+
+/* After a lost reply, the connection just dropped: releases the orphans at
+ * once if a fresh connection opens (not while the circuit breaker is
+ * open); else the next attempt does. */
+static void release_orphans_now(conn_set *cs)
+{
+    redisContext *c = conn_redis(cs);
+
+    if (c != NULL)
+        release_orphans(cs, c);
 }
 
 /* The attempt with the order id's INCR in the same round trip: INCR
@@ -77,7 +162,7 @@ static ulock_status acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
     lock_grant g = { -1, -1 };
     lock_status st;
 
-    if (release_orphan(cs, c) != 0)
+    if (release_orphans(cs, c) != 0)
         return ULOCK_ERR;
     lock_release_req_init(&priv_of(h)->rq);
     st = id != NULL ? take_with_id(c, h, &g, id)
@@ -85,12 +170,13 @@ static ulock_status acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
     if (st == LOCK_OK)
         h->token = g.token;
     if (st == LOCK_ERR && c->err) {
-        snprintf(orphan.key, sizeof orphan.key, "%s", h->key);
-        snprintf(orphan.owner, sizeof orphan.owner, "%s", h->owner);
-        orphan.lease_ms = h->lease_ms;
-    }
-    if (c->err)
+        orphan_add(h->key, h->owner, h->lease_ms);
+        owner_lost(cs, h);
         conn_redis_broken(cs);
+        release_orphans_now(cs);
+    } else if (c->err) {
+        conn_redis_broken(cs);
+    }
     return status_of(st);
 }
 
@@ -105,19 +191,25 @@ static void warn_expired(const ulock_hold *h)
  * first release (or for the batch leader's). */
 static void release(conn_set *cs, ulock_hold *h)
 {
-    redisContext *c = cs->redis;    /* NULL if it broke meanwhile: the lease frees it */
+    redisContext *c = cs->redis != NULL ? cs->redis : conn_redis(cs);  /* it broke meanwhile */
     lock_release_req *rq = &priv_of(h)->rq;
     lock_status ls;
 
-    if (c == NULL)
+    if (c == NULL) {                /* Redis unreachable: the lease frees it */
+        owner_lost(cs, h);
         return;
+    }
     ls = lock_release_ex(c, h->key, h->owner, h->lease_ms, rq, NULL);
     if (ls == LOCK_ERR && c->err) {
         conn_redis_broken(cs);
-        if ((c = conn_redis(cs)) == NULL)
+        if ((c = conn_redis(cs)) == NULL) {
+            owner_lost(cs, h);
             return;
+        }
         ls = lock_release_ex(c, h->key, h->owner, h->lease_ms, rq, NULL);
     }
+    if (ls == LOCK_ERR)
+        owner_lost(cs, h);
     if (ls == LOCK_NOT_OWNER)
         warn_expired(h);
     if (c->err)
@@ -140,6 +232,8 @@ static void acquire_many(conn_set *cs, ulock_hold *const *h, ulock_id *id, size_
         lock_release_req_init(&priv_of(h[i])->rq);
         st[i] = LOCK_ERR;
     }
+    if (c != NULL && release_orphans(cs, c) != 0)
+        c = NULL;
     if (c != NULL) {
         for (i = 0; i < n; i++)
             idw_send(c, g_cfg.id_prefix, now, &iops[i]);
@@ -150,8 +244,17 @@ static void acquire_many(conn_set *cs, ulock_hold *const *h, ulock_id *id, size_
             id[i].taken = 1;
         }
         lock_acquire_recv_many(c, ops, n, g, st);
-        if (c->err)
+        if (c->err) {
+            /* Every attempt without an answer may have been granted. */
+            for (i = 0; i < n; i++) {
+                if (st[i] == LOCK_ERR) {
+                    orphan_add(h[i]->key, h[i]->owner, h[i]->lease_ms);
+                    owner_lost(cs, h[i]);
+                }
+            }
             conn_redis_broken(cs);
+            release_orphans_now(cs);
+        }
     }
     for (i = 0; i < n; i++) {
         h[i]->taken = status_of(st[i]);

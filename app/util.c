@@ -147,6 +147,41 @@ int64_t util_mono_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* Set once at start (TEST_CLOCK_STEP_MS), read-only after. */
+static int64_t test_clock_step_ns;
+
+void util_set_test_clock_step_ms(int64_t ms)
+{
+    test_clock_step_ns = ms * 1000000;
+}
+
+void util_deadline(clockid_t clk, int64_t us, struct timespec *out)
+{
+    int64_t ns;
+
+    clock_gettime(clk, out);
+    ns = us * 1000 + (clk == CLOCK_REALTIME ? test_clock_step_ns : 0);
+    out->tv_sec += (time_t)(ns / 1000000000);
+    out->tv_nsec += (long)(ns % 1000000000);
+    if (out->tv_nsec >= 1000000000L) {
+        out->tv_sec++;
+        out->tv_nsec -= 1000000000L;
+    }
+}
+
+int util_cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t attr;
+    int rc = -1;
+
+    if (pthread_condattr_init(&attr) != 0)
+        return -1;
+    if (pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0 && pthread_cond_init(cv, &attr) == 0)
+        rc = 0;
+    pthread_condattr_destroy(&attr);
+    return rc;
+}
+
 void util_uuid4(char buf[37])
 {
     unsigned char b[16];

@@ -2,8 +2,10 @@
 #ifndef SECKILL_UTIL_H
 #define SECKILL_UTIL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /* Strict positive int64 from a whole string: decimal digits only (no sign,
  * no spaces), value in 1..INT64_MAX. 'len' is the number of bytes to read.
@@ -25,6 +27,20 @@ void util_format_iso8601(int64_t ts, char *buf, size_t n);
 int64_t util_now_s(void);
 int64_t util_wall_ms(void);
 int64_t util_mono_us(void);
+
+/* Timed waits. util_deadline: the absolute time 'us' microseconds from now
+ * on clock 'clk', for pthread_cond_timedwait on a condition variable that
+ * waits on 'clk'. util_cond_init_monotonic: such a variable on
+ * CLOCK_MONOTONIC, which no clock step moves (a wait on CLOCK_REALTIME
+ * lasts D longer when the wall clock is stepped back by D). 0 or -1. */
+void util_deadline(clockid_t clk, int64_t us, struct timespec *out);
+int util_cond_init_monotonic(pthread_cond_t *cv);
+
+/* Testing only (TEST_CLOCK_STEP_MS): every CLOCK_REALTIME reading that
+ * util_deadline takes is moved 'ms' ahead, as if the wall clock were
+ * stepped back by 'ms' right after it was read. 0, the default, in
+ * production. Set once before other threads start. */
+void util_set_test_clock_step_ms(int64_t ms);
 
 /* Fills 'buf' (37 bytes) with a random RFC 4122 version-4 UUID. */
 void util_uuid4(char buf[37]);

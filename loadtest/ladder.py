@@ -78,10 +78,11 @@ UNIQUE = "uq_voucher_order_user_voucher"
 # Instance settings the ladder sets itself for every step: never inherited.
 STEP_VARS = ("SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS",
              "LOCK_LEASE_MS", "WATCHDOG_TIMEOUT_MS", "DEMO_RANDOM_USER", "INSTANCES",
-             "LOG_LEVEL", "ZK_SESSION_TIMEOUT_MS", "LOCK_PG_SWEEP_MS")
+             "LOG_LEVEL", "ZK_SESSION_TIMEOUT_MS", "LOCK_PG_SWEEP_MS", "LOCK_REDIS_NODES")
 # The caller's variables that must not leak into the stack or the loads.
 SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
-                     "LOADTEST_OUT", "ADMIN_TOKEN", "ZK_HOSTS", "LOCK_SERVICES")
+                     "LOADTEST_OUT", "ADMIN_TOKEN", "ZK_HOSTS", "LOCK_SERVICES",
+                     "LOCK_REDIS_NODE_TIMEOUT_MS")
 
 # ------------------------------------------------------------------ the steps
 
@@ -163,7 +164,16 @@ LOCK_BACKENDS = [
          frees="row expires", free_s=(HOLD_S - 1.0, HOLD_S + 0.6)),
     dict(lock="pg-advisory", service="postgres", storm=True, env={},
          frees="session ends", free_s=(0.0, 1.0)),
+    # independent Redis masters the ladder starts itself (scripts/redis-nodes.sh):
+    # "@nodes3" / "@nodes5" stand for the first three / all five
+    dict(lock="multilock", service="nodes", storm=True,
+         env={"LOCK_LEASE_MS": HOLD_S * 1000, "LOCK_REDIS_NODES": "@nodes3"},
+         frees="lease ends", free_s=(HOLD_S - 1.0, HOLD_S + 0.6)),
+    dict(lock="redlock", service="nodes", storm=True,
+         env={"LOCK_LEASE_MS": HOLD_S * 1000, "LOCK_REDIS_NODES": "@nodes5"},
+         frees="lease ends", free_s=(HOLD_S - 1.0, HOLD_S + 0.6)),
 ]
+NODES = 5                    # redis-server processes of the multilock and redlock steps
 CRASH_PAUSE_MS = 5000        # the holder stalls this long after taking the lock: killed meanwhile
 OUTAGE = {"kind": "outage", "connections": 8, "seconds": 7.0, "stop_at": 2.0, "start_at": 4.5,
           "stock": 100000}
@@ -175,14 +185,18 @@ def lock_steps(first):
     for b in LOCK_BACKENDS:
         if b["storm"]:
             out.append(dict(key=f"storm-{b['lock']}", title=f"{b['lock']}: one user",
-                            lock=b["lock"], stock="optimistic", instances=2, env=LOCK_ENV,
+                            lock=b["lock"], stock="optimistic", instances=2,
+                            env=dict(LOCK_ENV, **{k: v for k, v in b["env"].items()
+                                                  if k == "LOCK_REDIS_NODES"}),
                             load=STORM, service=b["service"], expect="exactly 1 order",
-                            story=f"the single-user storm with SECKILL_LOCK={b['lock']}"))
+                            story=f"the single-user storm with SECKILL_LOCK={b['lock']}",
+                            full_only=b["service"] == "nodes"))
     for b in LOCK_BACKENDS:
         out.append(dict(key=f"crash-{b['lock']}", title=f"{b['lock']}: holder killed",
                         lock=b["lock"], stock="optimistic", instances=2, backend=b,
                         env=dict(b["env"], DEMO_PAUSE_MS=CRASH_PAUSE_MS),
                         load={"kind": "crash", "stock": 100}, service=b["service"],
+                        full_only=b["service"] == "nodes",
                         expect=f"free in {b['free_s'][0]:g}-{b['free_s'][1]:g} s, 1 order",
                         story=f"instance 1 takes the user's lock and is killed (SIGKILL) while "
                               f"it holds it; instance 2 asks every 25 ms: the lock is free when "
@@ -191,10 +205,36 @@ def lock_steps(first):
         out.append(dict(key=f"outage-{b['lock']}", title=f"{b['lock']}: {b['service']} down",
                         lock=b["lock"], stock="optimistic", instances=2, backend=b,
                         env=dict(b["env"]), load=OUTAGE, service=b["service"],
+                        full_only=b["service"] == "nodes",
                         expect="503 while down, no hang, no wrong order",
                         story=f"distinct buyers for {OUTAGE['seconds']:g} s; {b['service']} "
                               f"stopped at {OUTAGE['stop_at']:g} s, started at "
                               f"{OUTAGE['start_at']:g} s"))
+    # What the independent nodes do when one of them fails (load "nodes").
+    nodes_env = {"LOCK_LEASE_MS": HOLD_S * 1000, "DEMO_PAUSE_MS": 2000}
+    out += [
+        dict(key="redlock-restart", title="redlock: node restarts empty", lock="redlock",
+             stock="optimistic", instances=2, service="nodes",
+             env=dict(nodes_env, LOCK_REDIS_NODES="@nodes5"),
+             load={"kind": "nodes", "scenario": "restart", "stock": 100},
+             expect="two holders, 2 orders (no fence)",
+             story="instance 1 holds nodes A, B, C (D, E paused); C is killed and started "
+                   "again at once without persistence; A, B paused: instance 2 takes C, D, E "
+                   "while instance 1 still holds its lease"),
+        dict(key="redlock-delayed", title="redlock: delayed restart", lock="redlock",
+             stock="optimistic", instances=2, service="nodes",
+             env=dict(nodes_env, LOCK_REDIS_NODES="@nodes5"),
+             load={"kind": "nodes", "scenario": "delayed", "stock": 100},
+             expect="one holder, 1 order",
+             story="the same, but C rejoins only after the longest lease: instance 2 reaches "
+                   "D and E only, no majority (503)"),
+        dict(key="multilock-node-down", title="multilock: a node down", lock="multilock",
+             stock="optimistic", instances=2, service="nodes",
+             env={"LOCK_REDIS_NODES": "@nodes3"},
+             load={"kind": "nodes", "scenario": "down", "stock": 100},
+             expect="no one buys (503), no oversell",
+             story="one of the three nodes killed; 40 distinct buyers through nginx"),
+    ]
     for i, st in enumerate(out):
         st["num"] = first + i
     return out
@@ -249,6 +289,29 @@ def check_step(step, r, results):
     elif k.startswith("storm-"):
         out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
                     f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
+    elif k == "redlock-restart":
+        n = r["nodes"]
+        out.append((n["firstAnswer"] == 200 and n["secondAnswer"] == 200,
+                    f"both instances answered 200 ({n['firstAnswer']}, {n['secondAnswer']})"))
+        out.append((r["orders"] == 2 and r["duplicateUsers"] == 1,
+                    f"orders {r['orders']} = 2 of one user (duplicate users {r['duplicateUsers']})"))
+        return out
+    elif k == "redlock-delayed":
+        n = r["nodes"]
+        out.append((n["firstAnswer"] == 200 and n["secondAnswer"] == 503,
+                    f"instance 1 answered {n['firstAnswer']} = 200, instance 2 "
+                    f"{n['secondAnswer']} = 503 (no majority)"))
+        out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
+                    f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
+        return out
+    elif k == "multilock-node-down":
+        out.append((r["statuses"] == {"503": r["requests"]},
+                    f"every answer 503 while a node is down: {r['statuses']}"))
+        out.append((r["orders"] == 0 and r["oversold"] == 0,
+                    f"orders {r['orders']} = 0, oversold {r['oversold']} = 0"))
+        out.append((r["nodes"]["afterOk"] >= 1,
+                    f"the node back: {r['nodes']['afterOk']} x 200"))
+        return out
     elif k.startswith("crash-"):
         lo, hi = step["backend"]["free_s"]
         c = r["crash"]
@@ -346,10 +409,47 @@ class Ladder:
         self.out = args.out
         services = sorted({s["service"] for s in args.selected if s.get("service") == "zk"})
         self.stack = Stack(args.run_dir, " ".join(services))
+        self.nodes_dir = os.path.join(args.run_dir + "-nodes")
+        self.node_urls = None
         self.extra = {}
         self.voucher = None
         self.constraint_dropped = False
         self.user_base = 8_000_000_000 + random.randrange(1_000_000) * 1000
+
+    def nodes(self, what, *args):
+        """scripts/redis-nodes.sh WHAT <the ladder's nodes dir> ARGS; its stdout."""
+        p = subprocess.run([os.path.join(ROOT, "scripts", "redis-nodes.sh"), what,
+                            self.nodes_dir, *map(str, args)],
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            raise LadderError(f"redis-nodes.sh {what} {args}: {p.stderr.strip()[-500:]}")
+        return p.stdout.strip()
+
+    def node_env(self, env):
+        """The step's env with "@nodesN" replaced by the first N nodes' URLs
+        (the nodes are started at the first step that needs them)."""
+        v = env.get("LOCK_REDIS_NODES", "")
+        if not v.startswith("@nodes"):
+            return env
+        if self.node_urls is None:
+            out = self.nodes("start", NODES)
+            self.node_urls = out.split("=", 1)[1].split(",")
+        return dict(env, LOCK_REDIS_NODES=",".join(self.node_urls[:int(v[len("@nodes"):])]))
+
+    def stop_nodes(self):
+        if self.node_urls is not None:
+            self.nodes("stop")
+            self.node_urls = None
+
+    def service(self, what, name):
+        """Stops or starts a step's lock service: every node for "nodes"."""
+        if name != "nodes":
+            self.stack.service(what, name)
+        elif what == "stop":
+            self.nodes("stop")
+        else:
+            for i in range(1, NODES + 1):
+                self.nodes("start-node", i)
 
     @property
     def dsn(self):
@@ -520,10 +620,10 @@ class Ladder:
         try:
             time.sleep(max(0.0, t0 + load["stop_at"] - time.monotonic()))
             marks["stopping"] = time.monotonic() - t0
-            self.stack.service("stop", step["service"])
+            self.service("stop", step["service"])
             marks["stopped"] = time.monotonic() - t0
             time.sleep(max(0.0, t0 + load["start_at"] - time.monotonic()))
-            self.stack.service("start", step["service"])
+            self.service("start", step["service"])
             marks["started"] = time.monotonic() - t0
         finally:
             for t in threads:
@@ -629,6 +729,111 @@ class Ladder:
             "measured": "never free" if free_after is None else f"free after {free_after:.2f} s",
         }
 
+    def node_failure(self, step, step_dir, user):
+        """The RedLock and MultiLock failures, with signals to the nodes
+        (A..E = nodes 1..5). restart/delayed: instance 1 asks for the user's
+        lock while D and E are paused (it gets A, B, C), stalls 2 s holding it
+        (DEMO_PAUSE_MS); meanwhile D and E resume, C is killed and started
+        empty at once (restart) or only after the lease (delayed), A and B are
+        paused, and instance 2 asks for the same user. down: node 3 of
+        multilock's three killed, distinct buyers through nginx, then the node
+        back. Returns the step's figures."""
+        urls = self.stack.instance_urls
+        path = f"/voucher/{self.voucher}/seckill"
+        hdr = {"X-User-Id": str(user)}
+        scen = step["load"]["scenario"]
+        lines, first, facts_extra = [], {}, {}
+
+        def ask(url, headers):
+            t = time.monotonic()
+            try:
+                st = kit.request(url, "POST", path, headers, None, 30).status
+            except (OSError, http.client.HTTPException):
+                st = 0
+            lines.append((t - t0, st, (time.monotonic() - t) * 1000.0))
+            return st
+
+        t0 = time.monotonic()
+        if scen == "down":
+            self.nodes("kill", 3)
+            try:
+                for i in range(40):
+                    ask(self.base_url, {"X-User-Id": str(user * 100 + i)})
+            finally:
+                self.nodes("start-node", 3)
+            time.sleep(0.4)                     # the instances retry a failed node after 250 ms
+            after = [ask(self.base_url, {"X-User-Id": str(user * 100 + 50 + i)}) for i in range(3)]
+            facts_extra = {"afterOk": after.count(200)}
+            lines = lines[:40]
+        else:
+            self.nodes("pause", 4)
+            self.nodes("pause", 5)
+            th = threading.Thread(target=lambda: first.update(r=ask(urls[0], hdr)), daemon=True)
+            th.start()
+            time.sleep(0.4)                     # granted by A, B, C; D and E past the deadline
+            self.nodes("resume", 4)
+            self.nodes("resume", 5)
+            self.nodes("kill", 3)
+            if scen == "restart":
+                self.nodes("start-node", 3)
+            self.nodes("pause", 1)
+            self.nodes("pause", 2)
+            time.sleep(0.3)
+            try:
+                second = ask(urls[1], hdr)
+            finally:
+                self.nodes("resume", 1)
+                self.nodes("resume", 2)
+            th.join(30)
+            if scen == "delayed":
+                # C rejoins after the longest lease (and its drift) since the kill
+                lease = step["env"]["LOCK_LEASE_MS"]
+                time.sleep(max(0.0, (lease + lease / 100 + 2) / 1000 - (time.monotonic() - t0)))
+                self.nodes("start-node", 3)
+            facts_extra = {"firstAnswer": first.get("r"), "secondAnswer": second}
+        time.sleep(0.3)
+        with open(os.path.join(step_dir, "nodes.tsv"), "w", encoding="utf-8") as f:
+            f.write("start_s\tstatus\tms\n")
+            for a, b, c in sorted(lines):
+                f.write(f"{a:.3f}\t{b}\t{c:.1f}\n")
+        facts = check_invariants.voucher_facts(self.dsn, self.voucher)
+        stats = self.instance_stats()
+        with open(os.path.join(step_dir, "stats.json"), "w", encoding="utf-8") as f:
+            json.dump(stats, f, indent=1)
+        statuses = {}
+        for _a, b, _c in lines:
+            statuses[str(b)] = statuses.get(str(b), 0) + 1
+        ok = statuses.get("200", 0)
+        lock = {}
+        for s in stats:
+            for k2, v in (s.get("lock") or {}).items():
+                if isinstance(v, (int, float)):
+                    lock[k2] = lock.get(k2, 0) + v
+        measured = {"restart": "two holders", "delayed": "one holder"}.get(scen, "")
+        if scen != "down":
+            measured = (f"instance 1 {facts_extra['firstAnswer']}, instance 2 "
+                        f"{facts_extra['secondAnswer']}: {facts['orders']} order(s) of the user")
+        else:
+            measured = f"{statuses.get('503', 0)} x 503 of {len(lines)}, {facts['orders']} orders"
+        return {
+            "initialStock": facts["initialStock"], "stockLeft": facts["stock"],
+            "orders": facts["orders"], "oversold": facts["oversold"],
+            "duplicateUsers": facts["duplicateUsers"], "duplicateOrders": 0,
+            "stockDrift": facts["stockDrift"], "requests": len(lines), "ok": ok,
+            "statuses": statuses, "successRate": 100.0 * ok / len(lines) if lines else 0.0,
+            "rps": 0.0, "seconds": round(time.monotonic() - t0, 2),
+            "p50ms": kit.percentile([x[2] for x in lines], 50),
+            "p99ms": kit.percentile([x[2] for x in lines], 99),
+            "transportErrors": statuses.get("0", 0),
+            "status5xx": sum(v for k2, v in statuses.items() if k2.startswith("5")),
+            "okByInstance": {}, "requestsByInstance": {},
+            "notOwnerReleases": int(lock.get("notOwnerReleases", 0)),
+            "renewals": 0, "lockAcquired": int(lock.get("acquired", 0)),
+            "staleTokenRejections": int(lock.get("staleTokenRejections", 0)),
+            "strategiesSeen": [f"{s.get('lockStrategy')}/{s.get('stockStrategy')}" for s in stats],
+            "timeline": [], "timelineSource": "", "nodes": facts_extra, "measured": measured,
+        }
+
     def access_log_slice(self, offset, step_dir):
         """(statuses, {instance: 200s}, {instance: requests}) of the step's seckill requests."""
         path = self.stack.info.get("NGINX_ACCESS_LOG", "")
@@ -681,7 +886,7 @@ class Ladder:
         shutil.rmtree(step_dir, ignore_errors=True)
         os.makedirs(step_dir)
         env = {"SECKILL_LOCK": step["lock"], "SECKILL_STOCK": step["stock"]}
-        env.update(step["env"])
+        env.update(self.node_env(step["env"]))
         log(f"step {num} ({step['title']}): {step['instances']} instance(s), "
             + " ".join(f"{k}={v}" for k, v in env.items()))
         if self.stack.configure(step["instances"], env):
@@ -692,11 +897,12 @@ class Ladder:
         log_path = self.stack.info.get("NGINX_ACCESS_LOG", "")
         offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
 
-        if step["load"]["kind"] == "crash":
+        if step["load"]["kind"] in ("crash", "nodes"):
             r = {"step": num, "key": key, "title": step["title"], "lock": step["lock"],
                  "stock": step["stock"], "instances": step["instances"], "env": env,
                  "load": self.load_text(step), "expect": step["expect"], "story": step["story"]}
-            r.update(self.crash(step, step_dir, user))
+            r.update(self.crash(step, step_dir, user) if step["load"]["kind"] == "crash"
+                     else self.node_failure(step, step_dir, user))
             r["checks"] = [{"ok": c_ok, "text": c_text} for c_ok, c_text in check_step(step, r, results)]
             r["pass"] = all(c["ok"] for c in r["checks"])
             return r
@@ -762,6 +968,8 @@ class Ladder:
             return f"sale {n}x{load['concurrency']}"
         if load["kind"] == "crash":
             return "holder killed"
+        if load["kind"] == "nodes":
+            return f"nodes: {load['scenario']}"
         if load["kind"] == "outage":
             return f"buyers {load['connections']}x{load['seconds']:g}s"
         return f"storm {load['connections']}x{load['seconds']:g}s"
@@ -999,7 +1207,8 @@ def main(argv=None):
             print(f"ladder: error: '{tool}' not found (make deps)", file=sys.stderr)
             return 2
     steps = [s for s in STEPS if not (s.get("optional") and a.no_batched)
-             and not (s.get("service") and a.no_lock_services)]
+             and not (s.get("service") and a.no_lock_services)
+             and not (s.get("full_only") and a.quick)]
     if a.steps:
         want = {int(x) for x in a.steps.split(",") if x.strip()}
         steps = [s for s in steps if s["num"] in want]
@@ -1096,6 +1305,7 @@ def main(argv=None):
                     f"(RUN_DIR={a.run_dir} scripts/stack.sh stop)")
             elif lad.stack.started or os.path.exists(os.path.join(a.run_dir, "pids")):
                 lad.stack.stop()
+            lad.stop_nodes()
         except Exception as e:      # noqa: BLE001
             print(f"ladder: error: cleaning up the stack: {e}", file=sys.stderr)
             rc = rc or 2

@@ -31,8 +31,11 @@ LADDER_TIMEOUT = 600          # seconds; the quick ladder takes about three minu
 # The lock-service steps after the demo's: a storm per backend of another
 # service, then per backend its holder killed and its service stopped.
 LOCK_BACKENDS = ("reentrant", "zk", "pg-table", "pg-advisory")
+# Then the independent Redis nodes' failures (quick mode: these three only; the
+# storm, killed holder and outage of multilock and redlock run in the full ladder).
+NODE_STEPS = ["redlock-restart", "redlock-delayed", "multilock-node-down"]
 LOCK_STEPS = ([f"storm-{b}" for b in LOCK_BACKENDS[1:]] + [f"crash-{b}" for b in LOCK_BACKENDS]
-              + [f"outage-{b}" for b in LOCK_BACKENDS])
+              + [f"outage-{b}" for b in LOCK_BACKENDS] + NODE_STEPS)
 
 # Settings of the caller's environment that must not reach the ladder's stack
 # (besides ss.STACK_SCRUB).
@@ -127,6 +130,13 @@ def ladder_runs_and_every_step_shows_its_outcome():
              <= s[f"outage-{b}"]["outage"]["inFlight503"] and
              s[f"outage-{b}"]["statuses"].get("503", 0) > 0 for b in LOCK_BACKENDS),
          "a lock service down: 503s, orders = 200s (+ answers the stop cut off)"),
+        (s["redlock-restart"]["orders"] == 2 and s["redlock-restart"]["duplicateUsers"] == 1,
+         "redlock, a node restarted empty: two holders, two orders of one user"),
+        (s["redlock-delayed"]["orders"] == 1 and s["redlock-delayed"]["nodes"]["secondAnswer"] == 503,
+         "redlock, delayed restart: one holder"),
+        (s["multilock-node-down"]["orders"] == 0
+         and s["multilock-node-down"]["statuses"].get("503", 0) == s["multilock-node-down"]["requests"],
+         "multilock, a node down: no one buys"),
     ]
     bad = [what for ok, what in facts if not ok]
     if bad:
@@ -166,8 +176,9 @@ def ladder_writes_table_report_and_chart():
     if len(html) < 20000 or not html.rstrip().endswith("</html>") or len(sections) != nsteps:
         fail(f"ladder.html: {len(html)} chars, {len(sections)} step sections (want {nsteps})")
     for n, sec in enumerate(sections, 1):
-        if state["doc"]["steps"][n - 1]["key"].startswith("crash-"):
-            continue                    # a killed holder's step has no load timeline
+        key = state["doc"]["steps"][n - 1]["key"]
+        if key.startswith("crash-") or key in NODE_STEPS:
+            continue                    # a killed holder's or a node's step has no load timeline
         missing = [w for w in (f'id="step-{n}"', "<svg", "latency per", "p99", "oversold",
                                "duplicate users", "stock drift", "expected", "reproduced")
                    if w not in sec]

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The lock backends of other services: zk (ZooKeeper), pg-table and
-pg-advisory (Postgres), each in the real sale, against a real ZooKeeper
-(one started for this program by scripts/zk.sh) and the test Postgres.
+pg-advisory (Postgres), multilock and redlock (independent Redis masters),
+each in the real sale, against a real ZooKeeper (one started for this
+program by scripts/zk.sh), the test Postgres, and three and five
+redis-server processes (scripts/redis-nodes.sh).
 
 For each backend, through nginx across two instances: one user x 200
 concurrent requests give exactly one order (without the unique constraint,
@@ -12,7 +14,10 @@ particular to each: a holder stalled past its lease (pg-table) or its
 session (zk: the whole process stopped) has its write refused by the fence;
 an advisory lock goes with its holder's database session, and the order
 of a dropped session never commits; ZK_HOSTS that is missing, malformed or
-unreachable stops the server at start with a clear message.
+unreachable stops the server at start with a clear message, and so does a
+LOCK_REDIS_NODES that is missing, malformed, unreachable, names a node twice
+or has fewer than three nodes for redlock. With one node of three killed,
+multilock sells to no one (503) and redlock sells as before.
 """
 
 import os
@@ -29,8 +34,44 @@ TOKEN = "locks-token"
 UNIQUE = "uq_voucher_order_user_voucher"
 ZK_SCRIPT = os.path.join(ss.ROOT, "scripts", "zk.sh")
 ZK_DIR = os.path.join(ss.TEST_TMP, f"zk-test_locks-{os.getpid()}")
-BACKENDS = ("zk", "pg-table", "pg-advisory")
+BACKENDS = ("zk", "pg-table", "pg-advisory", "multilock", "redlock")
 ZK = {}
+NODES_SCRIPT = os.path.join(ss.ROOT, "scripts", "redis-nodes.sh")
+NODE_COUNT = {"multilock": 3, "redlock": 5}
+NODES = {}
+
+
+def nodes_dir(lock):
+    return os.path.join(ss.TEST_TMP, f"nodes-{lock}-{os.getpid()}")
+
+
+def redis_nodes(lock):
+    """LOCK_REDIS_NODES of this backend's nodes (3 for multilock, 5 for
+    redlock), started at the first call."""
+    if lock not in NODES:
+        p = subprocess.run([NODES_SCRIPT, "start", nodes_dir(lock), str(NODE_COUNT[lock])],
+                           capture_output=True, text=True, timeout=60)
+        line = [x for x in p.stdout.splitlines() if x.startswith("LOCK_REDIS_NODES=")]
+        if p.returncode != 0 or not line:
+            fail(f"scripts/redis-nodes.sh start: {p.stderr.strip()}")
+        NODES[lock] = line[0].split("=", 1)[1]
+        for i in range(1, NODE_COUNT[lock] + 1):
+            ss.register_pid(int(nodes_cmd(lock, "pid", i)))
+    return NODES[lock]
+
+
+def nodes_cmd(lock, what, i):
+    p = subprocess.run([NODES_SCRIPT, what, nodes_dir(lock), str(i)], capture_output=True,
+                       text=True, timeout=60)
+    if p.returncode != 0:
+        fail(f"scripts/redis-nodes.sh {what} {i}: {p.stderr.strip()}")
+    return p.stdout.strip()
+
+
+def teardown():
+    zk_stop()
+    for lock in NODES:
+        subprocess.run([NODES_SCRIPT, "stop", nodes_dir(lock)], capture_output=True, timeout=60)
 
 
 def zk_hosts():
@@ -55,6 +96,8 @@ def env_of(lock, **extra):
     env = {"ADMIN_TOKEN": TOKEN, "SECKILL_LOCK": lock, "LOG_LEVEL": "warn"}
     if lock == "zk":
         env.update({"ZK_HOSTS": zk_hosts(), "ZK_SESSION_TIMEOUT_MS": 2000})
+    if lock in NODE_COUNT:
+        env["LOCK_REDIS_NODES"] = redis_nodes(lock)
     env.update(extra)
     return env
 
@@ -187,6 +230,61 @@ def pg_advisory_sells_exactly_the_stock():
     check_crowd("pg-advisory")
 
 
+@test
+def multilock_one_order_per_user():
+    check_storm("multilock")
+
+
+@test
+def multilock_sells_exactly_the_stock():
+    check_crowd("multilock")
+
+
+@test
+def redlock_one_order_per_user():
+    check_storm("redlock")
+
+
+@test
+def redlock_sells_exactly_the_stock():
+    check_crowd("redlock")
+
+
+@test
+def one_node_down_stops_multilock_not_redlock():
+    """One of three nodes killed: MultiLock needs every node, so no buyer
+    gets the lock (503, no order: availability lost, safety kept); RedLock
+    over the same three nodes (two are a majority) sells. The node back:
+    MultiLock sells again."""
+    nodes = redis_nodes("multilock")
+    ml = ss.Server("locks-ml-down", env_of("multilock"))
+    rl = ss.Server("locks-rl-down", env_of("redlock", LOCK_REDIS_NODES=nodes))
+    try:
+        vid = ss.new_voucher(ml.port, TOKEN, 100, "one node down")
+        base = new_user()
+        nodes_cmd("multilock", "kill", 3)
+        try:
+            r = [ml.seckill(vid, base + i) for i in range(10)]
+            bad = [(x.status, x.body) for x in r
+                   if x.status != 503 or "redis nodes" not in str(x.body)]
+            if bad or db_state(vid)[0] != 0:
+                fail(f"multilock with a node down: {bad[:3]}, orders {db_state(vid)[0]}")
+            r = [rl.seckill(vid, base + 100 + i) for i in range(10)]
+            if [x.status for x in r] != [200] * 10 or db_state(vid)[0] != 10:
+                fail(f"redlock with a node down: {[x.status for x in r]}, "
+                     f"orders {db_state(vid)[0]}")
+        finally:
+            nodes_cmd("multilock", "start-node", 3)
+            ss.register_pid(int(nodes_cmd("multilock", "pid", 3)))
+        time.sleep(0.4)                              # the node's retry delay
+        r = [ml.seckill(vid, base + 200 + i) for i in range(5)]
+        if [x.status for x in r] != [200] * 5:
+            fail(f"multilock after the node came back: {[(x.status, x.body) for x in r]}")
+    finally:
+        ml.stop_ok()
+        rl.stop_ok()
+
+
 def stale_token_rejections(srv):
     return int(srv.get("/stats").body.get("lock", {}).get("staleTokenRejections", 0))
 
@@ -315,5 +413,26 @@ def bad_zk_hosts_stop_the_server_at_start():
         fail(f"an unreachable ZK_HOSTS took {took:.1f} s to stop the server")
 
 
+@test
+def bad_lock_redis_nodes_stop_the_server_at_start():
+    good = redis_nodes("redlock").split(",")
+    for lock in ("multilock", "redlock"):
+        start_fails({"SECKILL_LOCK": lock}, f"SECKILL_LOCK={lock} needs LOCK_REDIS_NODES")
+        start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": "redis://127.0.0.1:1:2"},
+                    "invalid LOCK_REDIS_NODES entry 'redis://127.0.0.1:1:2'")
+        start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": ",".join(good[:3]) + ","},
+                    "trailing comma")
+        start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": ",".join(good[:3] + good[:1])},
+                    "is listed twice")
+        dead = ",".join(good[:2] + [f"redis://127.0.0.1:{ss.dead_port()}"])
+        took = start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": dead}, "node 3 (127.0.0.1:")
+        if took > 5:
+            fail(f"{lock}: an unreachable node took {took:.1f} s to stop the server")
+        start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": ",".join(good[:3]),
+                     "LOCK_LEASE_MS": 400}, "at most a tenth of LOCK_LEASE_MS")
+    start_fails({"SECKILL_LOCK": "redlock", "LOCK_REDIS_NODES": ",".join(good[:2])},
+                "needs at least 3 nodes in LOCK_REDIS_NODES (got 2)")
+
+
 if __name__ == "__main__":
-    ss.main(teardown=zk_stop)
+    ss.main(teardown=teardown)
