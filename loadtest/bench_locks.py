@@ -17,12 +17,15 @@ each service's own ceiling, in the same run:
                client, pairs/s (a lock pair is create, list, delete)
   pg-table     pgbench running the lock table's acquire and release
   pg-advisory  statements (app/pgl.c) as a custom script: pairs/s
+  multilock    redis-benchmark of one of their nodes, as for redis (three nodes
+  redlock      for multilock, five for redlock: redis-server processes of their
+               own, scripts/redis-nodes.sh; each node runs every attempt)
 
 Prints a table, writes build/bench-lock/bench-lock.json, a gnuplot chart
 build/bench-lock/locks.png, copied to docs/img/locks.png when every backend
 was measured. Knobs (environment): BENCH_LOCK_THREADS (8),
 BENCH_LOCK_SECONDS (5), BENCH_LOCK_HANDOFFS (300), BENCH_LOCK_LEASE_MS
-(3000), BENCH_LOCK_BACKENDS ("redis zk pg-table pg-advisory"),
+(3000), BENCH_LOCK_BACKENDS ("redis multilock redlock zk pg-table pg-advisory"),
 BENCH_LOCK_OUT (build/bench-lock), BENCH_LOCK_DOCS=0 (no copy to docs/),
 BENCH_LOCK_PG_DURABLE (1: Postgres fsyncs its commits, as ZooKeeper syncs its log
 before answering; 0: the stack's throwaway settings, no chart copied).
@@ -49,15 +52,21 @@ THREADS = int(os.environ.get("BENCH_LOCK_THREADS", "8"))
 SECONDS = float(os.environ.get("BENCH_LOCK_SECONDS", "5"))
 HANDOFFS = int(os.environ.get("BENCH_LOCK_HANDOFFS", "300"))
 LEASE_MS = int(os.environ.get("BENCH_LOCK_LEASE_MS", "3000"))
-BACKENDS = os.environ.get("BENCH_LOCK_BACKENDS", "redis zk pg-table pg-advisory").split()
+BACKENDS = os.environ.get("BENCH_LOCK_BACKENDS",
+                          "redis multilock redlock zk pg-table pg-advisory").split()
 # Postgres with fsync and synchronous commit on (the stack's PG_DURABLE=1), as ZooKeeper
 # syncs its log before it answers a write; 0: the stack's throwaway settings.
 PG_DURABLE = os.environ.get("BENCH_LOCK_PG_DURABLE", "1")
 OUT = os.path.abspath(os.environ.get("BENCH_LOCK_OUT", os.path.join(BUILD, "bench-lock")))
 RUN_DIR = os.path.join(BUILD, "bench-lock-run")
+NODES_DIR = os.path.join(BUILD, "bench-lock-nodes")
+NODES_SH = os.path.join(ROOT, "scripts", "redis-nodes.sh")
+NODE_COUNT = {"multilock": 3, "redlock": 5}
 # What each backend is, for the table: its service and what frees a dead holder's lock.
 ABOUT = {
     "redis": ("Redis", "lease"),
+    "multilock": ("3 Redis (all)", "lease"),
+    "redlock": ("5 Redis (majority)", "lease"),
     "zk": ("ZooKeeper", "session timeout"),
     "pg-table": ("Postgres", "row's expiry"),
     "pg-advisory": ("Postgres", "session end"),
@@ -75,9 +84,9 @@ def run_json(args, env, timeout):
     return json.loads(p.stdout)
 
 
-def redis_ceiling(info):
+def redis_ceiling(port):
     """redis-benchmark EVALSHA acquire calls/s, -c THREADS, one key."""
-    port = info["REDIS_PORT"]
+    port = str(port)
     with open(os.path.join(ROOT, "lua", "lock_acquire.lua")) as f:
         src = f.read()
     sha = subprocess.run(["redis-cli", "-p", port, "SCRIPT", "LOAD", src], capture_output=True,
@@ -211,6 +220,13 @@ def main():
         info = stack.info
         env = dict(os.environ, REDIS_URL=info["REDIS_URL"], PG_DSN=info["PG_DSN"],
                    ZK_HOSTS=info["ZK_HOSTS"], LUA_DIR=os.path.join(ROOT, "lua"), LOG_LEVEL="error")
+        if any(b in NODE_COUNT for b in BACKENDS):
+            subprocess.run([NODES_SH, "stop", NODES_DIR], capture_output=True, timeout=60)
+            p = subprocess.run([NODES_SH, "start", NODES_DIR, "5"], capture_output=True,
+                               text=True, timeout=60)
+            if p.returncode != 0:
+                raise kit.KitError(f"redis-nodes.sh start: {p.stderr.strip()}")
+            node_urls = p.stdout.strip().split("=", 1)[1].split(",")
         scripts = os.path.join(OUT, "pgbench")
         os.makedirs(scripts, exist_ok=True)
         subprocess.run([BIN, "--pgbench-scripts", scripts], check=True, timeout=30)
@@ -218,12 +234,17 @@ def main():
         for b in BACKENDS:
             log(f"{b}: pairs ({THREADS} threads, {SECONDS:g} s), {HANDOFFS} hand-offs, "
                 f"release after kill and exit (lease {LEASE_MS} ms)")
+            benv = env if b not in NODE_COUNT else \
+                dict(env, LOCK_REDIS_NODES=",".join(node_urls[:NODE_COUNT[b]]))
             r = run_json([BIN, "--backend", b, "--threads", str(THREADS), "--seconds", str(SECONDS),
                           "--handoffs", str(HANDOFFS), "--lease-ms", str(LEASE_MS)],
-                         env, SECONDS + 300)
+                         benv, SECONDS + 300)
             log(f"{b}: ceiling")
             if b == "redis":
-                r["ceiling"] = redis_ceiling(info)
+                r["ceiling"] = redis_ceiling(info["REDIS_PORT"])
+            elif b in NODE_COUNT:
+                r["ceiling"] = redis_ceiling(node_urls[0].rsplit(":", 1)[1])
+                r["ceiling"]["tool"] += " (one node)"
             elif b == "zk":
                 r["ceiling"] = zk_ceiling(env)
             else:
@@ -256,6 +277,8 @@ def main():
         rc = 1
     finally:
         stack.run("stop")
+        if os.path.isdir(NODES_DIR):
+            subprocess.run([NODES_SH, "stop", NODES_DIR], capture_output=True, timeout=60)
     return rc
 
 

@@ -1,7 +1,8 @@
 # mk/lock.mk: the lock benchmarks.
 #
-#   make bench-lock        every lock backend (Redis, ZooKeeper, the Postgres lock
-#                          table, Postgres advisory locks) measured the same way
+#   make bench-lock        every lock backend (Redis, MultiLock over 3 and RedLock
+#                          over 5 independent Redis nodes, ZooKeeper, the Postgres
+#                          lock table, Postgres advisory locks) measured the same way
 #                          in one run, next to each service's own ceiling
 #                          (redis-benchmark, ZooKeeper create/delete with the C
 #                          client, pgbench with the lock statements):

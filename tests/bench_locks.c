@@ -2,12 +2,14 @@
  * (loadtest/bench_locks.py runs it once per backend, next to each service's
  * own ceiling, and draws the table and the chart: make bench-lock).
  *
- *   bench_locks --backend redis|zk|pg-table|pg-advisory [--threads N]
+ *   bench_locks --backend redis|zk|pg-table|pg-advisory|multilock|redlock [--threads N]
  *               [--seconds S] [--handoffs N] [--lease-ms L] [--json PATH]
  *   bench_locks --zk-ceiling [--threads N] [--seconds S] [--json PATH]
  *   bench_locks --pgbench-scripts DIR
  *
- * Services from the environment: REDIS_URL (and LUA_DIR), ZK_HOSTS, PG_DSN.
+ * Services from the environment: REDIS_URL (and LUA_DIR), ZK_HOSTS, PG_DSN,
+ * LOCK_REDIS_NODES (multilock, redlock: redis://host:port,...; each node's
+ * timeout LOCK_REDIS_NODE_TIMEOUT_MS, default 50).
  * For the backend:
  *   1. uncontended acquire+release pairs per second: N threads, each its own
  *      key (Redis and Postgres: a connection per thread; ZooKeeper: the one
@@ -15,7 +17,8 @@
  *   2. contended hand-off: two threads pass one lock back and forth, each
  *      waiting with the backend's own wait (Redis: pub/sub; ZooKeeper: the
  *      predecessor's watch; advisory: pg_advisory_lock blocking in the
- *      server; the lock table has none: a try every millisecond); latency =
+ *      server; the lock table and the multi-node locks have none: a try every
+ *      millisecond); latency =
  *      release sent -> the waiter holds it, p50/p99/max;
  *   3. release after a crash: a child process takes the lock (lease or
  *      session timeout L ms) and is killed with SIGKILL; the time until
@@ -39,6 +42,7 @@
 #include "t_lock.h"
 #include "t_zk.h"
 #include "lock.h"
+#include "mlock.h"
 #include "pgl.h"
 #include "util.h"
 #include "zkl.h"
@@ -59,7 +63,37 @@ static zkl_client *zk;       /* the process's one session (zk) */
 typedef struct client {
     redisContext *redis;
     PGconn *pg;
+    mlock_set *nodes;
 } client;
+
+static int multi(void)
+{
+    return strcmp(o.backend, "multilock") == 0 || strcmp(o.backend, "redlock") == 0;
+}
+
+/* LOCK_REDIS_NODES as an mlock_set (a fresh one per client). */
+static mlock_set *nodes_open(void)
+{
+    const char *p = getenv("LOCK_REDIS_NODES");
+    const char *tmo = getenv("LOCK_REDIS_NODE_TIMEOUT_MS");
+    mlock_node nodes[MLOCK_MAX_NODES];
+    size_t n = 0;
+
+    memset(nodes, 0, sizeof nodes);
+    while (p != NULL && (p = strstr(p, "redis://")) != NULL && n < MLOCK_MAX_NODES) {
+        p += 8;
+        size_t hl = strcspn(p, ":,");
+        snprintf(nodes[n].host, sizeof nodes[n].host, "%.*s", (int)hl, p);
+        nodes[n].port = p[hl] == ':' ? atoi(p + hl + 1) : 6379;
+        n++;
+    }
+    mlock_set *s = n > 0 ? mlock_set_new(nodes, n, tmo != NULL ? atoi(tmo) : 50) : NULL;
+    if (s == NULL) {
+        fprintf(stderr, "bench_locks: LOCK_REDIS_NODES: no nodes\n");
+        exit(2);
+    }
+    return s;
+}
 
 static PGconn *pg_open(void)
 {
@@ -78,6 +112,8 @@ static void client_open(client *c)
         c->redis = t_redis();
     else if (strncmp(o.backend, "pg-", 3) == 0)
         c->pg = pg_open();
+    else if (multi())
+        c->nodes = nodes_open();
 }
 
 static void client_close(client *c)
@@ -86,6 +122,7 @@ static void client_close(client *c)
         redisFree(c->redis);
     if (c->pg != NULL)
         PQfinish(c->pg);
+    mlock_set_free(c->nodes);
 }
 
 /* The advisory key of a lock key: its digits. */
@@ -110,6 +147,19 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
     if (strcmp(b, "zk") == 0) {
         zkl_status st = zkl_acquire(zk, key, owner, wait_ms, NULL);
         return st == ZKL_OK ? 1 : st == ZKL_BUSY ? 0 : -1;
+    }
+    if (multi()) {
+        mlock_quorum q = strcmp(b, "multilock") == 0 ? MLOCK_ALL : MLOCK_MAJORITY;
+        double end = t_now_ms() + (double)wait_ms;
+        for (;;) {                          /* no wait across nodes: try again every ms */
+            mlock_grant g;
+            mlock_status st = mlock_acquire(c->nodes, q, key, owner, o.lease_ms, &g);
+            if (st != MLOCK_BUSY)
+                return st == MLOCK_OK ? 1 : -1;
+            if (t_now_ms() >= end)
+                return 0;
+            t_sleep_ms(1);
+        }
     }
     if (strcmp(b, "pg-table") == 0) {
         double end = t_now_ms() + (double)wait_ms;
@@ -144,6 +194,8 @@ static int give(client *c, const char *key, const char *owner)
         return lock_release(c->redis, key, owner, o.lease_ms, NULL) == LOCK_OK ? 0 : -1;
     if (strcmp(b, "zk") == 0)
         return zkl_release(zk, key, owner, NULL) == ZKL_OK ? 0 : -1;
+    if (multi())
+        return mlock_release(c->nodes, key, owner, o.lease_ms, ~0u, NULL) > 0 ? 0 : -1;
     if (strcmp(b, "pg-table") == 0)
         return pgl_table_release(c->pg, key, owner, o.lease_ms, NULL) == PGL_OK ? 0 : -1;
     return pgl_advisory_release(c->pg, adv_key(key)) == PGL_OK ? 0 : -1;
@@ -293,7 +345,7 @@ static int child_main(const char *key, int clean_exit)
 {
     client c;
 
-    if (strcmp(o.backend, "redis") == 0)
+    if (strcmp(o.backend, "redis") == 0 || multi())
         tl_setup(self_path);
     if (strcmp(o.backend, "zk") == 0)
         open_zk();
@@ -306,7 +358,7 @@ static int child_main(const char *key, int clean_exit)
         client_close(&c);                   /* no unlock: connections closed */
         if (zk != NULL)
             zkl_close(zk);
-        if (strcmp(o.backend, "redis") == 0)
+        if (strcmp(o.backend, "redis") == 0 || multi())
             lock_runtime_stop();
         return 0;
     }
@@ -508,14 +560,16 @@ int main(int argc, char **argv)
     }
     if (o.backend == NULL || o.threads < 1 || o.handoffs < 1 || o.lease_ms < 100 ||
         (strcmp(o.backend, "redis") != 0 && strcmp(o.backend, "zk") != 0 &&
-         strcmp(o.backend, "pg-table") != 0 && strcmp(o.backend, "pg-advisory") != 0)) {
-        fprintf(stderr, "usage: bench_locks --backend redis|zk|pg-table|pg-advisory [--threads N] "
+         strcmp(o.backend, "pg-table") != 0 && strcmp(o.backend, "pg-advisory") != 0 &&
+         !multi())) {
+        fprintf(stderr, "usage: bench_locks --backend redis|zk|pg-table|pg-advisory|multilock|"
+                        "redlock [--threads N] "
                         "[--seconds S] [--handoffs N] [--lease-ms L] [--json PATH]\n");
         return 2;
     }
     if (child != NULL)
         return child_main(child, child_exit);
-    if (strcmp(o.backend, "redis") == 0)
+    if (strcmp(o.backend, "redis") == 0 || multi())
         tl_setup(argv[0]);
     if (strcmp(o.backend, "zk") == 0)
         open_zk();
@@ -539,7 +593,7 @@ int main(int argc, char **argv)
     cJSON_Delete(j);
     if (zk != NULL)
         zkl_close(zk);
-    if (strcmp(o.backend, "redis") == 0)
+    if (strcmp(o.backend, "redis") == 0 || multi())
         lock_runtime_stop();
     return crash < 0 || clean < 0 ? 1 : 0;
 }
