@@ -108,12 +108,13 @@ test: deps-check ## every test against a throwaway Postgres and Redis (~6-8 min;
 
 # The fast tier: no Postgres, no nginx, no load. A throwaway redis-server
 # (started in a few milliseconds) serves the C tests of the lock and the
-# order ids, and test_zkl starts a ZooKeeper of its own (about a second);
-# the unit tests need nothing. About 45 s on 2 cores with the binaries
-# built, 23 s of it test_watchdog's lease timing and 10 s test_zkl's session
-# timeouts; the unit tests take under a second.
+# order ids, test_zkl starts a ZooKeeper of its own (about a second) and
+# test_mlock five redis-servers; the unit tests need nothing. About 55 s on
+# 2 cores with the binaries built, 23 s of it test_watchdog's lease timing,
+# 10 s test_zkl's session timeouts and 10 s test_mlock's leases; the unit
+# tests take under a second.
 # (mk/*.mk may add prerequisites: 'check: something'.)
-check: deps-check ## fast tier, about 45 s: C unit tests (tests/unit_*.c) and the C tests (Redis, ZooKeeper)
+check: deps-check ## fast tier, about 55 s: C unit tests (tests/unit_*.c) and the C tests (Redis, ZooKeeper)
 	@$(MAKE) --no-print-directory $(BUILD)/seckill $(TEST_BINS)
 	BUILD=$(BUILD) tests/run.sh --check $(TESTS)
 
