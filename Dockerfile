@@ -1,7 +1,7 @@
 # The seckill server. Build and run with docker-compose.yml (docker compose up --build).
 #
 # Stage 1 builds build/seckill with the Makefile, as on a Debian 12 machine;
-# stage 2 is the runtime: the binary, the Lua scripts (LUA_DIR) and the
+# the last stage is the runtime: the binary, the Lua scripts (LUA_DIR) and the
 # shared libraries only. Configuration by environment, as everywhere:
 # PORT, BIND, INSTANCE_ID, PG_DSN, REDIS_URL, ADMIN_TOKEN, ... (seckill --help).
 # The version (seckill --version) comes from the VERSION file: the build
@@ -18,6 +18,19 @@ COPY mk/ mk/
 COPY app/ app/
 RUN make -j"$(nproc)" build/seckill
 
+# nginx for docker-compose.yml (target 'nginx'): Debian's, with its Lua
+# module for the sold-out edge (nginx/nginx.conf.tmpl), as 'make deps'
+# installs it on a machine. Its configuration, nginx/docker.conf, is mounted.
+FROM debian:bookworm-slim AS nginx
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        nginx libnginx-mod-http-lua \
+ && rm -rf /var/lib/apt/lists/*
+EXPOSE 8080
+STOPSIGNAL SIGQUIT
+CMD ["nginx", "-c", "/etc/nginx/nginx.conf", "-g", "daemon off;"]
+
+# The server's runtime: the last stage, what 'docker build .' makes.
 FROM debian:bookworm-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \

@@ -40,10 +40,12 @@ SECKILL_VERSION := $(VERSION_TEXT)$(if $(GIT_DESCRIBE), (git $(GIT_DESCRIBE)))
 # libraries, the servers the tests start (Postgres, Redis, nginx), the load
 # tools, the browser test's Chromium and Node.js, docker-compose (validates
 # the compose file), clang with its runtime libraries (make fuzz: libFuzzer
-# lives in libclang-rt-14-dev), GCC's ThreadSanitizer runtime (make tsan), and
-# ZooKeeper (SECKILL_LOCK=zk: the C client; the server, with Java, for the tests).
+# lives in libclang-rt-14-dev), GCC's ThreadSanitizer runtime (make tsan),
+# nginx's Lua module (the sold-out edge, nginx/nginx.conf.tmpl) and ZooKeeper
+# (SECKILL_LOCK=zk: the C client; the server, with Java, for the tests).
 DEB_PKGS  := build-essential pkg-config libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev \
-             postgresql redis-server nginx apache2-utils wrk python3 curl procps docker-compose \
+             postgresql redis-server nginx libnginx-mod-http-lua apache2-utils wrk python3 curl \
+             procps docker-compose \
              chromium nodejs gnuplot-nox clang libclang-rt-14-dev libtsan2 \
              libzookeeper-mt-dev zookeeperd
 

@@ -54,12 +54,27 @@ static const option_def options[] = {
       "open HTTP connections at most" },
     { "CONN_TIMEOUT_S", "conn-timeout", OPT_INT, F(conn_timeout_s), 1, 3600, "15",
       "close an HTTP connection idle this long (seconds)" },
+    { "SHUTDOWN_DRAIN_MS", "shutdown-drain-ms", OPT_INT, F(shutdown_drain_ms), 0, 600000, "6000",
+      "on SIGTERM, how long the instance keeps serving its open connections (each answer with "
+      "Connection: close) for their clients to close them (ms); above nginx's upstream "
+      "keepalive_timeout (5 s)" },
+    { "STATS_INTERVAL_MS", "stats-interval-ms", OPT_INT, F(stats_interval_ms), 0, 60000, "1000",
+      "GET /stats and /metrics read Postgres (one pass over the orders) and Redis at most once "
+      "per this interval, on one thread, for every caller (ms)" },
     { "MAX_BODY", "max-body", OPT_LONG, F(max_body), 0, 1L << 30, "65536",
       "largest request body in bytes (413 above)" },
     { "LOCK_LEASE_MS", "lock-lease-ms", OPT_LEASE, F(lock_lease_ms), 1, 86400000L, "10000",
       "lease of the per-user order lock (ms); -1: watchdog mode (WATCHDOG_TIMEOUT_MS, renewed)" },
     { "WATCHDOG_TIMEOUT_MS", "watchdog-timeout-ms", OPT_LONG, F(watchdog_timeout_ms), 300,
       86400000L, "30000", "lease of watchdog-mode locks, renewed every third of it (ms)" },
+    { "LOCK_TOKEN_TTL_MS", "lock-token-ttl-ms", OPT_LONG, F(lock_token_ttl_ms), 0,
+      2592000000L, "60000",
+      "a lock's fencing-token counter expires this long after its last token (ms; "
+      "0: never, as Redisson's RFencedLock)" },
+    { "FENCE_HORIZON_MS", "fence-horizon-ms", OPT_LONG, F(fence_horizon_ms), 0, 2592000000L,
+      "600000",
+      "order writes whose fencing token is older than this (by Postgres's clock) are refused; "
+      "tb_lock_fence rows twice as old are deleted (ms; 0: neither, rows kept forever)" },
     { "REDIS_TIMEOUT_MS", "redis-timeout-ms", OPT_INT, F(redis_timeout_ms), 10, 60000, "1000",
       "Redis connect and command timeout (ms)" },
     { "PG_CONNECT_TIMEOUT_S", "pg-connect-timeout", OPT_INT, F(pg_connect_timeout_s), 1, 60, "2",
@@ -733,6 +748,11 @@ int config_load(int argc, char **argv)
     }
     if (check_zk_hosts() != 0)
         return -1;
+    if (g_cfg.fence_horizon_ms > 0 && g_cfg.fence_horizon_ms < 1000) {
+        fprintf(stderr, "seckill: invalid FENCE_HORIZON_MS=%ld: expected 0 (no horizon) or at "
+                        "least 1000 ms\n", g_cfg.fence_horizon_ms);
+        return -1;
+    }
     if (g_cfg.lua_dir[0] == '\0')
         default_lua_dir();
     util_uuid4(g_cfg.instance_uuid);

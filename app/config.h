@@ -34,9 +34,13 @@ typedef struct config {
     int io_threads;             /* libmicrohttpd event threads: never block on Redis/Postgres */
     int max_connections;
     int conn_timeout_s;         /* idle HTTP connection timeout */
+    int shutdown_drain_ms;      /* SIGTERM: serve open connections this long at most */
+    int stats_interval_ms;      /* /stats and /metrics: one refresh per interval at most */
     long max_body;              /* bytes; larger bodies get 413 */
     long lock_lease_ms;         /* per-user order lock lease; -1 = watchdog */
     long watchdog_timeout_ms;   /* watchdog-mode lease, renewed every third of it */
+    long lock_token_ttl_ms;     /* fencing-token counter lifetime after its last token; 0: forever */
+    long fence_horizon_ms;      /* older tokens refused, rows twice as old swept; 0: off */
     int redis_timeout_ms;       /* connect and command timeout */
     int pg_connect_timeout_s;
     int pg_statement_timeout_ms;

@@ -5,10 +5,16 @@
 #include "http.h"
 #include "lock.h"
 #include "rec.h"
+#include "util.h"
+#include "version.h"
 
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 /* The statuses GET /stats counts apart, in its order; the rest are "other". */
 static const int stats_status[] = { 200, 201, 400, 401, 403, 404, 405, 409, 413, 500, 502,
@@ -21,6 +27,7 @@ typedef struct lock_figures {
     lock_counters lib;        /* the library's, as read */
     uint64_t acquired, contended, released, not_owner;   /* library + demo */
     uint64_t stale_tokens;
+    uint64_t fence_swept;
 } lock_figures;
 
 static void lock_figures_get(lock_figures *f)
@@ -31,6 +38,7 @@ static void lock_figures_get(lock_figures *f)
     f->released = f->lib.released + rec_event_count(REC_DEMO_LOCK_RELEASED);
     f->not_owner = f->lib.not_owner + rec_event_count(REC_DEMO_LOCK_NOT_OWNER);
     f->stale_tokens = rec_event_count(REC_STALE_TOKEN);
+    f->fence_swept = rec_event_count(REC_FENCE_SWEPT);
 }
 
 void expo_escape(const char *in, char *buf, size_t n)
@@ -53,21 +61,53 @@ void expo_escape(const char *in, char *buf, size_t n)
 
 /*---- GET /metrics ----*/
 
+/* Prometheus's conventions (prometheus.io/docs/practices/naming): no
+ * "instance" or "job" label (the scrape attaches them; seckill_instance_info
+ * names this instance), label values from small known sets only, "_total"
+ * on counters alone, "_sum" and "_count" only inside histograms. */
+
+/* Per-voucher series: the vouchers on sale, coming, or ended within the last
+ * hour, at most this many (the newest): a table of past sales must not grow
+ * every scrape. seckill_vouchers and seckill_vouchers_violating cover all. */
+#define EXPO_MAX_VOUCHERS 50
+#define EXPO_VOUCHER_RECENT_S 3600
+
+/* "name{labels,extra}" into 'buf': either part may be empty. */
+static void series(char *buf, size_t n, const char *name, const char *labels, const char *extra)
+{
+    int any = labels[0] != '\0' || extra[0] != '\0';
+
+    snprintf(buf, n, "%s%s%s%s%s%s", name, any ? "{" : "", labels,
+             labels[0] != '\0' && extra[0] != '\0' ? "," : "", extra, any ? "}" : "");
+}
+
 static void write_histogram(FILE *f, const char *name, const char *labels,
                             const rec_histogram *h)
 {
+    char sname[256], le[40], full[512];
     uint64_t cum = 0;
 
-    for (size_t i = 0; i <= REC_NBUCKETS; i++) {
+    snprintf(sname, sizeof sname, "%s_bucket", name);
+    for (int i = 0; i <= rec_nbuckets; i++) {
         cum += h->bucket[i];
-        if (i < REC_NBUCKETS)
-            fprintf(f, "%s_bucket{%s,le=\"%g\"} %" PRIu64 "\n", name, labels, rec_bucket_s[i],
-                    cum);
+        if (i < rec_nbuckets)
+            snprintf(le, sizeof le, "le=\"%g\"", rec_bucket_s[i]);
         else
-            fprintf(f, "%s_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", name, labels, cum);
+            snprintf(le, sizeof le, "le=\"+Inf\"");
+        series(full, sizeof full, sname, labels, le);
+        fprintf(f, "%s %" PRIu64 "\n", full, cum);
     }
-    fprintf(f, "%s_sum{%s} %.6f\n", name, labels, (double)h->sum_us / 1e6);
-    fprintf(f, "%s_count{%s} %" PRIu64 "\n", name, labels, cum);
+    snprintf(sname, sizeof sname, "%s_sum", name);
+    series(full, sizeof full, sname, labels, "");
+    fprintf(f, "%s %.6f\n", full, (double)h->sum_us / 1e6);
+    snprintf(sname, sizeof sname, "%s_count", name);
+    series(full, sizeof full, sname, labels, "");
+    fprintf(f, "%s %" PRIu64 "\n", full, cum);
+}
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* The route slots that have a label: the routes, and "unmatched". */
@@ -80,22 +120,104 @@ static const char *route_label(int r)
     return r == REC_MAX_ROUTES ? "unmatched" : NULL;
 }
 
-static void write_counter(FILE *f, const char *name, const char *help, const char *inst,
-                          uint64_t v)
+static void write_counter(FILE *f, const char *name, const char *help, uint64_t v)
 {
-    fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s{instance=\"%s\"} %" PRIu64 "\n", name, help,
-            name, name, inst, v);
+    family(f, name, "counter", help);
+    fprintf(f, "%s %" PRIu64 "\n", name, v);
 }
 
 static const char *const backend_name[REC_BACKEND_COUNT] = { "redis", "postgres" };
 
-static void write_requests(FILE *f, const char *inst)
+static void write_identity(FILE *f)
+{
+    char version[64], revision[64], inst[160], v_esc[160], r_esc[160];
+
+    version_parts(version, sizeof version, revision, sizeof revision);
+    expo_escape(version, v_esc, sizeof v_esc);
+    expo_escape(revision, r_esc, sizeof r_esc);
+    family(f, "seckill_build_info", "gauge",
+           "Always 1: the version of this binary and the commit it was built from.");
+    fprintf(f, "seckill_build_info{version=\"%s\",revision=\"%s\"} 1\n", v_esc, r_esc);
+    expo_escape(g_cfg.instance_id, inst, sizeof inst);
+    family(f, "seckill_instance_info", "gauge",
+           "Always 1: this instance's INSTANCE_ID and strategies.");
+    fprintf(f, "seckill_instance_info{instance_id=\"%s\",lock_strategy=\"%s\",stock_strategy=\"%s\"} 1\n",
+            inst, config_lock_name(g_cfg.lock_strategy), config_stock_name(g_cfg.stock_strategy));
+}
+
+/* The process metrics Prometheus's client libraries export under these
+ * names, from /proc (Linux). A figure that cannot be read is left out. */
+static void write_process(FILE *f)
+{
+    long page = sysconf(_SC_PAGESIZE), tick = sysconf(_SC_CLK_TCK);
+    unsigned long long vm_pages = 0, rss_pages = 0, start_ticks = 0, btime = 0;
+    struct rusage ru;
+    struct rlimit rl;
+    FILE *p;
+    DIR *d;
+    char line[512];
+    int fds = 0;
+
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        family(f, "process_cpu_seconds_total", "counter", "User and system CPU time spent, in seconds.");
+        fprintf(f, "process_cpu_seconds_total %.6f\n",
+                (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                    (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6);
+    }
+    if ((p = fopen("/proc/self/statm", "r")) != NULL) {
+        if (fscanf(p, "%llu %llu", &vm_pages, &rss_pages) == 2 && page > 0) {
+            family(f, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+            fprintf(f, "process_resident_memory_bytes %llu\n", rss_pages * (unsigned long long)page);
+            family(f, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+            fprintf(f, "process_virtual_memory_bytes %llu\n", vm_pages * (unsigned long long)page);
+        }
+        fclose(p);
+    }
+    if ((d = opendir("/proc/self/fd")) != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            fds += e->d_name[0] != '.';
+        closedir(d);
+        family(f, "process_open_fds", "gauge", "Open file descriptors.");
+        fprintf(f, "process_open_fds %d\n", fds - 1);      /* less the directory's own */
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        family(f, "process_max_fds", "gauge", "Most open file descriptors allowed.");
+        fprintf(f, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+    }
+    /* Start time: ticks after boot (field 22 of /proc/self/stat, counted
+     * after the command's closing parenthesis) plus the boot time. */
+    if ((p = fopen("/proc/self/stat", "r")) != NULL) {
+        if (fgets(line, sizeof line, p) != NULL) {
+            char *q = strrchr(line, ')');
+            for (int field = 2; q != NULL && field < 22; field++)
+                q = strchr(q + 1, ' ');
+            if (q != NULL)
+                start_ticks = strtoull(q + 1, NULL, 10);
+        }
+        fclose(p);
+    }
+    if ((p = fopen("/proc/stat", "r")) != NULL) {
+        while (fgets(line, sizeof line, p) != NULL)
+            if (sscanf(line, "btime %llu", &btime) == 1)
+                break;
+        fclose(p);
+    }
+    if (btime > 0 && start_ticks > 0 && tick > 0) {
+        family(f, "process_start_time_seconds", "gauge",
+               "Start time of the process since the Unix epoch, in seconds.");
+        fprintf(f, "process_start_time_seconds %.2f\n",
+                (double)btime + (double)start_ticks / (double)tick);
+    }
+}
+
+static void write_requests(FILE *f)
 {
     char labels[512];
     rec_histogram h;
 
-    fprintf(f, "# HELP seckill_http_requests_total HTTP requests answered, by route, status "
-               "and error code.\n# TYPE seckill_http_requests_total counter\n");
+    family(f, "seckill_http_requests_total", "counter",
+           "HTTP requests answered, by route, status and error code.");
     for (int r = 0; r < REC_ROUTE_SLOTS; r++) {
         if (route_label(r) == NULL)
             continue;
@@ -109,80 +231,82 @@ static void write_requests(FILE *f, const char *inst)
                     snprintf(status, sizeof status, "%d", rec_status[s]);
                 else
                     snprintf(status, sizeof status, "other");
-                fprintf(f,
-                        "seckill_http_requests_total{instance=\"%s\",route=\"%s\",status=\"%s\","
-                        "code=\"%s\"} %" PRIu64 "\n",
-                        inst, route_label(r), status, e == API_OK ? "" : api_err_code((api_err)e),
-                        n);
+                fprintf(f, "seckill_http_requests_total{route=\"%s\",status=\"%s\",code=\"%s\"} %" PRIu64 "\n",
+                        route_label(r), status, e == API_OK ? "" : api_err_code((api_err)e), n);
             }
         }
     }
 
-    fprintf(f, "# HELP seckill_http_request_duration_seconds Time from the request's headers "
-               "to its answer, by route.\n"
-               "# TYPE seckill_http_request_duration_seconds histogram\n");
+    family(f, "seckill_http_request_duration_seconds", "histogram",
+           "Time from the request's headers to its answer, by route.");
     for (int r = 0; r < REC_ROUTE_SLOTS; r++) {
         if (route_label(r) == NULL)
             continue;
-        snprintf(labels, sizeof labels, "instance=\"%s\",route=\"%s\"", inst, route_label(r));
+        snprintf(labels, sizeof labels, "route=\"%s\"", route_label(r));
         rec_request_latency(r, &h);
         write_histogram(f, "seckill_http_request_duration_seconds", labels, &h);
     }
 }
 
-static void write_backends(FILE *f, const char *inst)
+static void write_backends(FILE *f)
 {
-    char labels[512];
+    char labels[64];
     rec_histogram h;
 
-    fprintf(f, "# HELP seckill_backend_call_duration_seconds Redis and Postgres calls, by "
-               "service.\n# TYPE seckill_backend_call_duration_seconds histogram\n");
+    family(f, "seckill_backend_call_duration_seconds", "histogram",
+           "Redis and Postgres calls, by service.");
     for (int b = 0; b < REC_BACKEND_COUNT; b++) {
-        snprintf(labels, sizeof labels, "instance=\"%s\",backend=\"%s\"", inst, backend_name[b]);
+        snprintf(labels, sizeof labels, "backend=\"%s\"", backend_name[b]);
         rec_backend_latency((enum rec_backend)b, &h);
         write_histogram(f, "seckill_backend_call_duration_seconds", labels, &h);
     }
-    fprintf(f, "# HELP seckill_backend_errors_total Redis and Postgres calls that failed at the "
-               "connection level (refused, timed out, lost).\n"
-               "# TYPE seckill_backend_errors_total counter\n");
+    family(f, "seckill_backend_errors_total", "counter",
+           "Redis and Postgres calls that failed at the connection level (refused, timed out, "
+           "lost).");
     for (int b = 0; b < REC_BACKEND_COUNT; b++)
-        fprintf(f, "seckill_backend_errors_total{instance=\"%s\",backend=\"%s\"} %" PRIu64 "\n",
-                inst, backend_name[b], rec_backend_errors((enum rec_backend)b));
+        fprintf(f, "seckill_backend_errors_total{backend=\"%s\"} %" PRIu64 "\n", backend_name[b],
+                rec_backend_errors((enum rec_backend)b));
 }
 
-static void write_locks(FILE *f, const char *inst)
+static void write_locks(FILE *f)
 {
     lock_figures lf;
     uint64_t nb, buyers, largest;
 
     lock_figures_get(&lf);
     write_counter(f, "seckill_lock_acquired_total", "Order lock grants (reentry included).",
-                  inst, lf.acquired);
+                  lf.acquired);
     write_counter(f, "seckill_lock_contended_total",
-                  "Order lock attempts refused: another owner held it.", inst, lf.contended);
-    write_counter(f, "seckill_lock_released_total", "Order lock releases.", inst, lf.released);
+                  "Order lock attempts refused: another owner held it.", lf.contended);
+    write_counter(f, "seckill_lock_released_total", "Order lock releases.", lf.released);
     write_counter(f, "seckill_lock_not_owner_releases_total",
-                  "Releases by a non-owner (the lease had expired).", inst, lf.not_owner);
-    write_counter(f, "seckill_lock_renewals_total", "Watchdog lease renewals.", inst,
-                  lf.lib.renewals);
-    write_counter(f, "seckill_lock_waits_total", "Lock attempts that waited for a release.", inst,
+                  "Releases by a non-owner (the lease had expired).", lf.not_owner);
+    write_counter(f, "seckill_lock_renewals_total", "Watchdog lease renewals.", lf.lib.renewals);
+    write_counter(f, "seckill_lock_waits_total", "Lock attempts that waited for a release.",
                   lf.lib.waits);
-    write_counter(f, "seckill_lock_wakeups_total", "Waiters woken by a release message.", inst,
+    write_counter(f, "seckill_lock_wakeups_total", "Waiters woken by a release message.",
                   lf.lib.wakeups);
-    fprintf(f, "# HELP seckill_lock_wakeup_seconds_sum Release message to grant, summed.\n"
-               "# TYPE seckill_lock_wakeup_seconds_sum counter\n"
-               "seckill_lock_wakeup_seconds_sum{instance=\"%s\"} %.6f\n",
-            inst, (double)lf.lib.wake_us_sum / 1e6);
-    write_counter(f, "seckill_lock_errors_total", "Redis failures inside lock calls.", inst,
+    family(f, "seckill_lock_wakeup_seconds_total", "counter",
+           "Time from a release message to the grant it woke, summed over the wakeups.");
+    fprintf(f, "seckill_lock_wakeup_seconds_total %.6f\n", (double)lf.lib.wake_us_sum / 1e6);
+    write_counter(f, "seckill_lock_errors_total", "Redis failures inside lock calls.",
                   lf.lib.errors);
     rec_batch_counts(&nb, &buyers, &largest);
     write_counter(f, "seckill_batches_total", "Group commits settled (stock strategy batched).",
-                  inst, nb);
-    write_counter(f, "seckill_batch_buyers_total", "Buyers settled in group commits.", inst,
-                  buyers);
+                  nb);
+    write_counter(f, "seckill_batch_buyers_total", "Buyers settled in group commits.", buyers);
     write_counter(f, "seckill_stale_token_rejections_total",
-                  "Order writes refused by Postgres: a newer lock holder already wrote.", inst,
+                  "Order writes refused by Postgres: a newer lock holder already wrote.",
                   lf.stale_tokens);
+    write_counter(f, "seckill_fence_rows_swept_total",
+                  "tb_lock_fence rows deleted by this instance's sweep (older than two horizons).",
+                  lf.fence_swept);
+}
+
+static double field_num(const cJSON *v, const char *name)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(v, name);
+    return cJSON_IsNumber(x) ? x->valuedouble : 0;
 }
 
 static void write_vouchers(FILE *f, const cJSON *vouchers)
@@ -199,41 +323,56 @@ static void write_vouchers(FILE *f, const cJSON *vouchers)
         { "stockDrift", "seckill_voucher_stock_drift",
           "(initial - stock) - orders: lost updates, must be 0." },
     };
-    char title[600];
+    const cJSON *shown[EXPO_MAX_VOUCHERS];
+    int nshown = 0, total = cJSON_GetArraySize(vouchers);
+    int64_t now = util_now_s();
+    uint64_t oversold = 0, dups = 0, drift = 0;
     const cJSON *v;
 
+    /* The array is in voucher id order: the newest recent ones from its end. */
+    for (int i = total - 1; i >= 0 && nshown < EXPO_MAX_VOUCHERS; i--) {
+        const cJSON *end;
+        int64_t end_s;
+        v = cJSON_GetArrayItem(vouchers, i);
+        end = cJSON_GetObjectItemCaseSensitive(v, "endTime");
+        if (!cJSON_IsString(end) || util_parse_iso8601(end->valuestring, &end_s) != 0 ||
+            end_s + EXPO_VOUCHER_RECENT_S >= now)
+            shown[nshown++] = v;
+    }
+    cJSON_ArrayForEach(v, vouchers) {
+        oversold += field_num(v, "oversold") != 0;
+        dups += field_num(v, "duplicateUsers") != 0;
+        drift += field_num(v, "stockDrift") != 0;
+    }
+    family(f, "seckill_vouchers", "gauge", "Vouchers in Postgres.");
+    fprintf(f, "seckill_vouchers %d\n", total);
+    family(f, "seckill_vouchers_violating", "gauge",
+           "Vouchers (of all, not only those with series) whose invariant is broken: must be 0.");
+    fprintf(f, "seckill_vouchers_violating{invariant=\"oversold\"} %" PRIu64 "\n", oversold);
+    fprintf(f, "seckill_vouchers_violating{invariant=\"duplicate_users\"} %" PRIu64 "\n", dups);
+    fprintf(f, "seckill_vouchers_violating{invariant=\"stock_drift\"} %" PRIu64 "\n", drift);
     for (size_t g = 0; g < sizeof gauges / sizeof gauges[0]; g++) {
-        fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", gauges[g].name, gauges[g].help,
-                gauges[g].name);
-        cJSON_ArrayForEach(v, vouchers) {
-            const cJSON *id = cJSON_GetObjectItemCaseSensitive(v, "voucherId");
-            const cJSON *val = cJSON_GetObjectItemCaseSensitive(v, gauges[g].field);
-            const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "title");
-            if (!cJSON_IsNumber(id) || !cJSON_IsNumber(val))
-                continue;
-            expo_escape(cJSON_IsString(t) ? t->valuestring : "", title, sizeof title);
-            fprintf(f, "%s{voucher=\"%.0f\",title=\"%s\"} %.0f\n", gauges[g].name,
-                    id->valuedouble, title, val->valuedouble);
-        }
+        family(f, gauges[g].name, "gauge", gauges[g].help);
+        for (int i = nshown - 1; i >= 0; i--)
+            fprintf(f, "%s{voucher=\"%.0f\"} %.0f\n", gauges[g].name, field_num(shown[i], "voucherId"),
+                    field_num(shown[i], gauges[g].field));
     }
 }
 
 void expo_metrics(FILE *f, const cJSON *vouchers)
 {
-    char inst[160];
     int in_progress, queued;
 
-    expo_escape(g_cfg.instance_id, inst, sizeof inst);
+    write_identity(f);
+    write_process(f);
     http_load(&in_progress, &queued);
-    fprintf(f, "# HELP seckill_http_in_progress Requests read and not yet answered.\n"
-               "# TYPE seckill_http_in_progress gauge\nseckill_http_in_progress{instance=\"%s\"} %d\n",
-            inst, in_progress);
-    fprintf(f, "# HELP seckill_http_queued Requests waiting for a worker thread.\n"
-               "# TYPE seckill_http_queued gauge\nseckill_http_queued{instance=\"%s\"} %d\n",
-            inst, queued);
-    write_requests(f, inst);
-    write_backends(f, inst);
-    write_locks(f, inst);
+    family(f, "seckill_http_in_progress", "gauge", "Requests read and not yet answered.");
+    fprintf(f, "seckill_http_in_progress %d\n", in_progress);
+    family(f, "seckill_http_queued", "gauge", "Requests waiting for a worker thread.");
+    fprintf(f, "seckill_http_queued %d\n", queued);
+    write_requests(f);
+    write_backends(f);
+    write_locks(f);
     if (vouchers != NULL)
         write_vouchers(f, vouchers);
 }
@@ -290,6 +429,7 @@ static cJSON *lock_json(void)
     cJSON_AddNumberToObject(o, "released", (double)lf.released);
     cJSON_AddNumberToObject(o, "notOwnerReleases", (double)lf.not_owner);
     cJSON_AddNumberToObject(o, "staleTokenRejections", (double)lf.stale_tokens);
+    cJSON_AddNumberToObject(o, "fenceRowsSwept", (double)lf.fence_swept);
     /* Waiting (lock_try_lock with a budget): how often, and how fast a
      * release message turned into a grant. */
     cJSON_AddNumberToObject(o, "waits", (double)lc->waits);

@@ -12,7 +12,9 @@
 #include <cJSON.h>
 
 /* Writes the whole exposition to 'f'. 'vouchers' is store_stats's array
- * (may be NULL when Postgres is down: the voucher gauges are left out). */
+ * (may be NULL when Postgres is down: the voucher gauges are left out);
+ * series for at most 50 of them, the newest of those on sale, coming or
+ * ended within the hour, plus counts over all of them. */
 void expo_metrics(FILE *f, const cJSON *vouchers);
 
 /* Adds this instance's "requests", "lock" and "batch" objects to 'obj'. */

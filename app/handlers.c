@@ -8,14 +8,12 @@
 #include "order.h"
 #include "payload.h"
 #include "log.h"
-#include "expo.h"
-#include "peers.h"
+#include "stats.h"
 #include "store.h"
 #include "util.h"
 #include "vcache.h"
 
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,14 +34,6 @@ static PGconn *pg_or_respond(http_req *r, conn_set *cs)
     if (pg == NULL)
         http_send_error(r, API_UNAVAILABLE, "database unavailable, retry later");
     return pg;
-}
-
-static redisContext *redis_or_respond(http_req *r, conn_set *cs)
-{
-    redisContext *c = conn_redis(cs);
-    if (c == NULL)
-        http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
-    return c;
 }
 
 /* A header value's length without trailing spaces and tabs: HTTP's optional
@@ -94,6 +84,17 @@ static http_outcome h_health(http_req *r, const char *arg, size_t arg_len)
     cJSON_AddStringToObject(o, "status", "ok");
     cJSON_AddStringToObject(o, "instance", g_cfg.instance_id);
     return http_send_json(r, 200, o);
+}
+
+/* On the event thread: an instance that is stopping is not ready, whatever
+ * its backends say. */
+static http_outcome f_ready(http_req *r, const char *arg, size_t arg_len)
+{
+    (void)arg;
+    (void)arg_len;
+    if (http_draining())
+        return http_send_error(r, API_UNAVAILABLE, "shutting down");
+    return HTTP_PASS;
 }
 
 static http_outcome h_ready(http_req *r, const char *arg, size_t arg_len)
@@ -171,6 +172,31 @@ static api_err voucher_verdict(const store_voucher *v)
     return API_OK;
 }
 
+/* The sold-out answers that nginx may repeat by itself for a while (the
+ * sold-out edge, nginx/nginx.conf.tmpl): the verdicts above, whose "no
+ * stock" is always Postgres's own - the voucher row read with stock 0, or
+ * the flag a transaction set when it found none (vcache.h; a reset drops
+ * both on every instance). Never a lost compare-and-swap (stock may remain:
+ * the transaction's answers carry no header at all) nor any other error.
+ * The header's value is how long, in ms: EDGE_SOLD_OUT_MS, and never past
+ * the voucher's end, from which on the answer is 'ended'. */
+#define EDGE_SOLD_OUT_HEADER "X-Edge-Sold-Out"
+#define EDGE_SOLD_OUT_MS 1000
+
+static http_outcome send_verdict(http_req *r, api_err e, const store_voucher *v)
+{
+    char ms[24];
+    int64_t left;
+
+    if (e != API_SOLD_OUT)
+        return http_send_error(r, e, NULL);
+    left = (v->end_time + 1) * 1000 - util_wall_ms();     /* util_now_s() > end_time */
+    if (left <= 0)
+        return http_send_error(r, e, NULL);
+    snprintf(ms, sizeof ms, "%" PRId64, left < EDGE_SOLD_OUT_MS ? left : EDGE_SOLD_OUT_MS);
+    return http_send_error_header(r, e, NULL, EDGE_SOLD_OUT_HEADER, ms);
+}
+
 static void seckill_reply(void *arg, api_err err, const char *message, int64_t order_id);
 
 /* On the event thread: 1. validate, 2. refuse from the voucher cache (sold
@@ -196,7 +222,7 @@ static http_outcome f_seckill(http_req *r, const char *arg, size_t arg_len)
     r->user_id = user_id;
     cached = vcache_get(voucher_id, &v);
     if (cached && (e = voucher_verdict(&v)) != API_OK)
-        return http_send_error(r, e, NULL);
+        return send_verdict(r, e, &v);
     if (vcache_ordered(voucher_id, user_id))
         return http_send_error(r, API_ALREADY_ORDERED, NULL);
     /* Batched, with a batch of this voucher at work: straight into it,
@@ -217,6 +243,7 @@ static void seckill_reply(void *arg, api_err err, const char *message, int64_t o
     char body[160];
     int n;
 
+    stats_touch();                           /* before the answer: /stats shows it then */
     if (err != API_OK) {
         http_send_error(r, err, message);
     } else {
@@ -254,7 +281,7 @@ static http_outcome h_seckill(http_req *r, const char *arg, size_t arg_len)
         vcache_put(&v, gen);
     }
     if ((err = voucher_verdict(&v)) != API_OK)
-        return http_send_error(r, err, NULL);
+        return send_verdict(r, err, &v);
 
     /* 3-6. Lock and id, transaction, release, answer (app/order.c): answered
      *    by seckill_reply, here or on the worker that settles the order's
@@ -265,99 +292,20 @@ static http_outcome h_seckill(http_req *r, const char *arg, size_t arg_len)
     return out;                              /* r may be answered and gone by now */
 }
 
-/* ---- GET /stats ---- */
+/* ---- GET /stats, GET /metrics: from the shared snapshot (app/stats.c) ---- */
 
-static http_outcome h_stats(http_req *r, const char *arg, size_t arg_len)
+static http_outcome f_stats(http_req *r, const char *arg, size_t arg_len)
 {
-    conn_set *cs = conn_get();
-    PGconn *pg;
-    redisContext *c;
-    cJSON *o, *vouchers, *instances, *cluster;
-    store_status st;
-
     (void)arg;
     (void)arg_len;
-    if ((pg = pg_or_respond(r, cs)) == NULL)
-        return HTTP_ANSWERED;
-    if ((c = redis_or_respond(r, cs)) == NULL)
-        return HTTP_ANSWERED;
-    o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "instance", g_cfg.instance_id);
-    cJSON_AddStringToObject(o, "uuid", g_cfg.instance_uuid);
-    cJSON_AddStringToObject(o, "lockStrategy", config_lock_name(g_cfg.lock_strategy));
-    cJSON_AddStringToObject(o, "stockStrategy", config_stock_name(g_cfg.stock_strategy));
-    cJSON_AddBoolToObject(o, "unsafe", config_unsafe());
-    if (config_unsafe())
-        cJSON_AddStringToObject(o, "warning", "UNSAFE demo strategy in force: this instance can "
-                                              "oversell or sell twice to one user");
-    vouchers = cJSON_AddArrayToObject(o, "vouchers");
-    st = store_stats(pg, vouchers);
-    if (st != STORE_OK) {
-        cJSON_Delete(o);
-        return send_store_error(r, STORE_UNAVAILABLE);
-    }
-    expo_counters_json(o);
-    instances = cJSON_AddArrayToObject(o, "instances");
-    cluster = cJSON_AddObjectToObject(o, "cluster");
-    if (peers_json(c, instances, cluster) != 0) {
-        if (c->err)
-            conn_redis_broken(cs);
-        cJSON_Delete(o);
-        return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
-    }
-    cJSON_AddNumberToObject(cluster, "instances", cJSON_GetArraySize(instances));
-    return http_send_json(r, 200, o);
+    return stats_serve(r, STATS_JSON);
 }
 
-/* ---- GET /metrics (Prometheus text format) ---- */
-
-/* The per-voucher gauges cost one aggregate query: shared by every worker
- * and refreshed at most once a second, so scraping stays cheap. */
-static pthread_mutex_t gauge_mu = PTHREAD_MUTEX_INITIALIZER;
-static cJSON *gauge_cache;
-static int64_t gauge_at_us;
-
-static cJSON *voucher_gauges(conn_set *cs)
+static http_outcome f_metrics(http_req *r, const char *arg, size_t arg_len)
 {
-    cJSON *copy = NULL;
-    PGconn *pg;
-
-    pthread_mutex_lock(&gauge_mu);
-    if (gauge_cache == NULL || util_mono_us() - gauge_at_us > 1000000) {
-        cJSON *fresh = cJSON_CreateArray();
-        if ((pg = conn_pg(cs)) != NULL && store_stats(pg, fresh) == STORE_OK) {
-            cJSON_Delete(gauge_cache);
-            gauge_cache = fresh;
-            gauge_at_us = util_mono_us();
-        } else {
-            cJSON_Delete(fresh);
-        }
-    }
-    if (gauge_cache != NULL)
-        copy = cJSON_Duplicate(gauge_cache, 1);
-    pthread_mutex_unlock(&gauge_mu);
-    return copy;
-}
-
-static http_outcome h_metrics(http_req *r, const char *arg, size_t arg_len)
-{
-    cJSON *vouchers;
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f;
-
     (void)arg;
     (void)arg_len;
-    vouchers = voucher_gauges(conn_get());
-    f = open_memstream(&buf, &len);
-    if (f == NULL) {
-        cJSON_Delete(vouchers);
-        return http_send_error(r, API_UNAVAILABLE, "out of memory");
-    }
-    expo_metrics(f, vouchers);
-    fclose(f);
-    cJSON_Delete(vouchers);
-    return http_send_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);
+    return stats_serve(r, STATS_METRICS);
 }
 
 /* ---- admin API ---- */
@@ -403,6 +351,7 @@ static http_outcome h_admin_create(http_req *r, const char *arg, size_t arg_len)
     st = store_voucher_create(pg, in.title, in.stock, in.begin_time, in.end_time, &id);
     if (st != STORE_OK)
         return send_store_error(r, st);
+    stats_touch();
     log_info("admin: voucher %" PRId64 " created, stock %" PRId64, id, in.stock);
     o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "voucherId", (double)id);
@@ -446,6 +395,7 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
         log_warn("admin: reset of voucher %" PRId64 " not broadcast (redis down); other "
                  "instances notice within %d ms", id, VCACHE_TTL_MS);
     }
+    stats_touch();
     log_info("admin: voucher %" PRId64 " reset to stock %" PRId64, id, in.stock);
     o = cJSON_CreateObject();
     add_voucher_fields(o, &v);
@@ -455,9 +405,9 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
 const http_route handlers_routes[] = {
     /* method, pattern, on a worker, on the event thread first */
     { "GET", "/health", NULL, h_health },
-    { "GET", "/ready", h_ready, NULL },
-    { "GET", "/stats", h_stats, NULL },
-    { "GET", "/metrics", h_metrics, NULL },
+    { "GET", "/ready", h_ready, f_ready },
+    { "GET", "/stats", NULL, f_stats },
+    { "GET", "/metrics", NULL, f_metrics },
     { "GET", "/voucher/*", h_voucher_get, NULL },
     { "POST", "/voucher/*/seckill", h_seckill, f_seckill },
     { "POST", "/admin/vouchers", h_admin_create, NULL },

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Under AddressSanitizer, completed requests are also poisoned (req_free):
  * any access to one is reported. */
@@ -41,6 +42,8 @@ static struct MHD_Daemon *daemon_handle;
 static const http_route *route_table;
 static size_t route_count;
 static _Atomic int in_flight;
+static _Atomic int open_conns;     /* HTTP connections open now */
+static _Atomic int draining;       /* http_drain has begun */
 
 /* The work queue: requests suspended by the event threads, FIFO, taken by
  * the workers. 'closing': answer what is still queued with 503 at once. */
@@ -206,6 +209,22 @@ const char *http_header(http_req *r, const char *name)
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
 }
 
+int http_draining(void)
+{
+    return atomic_load_explicit(&draining, memory_order_relaxed);
+}
+
+/* While draining, every answer asks its client to close the connection
+ * after it: each open connection then carries at most one more request.
+ * Called where an answer is handed to libmicrohttpd (an answer made before
+ * the drain began gets it too). */
+static void close_if_draining(struct MHD_Response *resp)
+{
+    if (http_draining() &&
+        MHD_get_response_header(resp, MHD_HTTP_HEADER_CONNECTION) == NULL)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+}
+
 /* Makes the answer 'resp' (NULL: none could be built: the connection
  * closes): straight to libmicrohttpd on the event thread, else kept for the
  * event thread; a handed-off request goes back to it at once. */
@@ -229,6 +248,8 @@ static http_outcome answer(http_req *r, int status, struct MHD_Response *resp,
     was = move(r, ANSWERABLE, HTTP_ST_ANSWERED, ANSWER);
     if (was == HTTP_ST_READING) {
         /* On the event thread, inside libmicrohttpd's callback. */
+        if (resp != NULL)
+            close_if_draining(resp);
         if (resp == NULL || MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
             r->close = 1;
         if (resp != NULL)
@@ -269,7 +290,7 @@ http_outcome http_send_json(http_req *r, int status, cJSON *body)
 }
 
 static http_outcome send_error_with(http_req *r, api_err e, const char *message,
-                                    const char *allow)
+                                    const char *hdr_name, const char *hdr_value)
 {
     struct MHD_Response *resp = NULL;
     cJSON *o;
@@ -286,15 +307,21 @@ static http_outcome send_error_with(http_req *r, api_err e, const char *message,
         if (resp == NULL)
             free(text);
     }
-    if (resp != NULL && allow != NULL)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    if (resp != NULL && hdr_name != NULL)
+        MHD_add_response_header(resp, hdr_name, hdr_value);
     r->err = e;
     return answer(r, api_err_status(e), resp, "application/json");
 }
 
 http_outcome http_send_error(http_req *r, api_err e, const char *message)
 {
-    return send_error_with(r, e, message, NULL);
+    return send_error_with(r, e, message, NULL, NULL);
+}
+
+http_outcome http_send_error_header(http_req *r, api_err e, const char *message,
+                                    const char *name, const char *value)
+{
+    return send_error_with(r, e, message, name, value);
 }
 
 /* Matches 'path' against 'pattern' segment by segment; '*' takes one segment
@@ -513,6 +540,7 @@ static enum MHD_Result resumed(http_req *r)
     move(r, BIT(HTTP_ST_RESUMED), HTTP_ST_SENT, "send");
     r->held = NULL;
     if (resp != NULL) {
+        close_if_draining(resp);
         ret = MHD_queue_response(r->conn, (unsigned)r->status, resp);
         MHD_destroy_response(resp);
     }
@@ -561,7 +589,7 @@ static enum MHD_Result dispatch(http_req *r)
         http_send_error(r, API_NOT_FOUND, NULL);
     else {
         r->route = HTTP_ROUTE_METHOD - i;
-        send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, allow);
+        send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, MHD_HTTP_HEADER_ALLOW, allow);
     }
     return mhd_result(r);
 }
@@ -730,6 +758,19 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     atomic_fetch_sub(&in_flight, 1);
 }
 
+/* Counts open connections, for the drain. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)cls;
+    (void)conn;
+    (void)socket_ctx;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
+        atomic_fetch_add(&open_conns, 1);
+    else if (toe == MHD_CONNECTION_NOTIFY_CLOSED)
+        atomic_fetch_sub(&open_conns, 1);
+}
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
@@ -806,6 +847,7 @@ int http_start(const http_route *routes, size_t nroutes)
         MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
         MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
         MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL,
         MHD_OPTION_END);
     if (daemon_handle == NULL) {
@@ -816,27 +858,51 @@ int http_start(const http_route *routes, size_t nroutes)
     return 0;
 }
 
-void http_stop(int grace_ms)
+/* Sleeps in 10 ms steps while *counter > 0, until 'deadline' (monotonic
+ * microseconds); returns what is left. */
+static int wait_zero(_Atomic int *counter, int64_t deadline)
 {
-    int64_t deadline;
     struct timespec tick = { 0, 10 * 1000 * 1000 };
 
-    if (daemon_handle == NULL)
-        return;
-    /* Stop accepting; requests already read keep running until answered. */
-    MHD_quiesce_daemon(daemon_handle);
-    deadline = util_mono_us() + (int64_t)grace_ms * 1000;
-    while (atomic_load(&in_flight) > 0 && util_mono_us() < deadline)
+    while (atomic_load(counter) > 0 && util_mono_us() < deadline)
         nanosleep(&tick, NULL);
-    if (atomic_load(&in_flight) > 0)
-        log_warn("shutdown: %d requests still open after %d ms", atomic_load(&in_flight), grace_ms);
+    return atomic_load(counter);
+}
+
+void http_drain(int drain_ms, int grace_ms)
+{
+    MHD_socket listener;
+    int left;
+
+    if (daemon_handle == NULL || http_draining())
+        return;
+    atomic_store(&draining, 1);
+    /* Stop accepting: the listening socket is closed, not just left
+     * unread, so that a connection attempt is refused at once instead of
+     * waiting in the backlog until the process exits. */
+    listener = MHD_quiesce_daemon(daemon_handle);
+    if (listener != MHD_INVALID_SOCKET)
+        close(listener);
+    left = wait_zero(&open_conns, util_mono_us() + (int64_t)drain_ms * 1000);
+    if (left > 0)
+        log_info("shutdown: %d connections still open after %d ms: closing them once the "
+                 "requests in flight are answered", left, drain_ms);
+    /* Requests already read keep running until answered. */
+    left = wait_zero(&in_flight, util_mono_us() + (int64_t)grace_ms * 1000);
+    if (left > 0)
+        log_warn("shutdown: %d requests still open after %d ms", left, grace_ms);
     /* libmicrohttpd refuses to stop with a connection still suspended: every
      * queued request is answered (503) and resumed before it is asked to. */
     workers_stop();
-    /* The answers the workers made last are sent by the event threads. */
-    deadline = util_mono_us() + 1000 * 1000;
-    while (atomic_load(&in_flight) > 0 && util_mono_us() < deadline)
-        nanosleep(&tick, NULL);
+}
+
+void http_stop(void)
+{
+    if (daemon_handle == NULL)
+        return;
+    workers_stop();                          /* when http_drain was not called */
+    /* The answers made last are sent by the event threads. */
+    wait_zero(&in_flight, util_mono_us() + 1000 * 1000);
     MHD_stop_daemon(daemon_handle);
     daemon_handle = NULL;
 }

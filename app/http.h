@@ -96,10 +96,26 @@ int http_route_find(const http_route *routes, size_t n, const char *method, cons
  * (borrowed for the daemon's lifetime). Returns 0 or -1. */
 int http_start(const http_route *routes, size_t nroutes);
 
-/* Stops accepting, lets requests in flight finish (up to 'grace_ms'; those
- * still queued for a worker then get 503), joins the workers, then closes
- * every connection. */
-void http_stop(int grace_ms);
+/* The first half of a shutdown: the drain. At once: http_draining() turns
+ * 1, every answer carries "Connection: close", and the listening socket is
+ * closed (a new connection is refused, so a proxy sends that request
+ * elsewhere: it was never sent here). Then it serves what comes on the open
+ * connections until their clients have closed them all, 'drain_ms' at most:
+ * closing a keep-alive connection from this side could cut a request the
+ * proxy is sending at that moment, which it must not resend if it is a
+ * POST. Then it lets requests in flight finish ('grace_ms' at most; those
+ * still queued for a worker then get 503) and joins the workers. From then
+ * on http_park refuses. */
+void http_drain(int drain_ms, int grace_ms);
+
+/* The second half, once every request parked by a fast handler has been
+ * answered (libmicrohttpd cannot stop with a connection suspended): sends
+ * the last answers and closes every connection. */
+void http_stop(void);
+
+/* 1 once http_drain has begun: the instance is going away (GET /ready
+ * answers 503). */
+int http_draining(void);
 
 /* Handing a request to another thread. From then on the holder answers it
  * with exactly one http_send_* call, and that call gives the request back
@@ -154,5 +170,9 @@ http_outcome http_send_text(http_req *r, int status, const char *content_type, c
 /* Sends {"error":code,"message":...} with the code's status ('message' NULL:
  * the default text). Adds Retry-After to 503. */
 http_outcome http_send_error(http_req *r, api_err e, const char *message);
+
+/* The same with one more response header 'name: value' (both borrowed). */
+http_outcome http_send_error_header(http_req *r, api_err e, const char *message,
+                                    const char *name, const char *value);
 
 #endif

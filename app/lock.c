@@ -39,6 +39,10 @@ static _Atomic(lock_hook_fn) test_hook;
  * deadlines and how long a release's result stays readable. 0: unknown. */
 static _Atomic int command_timeout_ms;
 
+/* How long a token counter outlives the clock passing its last token (ms);
+ * 0: forever (lock_set_token_ttl). */
+static _Atomic long token_ttl_ms;
+
 static void count(atomic_uint_fast64_t *c)
 {
     atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
@@ -76,6 +80,7 @@ int lock_runtime_start(const lock_options *o)
         return -1;
     }
     atomic_store(&command_timeout_ms, o->command_timeout_ms > 0 ? o->command_timeout_ms : 0);
+    lock_set_token_ttl(o->token_ttl_ms);
     script_set_observer(o->observe);
     if (lockwait_start(o->connect) != 0)
         return -1;
@@ -84,6 +89,11 @@ int lock_runtime_start(const lock_options *o)
         return -1;
     }
     return 0;
+}
+
+void lock_set_token_ttl(long ms)
+{
+    atomic_store(&token_ttl_ms, ms > 0 ? ms : 0);
 }
 
 void lock_runtime_stop(void)
@@ -160,15 +170,18 @@ lock_status lock_acquire_send_within(redisContext *c, lock_acquire_op *op, const
     op->argv[1] = op->token_key;
     op->argv[2] = op->lease;
     op->argv[3] = owner;
-    op->argv[4] = op->deadline;
-    op->argc = 4;
+    op->argv[4] = "0";                       /* no deadline */
+    op->argv[5] = op->token_ttl;
+    op->argc = 6;
+    snprintf(op->token_ttl, sizeof op->token_ttl, "%ld",
+             atomic_load_explicit(&token_ttl_ms, memory_order_relaxed));
     /* The deadline makes a late execution (Redis stalled past our command
      * timeout, we answered 503 and moved on) refuse instead of granting a
      * hold nobody will release. A little slack absorbs clock differences. */
     if (timeout_ms > 0) {
         snprintf(op->deadline, sizeof op->deadline, "%lld",
                  (long long)(util_wall_ms() + timeout_ms + DEADLINE_SLACK_MS));
-        op->argc = 5;
+        op->argv[4] = op->deadline;
     }
     op->t0 = util_mono_us();
     if (script_append(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL) != 0) {
@@ -194,7 +207,8 @@ static redisReply *acquire_without_deadline(redisContext *c, lock_acquire_op *op
              "acquiring without a deadline", op->key,
              atomic_load_explicit(&command_timeout_ms, memory_order_relaxed) + DEADLINE_SLACK_MS);
     freeReplyObject(r);
-    return script_run(c, SCRIPT_LOCK_ACQUIRE, 2, 4, op->argv, NULL);
+    op->argv[4] = "0";
+    return script_run(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL);
 }
 
 /* Reads the attempt's outcome from its reply 'r' (taken; NULL: none came)

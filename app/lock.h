@@ -3,8 +3,13 @@
  * Layout: a hash at 'key' whose single field is the owner id
  * "<instance uuid>:<thread id>" and whose value is the hold count, with a
  * PEXPIRE lease. Release publishes "0" on "redisson_lock__channel:{<key>}".
- * Every grant also increments "redisson_lock_token:{<key>}" and returns it
- * as a fencing token (Redisson's RFencedLock semantics).
+ * Every grant also returns a fencing token kept in
+ * "redisson_lock_token:{<key>}" (Redisson's RFencedLock key): the greater
+ * of the counter + 1 and Redis's clock in microseconds, so that a counter
+ * lost or brought back lower (restart from an older snapshot, failover to
+ * a replica that lagged) still hands out tokens above every earlier one,
+ * unless Redis's clock stepped back by more than the time since. Unlike
+ * RFencedLock's, the counter may expire (lock_set_token_ttl).
  *
  * Lease: 'lease_ms' > 0 is a fixed lease, never renewed. LOCK_WATCHDOG (-1)
  * is watchdog mode: the lease is the watchdog timeout and the renewal
@@ -34,7 +39,7 @@ typedef enum lock_status {
 } lock_status;
 
 typedef struct lock_grant {
-    int64_t token;        /* fencing token, strictly increasing per key (LOCK_OK) */
+    int64_t token;        /* fencing token (LOCK_OK): strictly increasing per key, see above */
     int64_t ttl_ms;       /* holder's remaining lease (LOCK_BUSY), -1 if none */
 } lock_grant;
 
@@ -56,6 +61,8 @@ typedef struct lock_options {
     long watchdog_timeout_ms;
     /* Called after each Redis round trip of the library (may be NULL). */
     void (*observe)(int64_t latency_us, int ok);
+    /* lock_set_token_ttl's value (ms); 0: the counters never expire. */
+    long token_ttl_ms;
 } lock_options;
 
 /* Configures the library and starts the renewal thread (watchdog); the
@@ -64,6 +71,13 @@ typedef struct lock_options {
  * (logged). Without it the library still locks and releases on the
  * caller's connections, with no deadline, no renewal and no waiting. */
 int lock_runtime_start(const lock_options *o);
+
+/* How long a key's token counter lives after Redis's clock has passed its
+ * last token (ms); 0 (the default): it never expires, as Redisson's. Once
+ * it expired the next token is the clock again, above every earlier token
+ * as long as Redis's clock did not step back by more than 'ms' plus the
+ * time since that token. Set before other threads use the library. */
+void lock_set_token_ttl(long ms);
 
 /* Stops both threads. Idempotent. Watchdog-mode locks still held are no
  * longer renewed and expire within one watchdog timeout; a later wait
@@ -87,8 +101,8 @@ lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner
 typedef struct lock_acquire_op {
     const char *key, *owner;
     char *token_key;
-    char lease[24], deadline[24];
-    const char *argv[5];
+    char lease[24], deadline[24], token_ttl[24];
+    const char *argv[6];
     int argc, watchdog, sent;
     int64_t t0;
 } lock_acquire_op;

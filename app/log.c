@@ -43,9 +43,17 @@ int log_parse_level(const char *s, enum log_level *out)
     return -1;
 }
 
-/* A line being built; appends never run past the end (they truncate). */
+/* A line being built. Every variable field is written by add_field with a
+ * cap, and the caps add up to less than the buffer, so a line is always
+ * whole: its closing brace or its last field is never cut off. 'add' still
+ * refuses to run past the end, as a last guard. */
+#define LOG_LINE_MAX 4096
+#define LOG_MSG_MAX 2048     /* a message, escaped */
+#define LOG_PATH_MAX 1024    /* a request path, escaped */
+#define LOG_SHORT_MAX 128    /* method, instance, request id, error code */
+
 typedef struct line {
-    char b[2048];
+    char b[LOG_LINE_MAX];
     size_t n;
 } line;
 
@@ -65,18 +73,101 @@ static void add(line *l, const char *fmt, ...)
         l->n += (size_t)w < sizeof l->b - l->n ? (size_t)w : sizeof l->b - 1 - l->n;
 }
 
-/* Appends 's' as the inside of a JSON string. */
-static void add_json(line *l, const char *s)
+/* The length of the well-formed UTF-8 sequence at s (at most 'left' bytes;
+ * no overlongs, surrogates or values past U+10FFFF), or 0 when there is
+ * none: the byte is then escaped on its own. */
+static size_t utf8_len(const unsigned char *s, size_t left)
 {
-    for (; *s != '\0' && l->n < sizeof l->b - 8; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            add(l, "\\%c", c);
-        else if (c < 0x20)
-            add(l, "\\u%04x", c);
-        else
-            l->b[l->n++] = (char)c;
+    size_t n;
+    unsigned cp;
+
+    if (s[0] < 0x80)
+        return 1;
+    if (s[0] >= 0xc2 && s[0] <= 0xdf)
+        n = 2, cp = s[0] & 0x1fu;
+    else if (s[0] >= 0xe0 && s[0] <= 0xef)
+        n = 3, cp = s[0] & 0x0fu;
+    else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+        n = 4, cp = s[0] & 0x07u;
+    else
+        return 0;
+    if (n > left)
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3fu);
     }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return n;
+}
+
+/* One character of 's' (at most 'left' bytes) as it goes into a line: its
+ * bytes in 'out', the input bytes it took in *took. JSON escapes quotes,
+ * backslashes and control bytes and turns a byte that is not UTF-8 into
+ * U+FFFD; text escapes control bytes (a newline would start a line that is
+ * not one) and shows a byte that is not UTF-8 as \xNN. */
+static size_t encode_char(const char *s, size_t left, int json, char out[8], size_t *took)
+{
+    unsigned char c = (unsigned char)s[0];
+    size_t u = utf8_len((const unsigned char *)s, left);
+
+    *took = u ? u : 1;
+    if (u > 1) {
+        memcpy(out, s, u);
+        return u;
+    }
+    if (u == 0)
+        return json ? (size_t)snprintf(out, 8, "\\ufffd") : (size_t)snprintf(out, 8, "\\x%02x", c);
+    if (c == '\n' || c == '\t' || c == '\r')
+        return (size_t)snprintf(out, 8, "\\%c", c == '\n' ? 'n' : c == '\t' ? 't' : 'r');
+    if (c < 0x20 || c == 0x7f)
+        return json ? (size_t)snprintf(out, 8, "\\u%04x", c) : (size_t)snprintf(out, 8, "\\x%02x", c);
+    if (json && (c == '"' || c == '\\')) {
+        out[0] = '\\';
+        out[1] = (char)c;
+        return 2;
+    }
+    out[0] = (char)c;
+    return 1;
+}
+
+/* Appends 'len' bytes of 's' as a field of at most 'cap' bytes (JSON: the
+ * inside of a string). A field that does not fit is cut between two
+ * characters and ends with an ellipsis; so does one whose text was cut
+ * before it came here ('cut'). */
+#define ELLIPSIS "\xe2\x80\xa6"
+static void add_field(line *l, const char *s, size_t len, size_t cap, int json, int cut)
+{
+    char enc[8];
+    size_t total = 0, took, w, i;
+
+    for (i = 0; i < len && total <= cap; i += took)
+        total += encode_char(s + i, len - i, json, enc, &took);
+    cut = cut || total > cap;
+    if (cut)
+        cap -= sizeof ELLIPSIS - 1;
+    if (l->n + cap + sizeof ELLIPSIS >= sizeof l->b)
+        cap = 0;                               /* cannot happen with the caps above */
+    for (i = 0, total = 0; i < len; i += took) {
+        w = encode_char(s + i, len - i, json, enc, &took);
+        if (total + w > cap)
+            break;
+        memcpy(l->b + l->n, enc, w);
+        l->n += w;
+        total += w;
+    }
+    if (cut) {
+        memcpy(l->b + l->n, ELLIPSIS, sizeof ELLIPSIS - 1);
+        l->n += sizeof ELLIPSIS - 1;
+    }
+}
+
+static void add_str(line *l, const char *s, size_t cap, int json)
+{
+    add_field(l, s != NULL ? s : "", s != NULL ? strlen(s) : 0, cap, json, 0);
 }
 
 static void add_time(line *l)
@@ -93,8 +184,8 @@ static void add_time(line *l)
 /* One write(2) per line keeps lines whole across threads. */
 static void emit(line *l)
 {
-    if (l->n > sizeof l->b - 2)
-        l->n = sizeof l->b - 2;
+    if (l->n > sizeof l->b - 1)
+        l->n = sizeof l->b - 1;
     l->b[l->n++] = '\n';
     if (write(STDERR_FILENO, l->b, l->n) < 0)
         return;
@@ -102,24 +193,28 @@ static void emit(line *l)
 
 void log_msg(enum log_level lvl, const char *fmt, ...)
 {
-    char msg[1536];
+    char msg[LOG_MSG_MAX * 2];
     line l = { .n = 0 };
     va_list ap;
+    int w;
 
     if (!log_enabled(lvl))
         return;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    w = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (w < 0)
+        w = 0;
     if (log_json) {
         add(&l, "{\"ts\":\"");
         add_time(&l);
         add(&l, "\",\"level\":\"%s\",\"msg\":\"", level_names[lvl]);
-        add_json(&l, msg);
+        add_field(&l, msg, strlen(msg), LOG_MSG_MAX, 1, (size_t)w >= sizeof msg);
         add(&l, "\"}");
     } else {
         add_time(&l);
-        add(&l, " %-5s %s", level_names[lvl], msg);
+        add(&l, " %-5s ", level_names[lvl]);
+        add_field(&l, msg, strlen(msg), LOG_MSG_MAX, 0, (size_t)w >= sizeof msg);
     }
     emit(&l);
 }
@@ -132,10 +227,18 @@ void log_access(const log_access_line *a)
         return;
     if (!log_json) {
         add_time(&l);
-        add(&l, " info  access %s %s %d %.3fms %s rid=%s", a->method, a->path, a->status,
-            a->latency_ms, a->instance, a->request_id);
-        if (a->error != NULL)
-            add(&l, " %s", a->error);
+        add(&l, " info  access ");
+        add_str(&l, a->method, LOG_SHORT_MAX, 0);
+        add(&l, " ");
+        add_str(&l, a->path, LOG_PATH_MAX, 0);
+        add(&l, " %d %.3fms ", a->status, a->latency_ms);
+        add_str(&l, a->instance, LOG_SHORT_MAX, 0);
+        add(&l, " rid=");
+        add_str(&l, a->request_id, LOG_SHORT_MAX, 0);
+        if (a->error != NULL) {
+            add(&l, " ");
+            add_str(&l, a->error, LOG_SHORT_MAX, 0);
+        }
         if (a->order_id != 0)
             add(&l, " order=%lld user=%lld", (long long)a->order_id, (long long)a->user_id);
         emit(&l);
@@ -144,16 +247,19 @@ void log_access(const log_access_line *a)
     add(&l, "{\"ts\":\"");
     add_time(&l);
     add(&l, "\",\"level\":\"info\",\"msg\":\"access\",\"method\":\"");
-    add_json(&l, a->method);
+    add_str(&l, a->method, LOG_SHORT_MAX, 1);
     add(&l, "\",\"path\":\"");
-    add_json(&l, a->path);
+    add_str(&l, a->path, LOG_PATH_MAX, 1);
     add(&l, "\",\"status\":%d,\"latencyMs\":%.3f,\"instance\":\"", a->status, a->latency_ms);
-    add_json(&l, a->instance);
+    add_str(&l, a->instance, LOG_SHORT_MAX, 1);
     add(&l, "\",\"requestId\":\"");
-    add_json(&l, a->request_id);
+    add_str(&l, a->request_id, LOG_SHORT_MAX, 1);
     add(&l, "\"");
-    if (a->error != NULL)
-        add(&l, ",\"error\":\"%s\"", a->error);
+    if (a->error != NULL) {
+        add(&l, ",\"error\":\"");
+        add_str(&l, a->error, LOG_SHORT_MAX, 1);
+        add(&l, "\"");
+    }
     if (a->voucher_id != 0)
         add(&l, ",\"voucherId\":%lld", (long long)a->voucher_id);
     if (a->user_id != 0)

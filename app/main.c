@@ -5,6 +5,7 @@
 #include "bcast.h"
 #include "config.h"
 #include "conn.h"
+#include "fence.h"
 #include "handlers.h"
 #include "http.h"
 #include "lock.h"
@@ -15,6 +16,8 @@
 #include "store.h"
 #include "peers.h"
 #include "util.h"
+#include "stats.h"
+#include "ulock.h"
 #include "version.h"
 
 #include <pthread.h>
@@ -22,15 +25,34 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <microhttpd.h>
 
 #define SHUTDOWN_GRACE_MS 5000
+
+/* After the first SIGTERM or SIGINT: a second one ends the process at once,
+ * for a shutdown that is stuck (a request that does not finish). The
+ * signals stay blocked in every thread; this one takes them with sigwait. */
+static void *second_signal_main(void *arg)
+{
+    const sigset_t *sigs = arg;
+    int sig;
+
+    for (;;) {
+        if (sigwait(sigs, &sig) != 0 || sig == SIGHUP)
+            continue;
+        log_warn("second signal %d during the shutdown: exiting at once, requests in flight "
+                 "are cut short", sig);
+        _exit(128 + sig);
+    }
+    return NULL;
+}
 
 int main(int argc, char **argv)
 {
     char err[512];
     sigset_t sigs;
-    int sig, rc;
+    int sig, rc, drain_ms;
 
     /* --version needs no configuration: it answers even when the
      * environment holds something config_load would refuse. */
@@ -61,6 +83,15 @@ int main(int argc, char **argv)
     }
 
     conn_set_pg_init(store_prepare);
+    {
+        /* Every histogram has a bound at each timeout, so that calls cut by
+         * one are told from slow ones. */
+        const double timeouts[] = { g_cfg.redis_timeout_ms / 1000.0,
+                                    g_cfg.pg_statement_timeout_ms / 1000.0,
+                                    (double)g_cfg.pg_connect_timeout_s,
+                                    g_cfg.request_deadline_ms / 1000.0 };   /* 0: none */
+        rec_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
+    }
 
     /* Block the signals in every thread; main alone takes them with sigwait. */
     sigemptyset(&sigs);
@@ -81,6 +112,7 @@ int main(int argc, char **argv)
         .command_timeout_ms = g_cfg.redis_timeout_ms,
         .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
         .observe = rec_redis_call,
+        .token_ttl_ms = g_cfg.lock_token_ttl_ms,
     };
     if (lock_runtime_start(&lo) != 0) {
         log_error("cannot start the lock renewal thread");
@@ -90,8 +122,16 @@ int main(int argc, char **argv)
         log_error("cannot start the broadcast subscriber thread");
         goto out_lock;
     }
-    if (http_start(handlers_routes, handlers_route_count) != 0)
+    if (stats_start() != 0) {
+        log_error("cannot start the stats thread");
         goto out_bcast;
+    }
+    /* Only tokens that are clock readings have an age to sweep by. */
+    if (g_cfg.fence_horizon_ms > 0 && ulock_token_clock() &&
+        fence_start(g_cfg.fence_horizon_ms) != 0)
+        goto out_stats;
+    if (http_start(handlers_routes, handlers_route_count) != 0)
+        goto out_fence;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
@@ -108,9 +148,25 @@ int main(int argc, char **argv)
         if (sigwait(&sigs, &sig) != 0)
             sig = SIGTERM;
     } while (sig == SIGHUP);
-    log_info("signal %d: finishing requests in flight, then stopping", sig);
-    http_stop(SHUTDOWN_GRACE_MS);
+    {
+        pthread_t second;
+        if (pthread_create(&second, NULL, second_signal_main, &sigs) == 0)
+            pthread_detach(second);
+    }
+    /* SIGINT (Ctrl-C; a restart with no traffic to protect) does not wait
+     * for clients to close their idle connections. */
+    drain_ms = sig == SIGINT ? 0 : g_cfg.shutdown_drain_ms;
+    log_info("signal %d: draining (GET /ready answers 503, no new connections, open ones "
+             "closed by their clients within %d ms), finishing requests in flight, then "
+             "stopping; a second signal stops at once", sig, drain_ms);
+    http_drain(drain_ms, SHUTDOWN_GRACE_MS);
+    stats_stop();              /* answers what waits for a snapshot */
+    http_stop();
     rc = EXIT_SUCCESS;
+out_fence:
+    fence_stop();              /* a no-op when not started */
+out_stats:
+    stats_stop();              /* a no-op once stopped */
 out_bcast:
     bcast_stop();
 out_lock:

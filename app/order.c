@@ -72,6 +72,8 @@ static order_job *job_new(conn_set *cs, int64_t voucher_id, int64_t user_id,
     j->buyer.deadline_us = deadline_us;
     if (ulock_tokens())                      /* the write checks the grant's token */
         j->buyer.order.fence_key = j->hold.fence_key;
+    if (ulock_token_clock())                 /* ... and its age */
+        j->buyer.order.fence_horizon_ms = g_cfg.fence_horizon_ms;
     return j;
 }
 
@@ -177,8 +179,15 @@ static void learn(order_job *j, store_status st)
         break;
     case STORE_STALE_TOKEN:
         rec_note(REC_STALE_TOKEN);
-        log_warn("stale fencing token %" PRId64 " for %s: write refused", o->fence_token,
-                 j->hold.key);
+        /* A clock token's age tells a paused holder (seconds) from clocks
+         * apart (Redis's behind Postgres's: every write refused). */
+        if (o->fence_horizon_ms > 0)
+            log_warn("stale fencing token %" PRId64 " for %s: write refused (token %.3f s old "
+                     "by this instance's clock, horizon %ld ms)", o->fence_token, j->hold.key,
+                     (double)(util_wall_ms() * 1000 - o->fence_token) / 1e6, o->fence_horizon_ms);
+        else
+            log_warn("stale fencing token %" PRId64 " for %s: write refused", o->fence_token,
+                     j->hold.key);
         j->message = "the order lock expired before the write (stale fencing token)";
         break;
     case STORE_UNAVAILABLE:

@@ -14,7 +14,7 @@
 
 static int64_t started_at;
 
-static cJSON *instance_json(void)
+cJSON *peers_self_json(void)
 {
     cJSON *o = cJSON_CreateObject();
     char ts[32];
@@ -28,8 +28,7 @@ static cJSON *instance_json(void)
     return o;
 }
 
-/* Adds every number of 'src' into 'dst', recursively, creating as needed. */
-static void sum_into(cJSON *dst, const cJSON *src)
+void peers_sum(cJSON *dst, const cJSON *src)
 {
     const cJSON *it;
 
@@ -44,23 +43,27 @@ static void sum_into(cJSON *dst, const cJSON *src)
             if (d == NULL)
                 d = cJSON_AddObjectToObject(dst, it->string);
             if (cJSON_IsObject(d))
-                sum_into(d, it);
+                peers_sum(d, it);
         }
     }
 }
 
-int peers_json(redisContext *c, cJSON *instances, cJSON *cluster)
+void peers_cluster_tidy(cJSON *cluster)
+{
+    cJSON *lock = cJSON_GetObjectItemCaseSensitive(cluster, "lock");
+
+    cJSON_DeleteItemFromObjectCaseSensitive(cluster, "port");
+    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMeanMs");
+    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMaxMs");
+}
+
+int peers_others_json(redisContext *c, cJSON *others)
 {
     redisReply *ids = NULL, *vals = NULL;
     const char **argv = NULL;
     size_t *lens = NULL;
     char **keys = NULL;
-    cJSON *self = instance_json();
     int rc = -1;
-
-    cJSON_AddItemToArray(instances, self);
-    sum_into(cluster, self);
-    cJSON_AddBoolToObject(self, "self", 1);
 
     ids = redisCommand(c, "ZRANGEBYSCORE %s %lld +inf", PEERS_INSTANCES_KEY,
                        (long long)(util_wall_ms() - PEERS_LIVE_MS));
@@ -93,10 +96,8 @@ int peers_json(redisContext *c, cJSON *instances, cJSON *cluster)
         if (v->type != REDIS_REPLY_STRING || strcmp(ids->element[i]->str, g_cfg.instance_id) == 0)
             continue;                          /* expired meanwhile, or ourselves */
         cJSON *o = cJSON_ParseWithLength(v->str, v->len);
-        if (o == NULL)
-            continue;
-        cJSON_AddItemToArray(instances, o);
-        sum_into(cluster, o);
+        if (o != NULL)
+            cJSON_AddItemToArray(others, o);
     }
     rc = 0;
 cleanup:
@@ -110,11 +111,6 @@ cleanup:
     free(lens);
     freeReplyObject(ids);
     freeReplyObject(vals);
-    /* Sums of instance metadata, means and maxima mean nothing: counters only. */
-    cJSON_DeleteItemFromObjectCaseSensitive(cluster, "port");
-    cJSON *lock = cJSON_GetObjectItemCaseSensitive(cluster, "lock");
-    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMeanMs");
-    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMaxMs");
     return rc;
 }
 
@@ -137,7 +133,7 @@ static void publish_once(redisContext **cp)
 
     if (*cp == NULL && (*cp = conn_redis_open(err, sizeof err)) == NULL)
         return;                                /* Redis down: try again next tick */
-    self = instance_json();
+    self = peers_self_json();
     text = cJSON_PrintUnformatted(self);
     cJSON_Delete(self);
     if (text == NULL)

@@ -1,6 +1,7 @@
 /* peers: the cluster view of GET /stats. A thread publishes this instance's
- * counters to Redis once a second; any instance reads every live one back,
- * so one GET /stats shows them all behind the same Redis. */
+ * counters to Redis once a second; any instance reads every live one back
+ * (stats.c, once per refresh), so one GET /stats shows them all behind the
+ * same Redis. */
 #ifndef SECKILL_PEERS_H
 #define SECKILL_PEERS_H
 
@@ -12,10 +13,19 @@
 #define PEERS_INSTANCE_PREFIX "seckill:instance:"
 #define PEERS_LIVE_MS 5000
 
-/* Appends one object per live instance (this one from memory, the others
- * from Redis) to 'instances' and the sums to 'cluster'. Returns 0, or -1 when
- * Redis failed (NULL reply: the context must be discarded). */
-int peers_json(redisContext *c, cJSON *instances, cJSON *cluster);
+/* This instance's entry of the view: its identity and counters, read now. */
+cJSON *peers_self_json(void);
+
+/* Appends the entry of every other live instance, as it last published
+ * itself, to the array 'others'. Returns 0, or -1 when Redis failed (a NULL
+ * reply: the context must be discarded). */
+int peers_others_json(redisContext *c, cJSON *others);
+
+/* Adds every number of 'instance' into 'cluster', recursively. */
+void peers_sum(cJSON *cluster, const cJSON *instance);
+
+/* Drops from a sum what means nothing summed: ports, means and maxima. */
+void peers_cluster_tidy(cJSON *cluster);
 
 /* Starts / stops the thread that publishes this instance's counters (on a
  * connection of its own). Stopping removes this instance from the view. */

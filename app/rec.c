@@ -3,16 +3,18 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
+#include <string.h>
 
-const double rec_bucket_s[REC_NBUCKETS] = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
-                                            0.005,  0.01,    0.025,  0.05,  0.1,
-                                            0.25,   0.5,     1,      2.5 };
+double rec_bucket_s[REC_MAX_BUCKETS] = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                         0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                         1,      2.5,     5,      10 };
+int rec_nbuckets = 16;
 
 const int rec_status[REC_NSTATUS] = { 200, 201, 400, 401, 403, 404, 405, 409,
                                       413, 414, 431, 500, 502, 503, 504 };
 
 typedef struct histogram {
-    _Atomic uint64_t bucket[REC_NBUCKETS + 1];
+    _Atomic uint64_t bucket[REC_MAX_BUCKETS + 1];
     _Atomic uint64_t sum_us;
 } histogram;
 
@@ -30,7 +32,7 @@ static void observe(histogram *h, int64_t us)
 
     if (us < 0)
         us = 0;
-    while (i < REC_NBUCKETS && (double)us > rec_bucket_s[i] * 1e6)
+    while (i < (size_t)rec_nbuckets && (double)us > rec_bucket_s[i] * 1e6)
         i++;
     atomic_fetch_add_explicit(&h->bucket[i], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&h->sum_us, (uint64_t)us, memory_order_relaxed);
@@ -38,9 +40,28 @@ static void observe(histogram *h, int64_t us)
 
 static void snapshot(const histogram *h, rec_histogram *out)
 {
-    for (size_t i = 0; i <= REC_NBUCKETS; i++)
+    for (size_t i = 0; i <= (size_t)rec_nbuckets; i++)
         out->bucket[i] = atomic_load_explicit(&h->bucket[i], memory_order_relaxed);
     out->sum_us = atomic_load_explicit(&h->sum_us, memory_order_relaxed);
+}
+
+void rec_set_buckets(const double *extra, int n)
+{
+    for (int e = 0; e < n; e++) {
+        double b = extra[e];
+        int i = 0;
+
+        if (!(b > 0) || rec_nbuckets >= REC_MAX_BUCKETS)
+            continue;
+        while (i < rec_nbuckets && rec_bucket_s[i] < b * (1 - 1e-9))
+            i++;
+        if (i < rec_nbuckets && rec_bucket_s[i] <= b * (1 + 1e-9))
+            continue;                          /* already a bound */
+        memmove(&rec_bucket_s[i + 1], &rec_bucket_s[i],
+                (size_t)(rec_nbuckets - i) * sizeof rec_bucket_s[0]);
+        rec_bucket_s[i] = b;
+        rec_nbuckets++;
+    }
 }
 
 static int route_slot(int route)
@@ -77,8 +98,13 @@ void rec_redis_call(int64_t latency_us, int ok)
 
 void rec_note(enum rec_event ev)
 {
+    rec_add(ev, 1);
+}
+
+void rec_add(enum rec_event ev, uint64_t n)
+{
     if ((unsigned)ev < REC_EVENT_COUNT)
-        atomic_fetch_add_explicit(&events[ev], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&events[ev], n, memory_order_relaxed);
 }
 
 void rec_batch(int buyers)

@@ -35,34 +35,45 @@ void rec_backend(enum rec_backend b, int64_t latency_us, int ok);
 void rec_redis_call(int64_t latency_us, int ok);
 
 /* Events counted by the service outside the lock library: the demo
- * ladder's locks, and order writes refused for a stale fencing token. */
+ * ladder's locks, order writes refused for a stale fencing token, and
+ * fence rows deleted by the sweep. */
 enum rec_event {
     REC_DEMO_LOCK_ACQUIRED,
     REC_DEMO_LOCK_CONTENDED,
     REC_DEMO_LOCK_RELEASED,
     REC_DEMO_LOCK_NOT_OWNER,
     REC_STALE_TOKEN,
+    REC_FENCE_SWEPT,
     REC_EVENT_COUNT
 };
 
 void rec_note(enum rec_event ev);
+void rec_add(enum rec_event ev, uint64_t n);
 
 /* Group commit ("batched"): one settled batch of 'buyers'. */
 void rec_batch(int buyers);
 
 /*---- reading: for the exposition only ----*/
 
-/* Histogram bucket bounds in seconds, the same for every histogram; one
+/* Histogram bucket bounds in seconds, the same for every histogram, in
+ * increasing order: 0.1 ms to 10 s, and whatever rec_set_buckets added; one
  * more bucket counts what lies above the last bound. */
-#define REC_NBUCKETS 14
-extern const double rec_bucket_s[REC_NBUCKETS];
+#define REC_MAX_BUCKETS 24
+extern double rec_bucket_s[REC_MAX_BUCKETS];
+extern int rec_nbuckets;
+
+/* Adds 'n' bounds (seconds; the configured timeouts, so that a call cut by
+ * its timeout shows as such) to the standard ones, keeping them sorted and
+ * distinct (past REC_MAX_BUCKETS, the rest is left out). Once, at start,
+ * before any thread records. */
+void rec_set_buckets(const double *extra, int n);
 
 /* Statuses counted apart, in this order; slot REC_NSTATUS: any other. */
 #define REC_NSTATUS 15
 extern const int rec_status[REC_NSTATUS];
 
 typedef struct rec_histogram {
-    uint64_t bucket[REC_NBUCKETS + 1];   /* not cumulative */
+    uint64_t bucket[REC_MAX_BUCKETS + 1];   /* not cumulative; rec_nbuckets + 1 used */
     uint64_t sum_us;
 } rec_histogram;
 

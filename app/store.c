@@ -27,6 +27,15 @@ typedef struct statement {
 #define SALE_LATE "(end_time < statement_timestamp())"
 #define SALE_OPEN "begin_time <= statement_timestamp() AND statement_timestamp() <= end_time"
 
+/* Fencing tokens are microseconds of the lock service's clock
+ * (lua/lock_acquire.lua). A token is fresh while the fence horizon (ms; 0:
+ * none) has not passed since, by Postgres's clock; an older one is refused
+ * like a stale one, so that a row the sweep forgot (fence_sweep: older
+ * than two horizons) cannot let its stale holder in. */
+#define NOW_US "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint"
+#define TOKEN_FRESH(token, horizon) \
+    "(" horizon " = 0 OR " token " >= " NOW_US " - " horizon " * 1000)"
+
 /* One statement per operation keeps each call to one round trip. */
 static const statement statements[] = {
     { "voucher_get", 1,
@@ -97,8 +106,9 @@ static const statement statements[] = {
     /* The fence row, advanced by a statement of its own (locked until the
      * commit): before order_create, and first in the step-by-step
      * transaction (store_order_steps), whose other statements follow. */
-    { "fence_advance", 2,
-      "INSERT INTO tb_lock_fence (lock_key, token) VALUES ($1, $2)"
+    { "fence_advance", 3,
+      "INSERT INTO tb_lock_fence (lock_key, token) SELECT $1::text, $2::bigint"
+      "     WHERE " TOKEN_FRESH("$2::bigint", "$3::bigint")
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
       "     WHERE tb_lock_fence.token <= EXCLUDED.token RETURNING 1" },
     /* The step-by-step transaction's duplicate check and sale window (no
@@ -120,10 +130,10 @@ static const statement statements[] = {
      * its orders, in one transaction and one round trip, for the same
      * reason as fence_advance before order_create. Keys in order, so that
      * two batches lock shared rows in the same order. */
-    { "fence_batch", 2,
+    { "fence_batch", 3,
       "INSERT INTO tb_lock_fence (lock_key, token)"
       "SELECT k, t FROM unnest($1::text[], $2::bigint[]) AS r(k, t)"
-      " WHERE k IS NOT NULL ORDER BY k"
+      " WHERE k IS NOT NULL AND " TOKEN_FRESH("t", "$3::bigint") " ORDER BY k"
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
       "     WHERE tb_lock_fence.token <= EXCLUDED.token" },
 
@@ -163,6 +173,22 @@ static const statement statements[] = {
       "    ELSE 'x' END"
       "  FROM req r ORDER BY r.n" },
 
+    /* One page of the fence sweep: the next $3 keys after $1, in key
+     * order (the primary key's index: each page is a short transaction,
+     * a pass costs one walk of the index); those whose token is more than
+     * two horizons ($2 ms) old are deleted. A row advanced meanwhile is
+     * re-checked on its new version and stays. */
+    { "fence_sweep", 3,
+      "WITH page AS ("
+      "    SELECT lock_key FROM tb_lock_fence WHERE lock_key > $1 ORDER BY lock_key LIMIT $3"
+      "), gone AS ("
+      "    DELETE FROM tb_lock_fence f USING page"
+      "     WHERE f.lock_key = page.lock_key AND f.token < " NOW_US " - $2::bigint * 2000"
+      "    RETURNING 1"
+      ")"
+      "SELECT (SELECT max(lock_key) FROM page), (SELECT count(*) FROM page),"
+      "       (SELECT count(*) FROM gone)" },
+
     { "voucher_create", 4,
       "INSERT INTO tb_voucher (title, stock, initial_stock, begin_time, end_time)"
       "VALUES ($1, $2, $2, to_timestamp($3), to_timestamp($4)) RETURNING voucher_id" },
@@ -182,7 +208,8 @@ static const statement statements[] = {
 
     { "stats_vouchers", 0,
       "SELECT v.voucher_id, v.title, v.initial_stock, v.stock,"
-      "       COALESCE(o.orders, 0), COALESCE(o.dup_users, 0)"
+      "       COALESCE(o.orders, 0), COALESCE(o.dup_users, 0),"
+      "       extract(epoch FROM v.begin_time)::bigint, extract(epoch FROM v.end_time)::bigint"
       "  FROM tb_voucher v LEFT JOIN ("
       "       SELECT voucher_id, sum(n) AS orders, count(*) FILTER (WHERE n > 1) AS dup_users"
       "         FROM (SELECT voucher_id, user_id, count(*) AS n FROM tb_voucher_order"
@@ -355,7 +382,7 @@ cleanup:
 
 /* The order statement's parameters, as text. */
 typedef struct order_params {
-    char v[24], u[24], id[24], tok[24];
+    char v[24], u[24], id[24], tok[24], horizon[24];
     const char *vals[6];
 } order_params;
 
@@ -371,6 +398,7 @@ static void order_params_fill(order_params *p, const store_order *o, int early)
     p->vals[3] = o->fence_key;
     p->vals[4] = o->fence_key ? p->tok : NULL;
     p->vals[5] = early ? "true" : "false";
+    snprintf(p->horizon, sizeof p->horizon, "%ld", o->fence_horizon_ms);
 }
 
 /* The order statement's answer (does not free 'res'). */
@@ -455,9 +483,9 @@ static int leave_pipeline(PGconn *pg)
  * both. 1, or 0 when sending failed. */
 static int send_order(PGconn *pg, const order_params *p)
 {
-    const char *const fence[2] = { p->vals[3], p->vals[4] };
+    const char *const fence[3] = { p->vals[3], p->vals[4], p->horizon };
 
-    if (p->vals[3] != NULL && !PQsendQueryPrepared(pg, "fence_advance", 2, fence, NULL, NULL, 0))
+    if (p->vals[3] != NULL && !PQsendQueryPrepared(pg, "fence_advance", 3, fence, NULL, NULL, 0))
         return 0;
     return PQsendQueryPrepared(pg, "order_create", 6, p->vals, NULL, NULL, 0) &&
            PQpipelineSync(pg);
@@ -606,8 +634,9 @@ static store_status order_check(PGconn *pg, const char *const *vu)
 store_status store_order_steps(PGconn *pg, const store_order *o, const store_stock_step *stock,
                                int delay_ms)
 {
-    char v[24], u[24], id[24], tok[24];
-    const char *vu[2] = { v, u }, *fence[2] = { o->fence_key, tok }, *ins[3] = { id, u, v };
+    char v[24], u[24], id[24], tok[24], horizon[24];
+    const char *vu[2] = { v, u }, *fence[3] = { o->fence_key, tok, horizon };
+    const char *ins[3] = { id, u, v };
     int64_t seen = 0;
     int rows = 0, open = 0;
     store_status st;
@@ -616,12 +645,13 @@ store_status store_order_steps(PGconn *pg, const store_order *o, const store_sto
     snprintf(u, sizeof u, "%" PRId64, o->user_id);
     snprintf(id, sizeof id, "%" PRId64, o->order_id);
     snprintf(tok, sizeof tok, "%" PRId64, o->fence_token);
+    snprintf(horizon, sizeof horizon, "%ld", o->fence_horizon_ms);
 
     if ((st = simple(pg, "BEGIN")) != STORE_OK)
         goto cleanup;
     open = 1;
     if (o->fence_key != NULL) {
-        if ((st = step(pg, "fence_advance", 2, fence, &rows, NULL)) != STORE_OK)
+        if ((st = step(pg, "fence_advance", 3, fence, &rows, NULL)) != STORE_OK)
             goto cleanup;
         if (rows == 0) {
             st = STORE_STALE_TOKEN;
@@ -764,13 +794,15 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
     char v[24];
     char *ids = array_text(n, orders, 0), *users = array_text(n, orders, 1);
     char *keys = array_text(n, orders, 2), *tokens = array_text(n, orders, 3);
-    const char *vals[5] = { v, ids, users, keys, tokens };
+    char horizon[24];
+    const char *vals[6] = { v, ids, users, keys, tokens, horizon };
     store_status st;
     PGresult *res = NULL;
     int fenced = 0, synced = 0;
     int64_t t0 = util_mono_us();
 
     snprintf(v, sizeof v, "%" PRId64, n > 0 ? orders[0].voucher_id : 0);
+    snprintf(horizon, sizeof horizon, "%ld", n > 0 ? orders[0].fence_horizon_ms : 0L);
     for (size_t i = 0; i < n && !fenced; i++)
         fenced = orders[i].fence_key != NULL;
     /* fence_batch, then order_batch, one transaction, one round trip. */
@@ -778,7 +810,7 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
         st = result_error(pg, NULL, "order_batch (pipeline)");
         goto cleanup;
     }
-    if ((!fenced || PQsendQueryPrepared(pg, "fence_batch", 2, &vals[3], NULL, NULL, 0)) &&
+    if ((!fenced || PQsendQueryPrepared(pg, "fence_batch", 3, &vals[3], NULL, NULL, 0)) &&
         PQsendQueryPrepared(pg, "order_batch", 5, vals, NULL, NULL, 0) && PQpipelineSync(pg))
         res = segment_read(pg, &synced);
     rec_backend(REC_PG, util_mono_us() - t0, synced);
@@ -816,6 +848,33 @@ cleanup:
     free(users);
     free(keys);
     free(tokens);
+    return st;
+}
+
+store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *after, int page,
+                               store_sweep_page *out)
+{
+    char h[24], n[24];
+    const char *vals[3] = { after, h, n };
+    store_status st;
+    PGresult *res;
+
+    snprintf(h, sizeof h, "%ld", horizon_ms);
+    snprintf(n, sizeof n, "%d", page);
+    res = exec(pg, "fence_sweep", 3, vals);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+        st = result_error(pg, res, "fence_sweep");
+        goto cleanup;
+    }
+    snprintf(out->last, sizeof out->last, "%s", PQgetvalue(res, 0, 0));
+    out->scanned = get_i64(res, 0, 1);
+    out->deleted = get_i64(res, 0, 2);
+    /* A key too long for 'last' cannot be resumed after: end the pass. */
+    if (strlen(PQgetvalue(res, 0, 0)) >= sizeof out->last)
+        out->scanned = 0;
+    st = STORE_OK;
+cleanup:
+    PQclear(res);
     return st;
 }
 
@@ -878,6 +937,7 @@ store_status store_stats(PGconn *pg, cJSON *out)
         int64_t initial = get_i64(res, i, 2), stock = get_i64(res, i, 3);
         int64_t orders = get_i64(res, i, 4), dups = get_i64(res, i, 5);
         cJSON *v = cJSON_CreateObject();
+        char ts[32];
 
         if (v == NULL) {
             st = STORE_UNAVAILABLE;
@@ -893,6 +953,10 @@ store_status store_stats(PGconn *pg, cJSON *out)
         cJSON_AddNumberToObject(v, "oversold", (double)(orders > initial ? orders - initial : 0));
         cJSON_AddNumberToObject(v, "duplicateUsers", (double)dups);
         cJSON_AddNumberToObject(v, "stockDrift", (double)((initial - stock) - orders));
+        util_format_iso8601(get_i64(res, i, 6), ts, sizeof ts);
+        cJSON_AddStringToObject(v, "beginTime", ts);
+        util_format_iso8601(get_i64(res, i, 7), ts, sizeof ts);
+        cJSON_AddStringToObject(v, "endTime", ts);
     }
     st = STORE_OK;
 cleanup:

@@ -51,6 +51,10 @@ typedef struct store_order {
     int64_t user_id;
     const char *fence_key;    /* lock key whose token guards the write; NULL: none */
     int64_t fence_token;
+    /* Tokens older than this (ms, by Postgres's clock; they are
+     * microseconds of the lock service's clock) are refused as stale;
+     * 0: no horizon (tokens that are not clock readings). */
+    long fence_horizon_ms;
 } store_order;
 
 /* The whole order in one transaction and one round trip (pipelined): the
@@ -126,6 +130,21 @@ store_status store_stock_cas(PGconn *pg, int64_t voucher_id, int64_t seen, int *
 store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
                                store_status *results);
 
+/* One page of the sweep of tb_lock_fence: looks at the 'page' keys after
+ * 'after' (in key order; "" for the first page) and deletes those whose
+ * token is more than 2 x 'horizon_ms' old by Postgres's clock. Safe while
+ * every writer refuses tokens older than one horizon (store_order's
+ * fence_horizon_ms): a forgotten row's stale holder is refused by age.
+ * Fills 'out': the last key looked at (resume after it), how many keys
+ * were looked at (fewer than 'page': the pass is over) and deleted. */
+typedef struct store_sweep_page {
+    char last[256];
+    int64_t scanned, deleted;
+} store_sweep_page;
+
+store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *after, int page,
+                               store_sweep_page *out);
+
 store_status store_voucher_create(PGconn *pg, const char *title, int64_t stock,
                                   int64_t begin_time, int64_t end_time, int64_t *voucher_id);
 
@@ -135,7 +154,8 @@ store_status store_voucher_reset(PGconn *pg, int64_t voucher_id, int64_t stock,
                                  int64_t begin_time, int64_t end_time);
 
 /* Appends one object per voucher to the JSON array 'out' (voucherId, title,
- * initialStock, stock, orders, oversold, duplicateUsers, stockDrift). */
+ * initialStock, stock, orders, oversold, duplicateUsers, stockDrift,
+ * beginTime, endTime): one pass over the order table. */
 store_status store_stats(PGconn *pg, cJSON *out);
 
 #endif

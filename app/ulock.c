@@ -49,6 +49,11 @@ int ulock_tokens(void)
     return be->tokens;
 }
 
+int ulock_token_clock(void)
+{
+    return be->tokens && be->token_clock;
+}
+
 int ulock_thread_bound(void)
 {
     return be->thread_bound;

@@ -82,6 +82,12 @@ typedef struct ulock_hold {
 typedef struct ulock_backend {
     const char *name;         /* its SECKILL_LOCK value */
     int tokens;               /* grants carry a fencing token, strictly increasing per key */
+    /* ... and each token is at least the lock service's clock at the
+     * grant, in Unix microseconds: the fence may then refuse tokens older
+     * than FENCE_HORIZON_MS and forget rows older than twice that. A
+     * backend whose tokens are plain counters (a ZooKeeper sequence
+     * number) leaves it 0: its writes have no horizon and nothing sweeps. */
+    int token_clock;
     int thread_bound;         /* a hold may be released only by the thread that took it */
     const char *unavailable;  /* the 503's message when its service fails */
     const char *fence_prefix; /* NULL or "" for Redis's tokens; "<name>:" for another
@@ -115,6 +121,7 @@ void ulock_stop(void);
 
 /* Properties of the strategy in force. */
 int ulock_tokens(void);
+int ulock_token_clock(void);
 int ulock_thread_bound(void);
 int ulock_batchable(void);
 const char *ulock_unavailable(void);

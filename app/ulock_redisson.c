@@ -294,6 +294,7 @@ static void release_many(conn_set *cs, ulock_hold *const *h, size_t n, unsigned 
 const ulock_backend ulock_reentrant = {
     .name = "reentrant",
     .tokens = 1,
+    .token_clock = 1,         /* lua/lock_acquire.lua: max(counter + 1, Redis's clock in us) */
     .unavailable = "redis unavailable, retry later",
     .acquire = acquire,
     .release = release,

@@ -1,6 +1,7 @@
 /* version: the build's version and the libraries'. */
 #include "version.h"
 
+#include <string.h>
 #include <cJSON.h>
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
@@ -15,6 +16,21 @@
 const char *version_string(void)
 {
     return SECKILL_VERSION;
+}
+
+void version_parts(char *version, size_t vn, char *revision, size_t rn)
+{
+    const char *s = SECKILL_VERSION, *git = strstr(s, " (git ");
+    size_t n = git != NULL ? (size_t)(git - s) : strlen(s);
+
+    snprintf(version, vn, "%.*s", (int)n, s);
+    if (git == NULL) {
+        snprintf(revision, rn, "%s", "");
+        return;
+    }
+    git += strlen(" (git ");
+    n = strcspn(git, ")");
+    snprintf(revision, rn, "%.*s", (int)n, git);
 }
 
 void version_print(FILE *out)

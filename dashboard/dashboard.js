@@ -5,13 +5,18 @@
 //   vouchers[]             stock, orders, oversold, duplicateUsers, stockDrift
 //                          per voucher, read from Postgres on every call;
 //   instances[].requests   each live instance's counters (total, byStatus,
-//                          byError), published to Redis once a second.
+//                          byError), published to Redis once a second;
+//   GET /stats/edge        nginx's own: the sold-out answers it gave without
+//                          an instance (the sold-out edge), in the same shape,
+//                          shown as one more row, "nginx-edge" (absent when
+//                          nginx runs without the edge: then ignored).
 // Rates are deltas between polls: orders/s from the vouchers' order counts,
-// rejections/s by reason from the instances' byError counters.
+// rejections/s by reason from the instances' (and nginx's) byError counters.
 
 import { drawTimeChart, formatCount } from "./charts.js";
 
 const STATS_URL = "/stats";
+const EDGE_URL = "/stats/edge";
 const POLL_MS = 1000;
 const FETCH_TIMEOUT_MS = 2500;
 const WINDOW_MS = 120 * 1000;       // what the charts show at most
@@ -145,11 +150,27 @@ async function fetchStats() {
   }
 }
 
+// nginx's counters of the sold-out edge, or null (no edge, or no answer).
+async function fetchEdge() {
+  const ctrl = new AbortController();
+  const timer = setTimeout(() => ctrl.abort(), FETCH_TIMEOUT_MS);
+  try {
+    const r = await fetch(EDGE_URL, { cache: "no-store", signal: ctrl.signal, headers: { Accept: "application/json" } });
+    if (!r.ok) return null;
+    const e = await r.json();
+    return e && e.edge === true && e.requests ? e : null;
+  } catch (_) {
+    return null;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 async function pollLoop() {
   const started = performance.now();
   try {
-    const stats = await fetchStats();
-    ingest(stats, Date.now());
+    const [stats, edge] = await Promise.all([fetchStats(), fetchEdge()]);
+    ingest(stats, Date.now(), edge);
     state.lastOk = Date.now();
     state.failures = 0;
     render(stats);
@@ -165,7 +186,7 @@ async function pollLoop() {
 
 // ------------------------------------------------------------------ ingest
 
-function ingest(stats, now) {
+function ingest(stats, now, edge) {
   const cum = state.cum;
 
   // Instances: what each one's counters grew by. /stats shows the answering
@@ -176,6 +197,8 @@ function ingest(stats, now) {
   // with a new one and counts from zero), which counts every request once.
   let list = Array.isArray(stats.instances) ? stats.instances : [];
   if (!list.length && stats.requests) list = [{ instance: stats.instance, requests: stats.requests, self: true }];
+  // The answers nginx gave by itself count like an instance's.
+  if (edge) list = [...list, edge];
   const seen = new Set();
   for (const inst of list) {
     const name = String(inst.instance || "?");
@@ -216,7 +239,7 @@ function ingest(stats, now) {
       .reduce((a, [, n]) => a + num(n), 0);
     Object.assign(info, {
       lastSeen: now, alive: true, port: inst.port, total: high.total, errors,
-      self: !!inst.self, startedAt: inst.startedAt || "",
+      self: !!inst.self, startedAt: inst.startedAt || "", edge: inst.edge === true,
     });
   }
   for (const [name, info] of state.instances) {
@@ -424,8 +447,11 @@ function renderInstances() {
       el("td", { class: "num", "data-field": "errors", text: formatCount(info.errors || 0) }),
       el("td", {}, el("span", { class: `pill ${info.alive ? "ok" : "bad"}`, text: info.alive ? "live" : "gone" })));
   }));
-  const live = names.filter((n) => state.instances.get(n).alive).length;
-  $("#inst-summary").textContent = `${live} live${names.length > live ? `, ${names.length - live} gone` : ""}`;
+  const apps = names.filter((n) => !state.instances.get(n).edge);
+  const live = apps.filter((n) => state.instances.get(n).alive).length;
+  const edge = names.some((n) => state.instances.get(n).edge && state.instances.get(n).alive);
+  $("#inst-summary").textContent = `${live} live${apps.length > live ? `, ${apps.length - live} gone` : ""}`
+    + (edge ? " + nginx's sold-out edge" : "");
 }
 
 function voucherState(rec) {

@@ -24,8 +24,9 @@ Environment (all optional):
                    (default optimistic)
   AB_MODE          sale (default), or soldout: make bench's sold-out run instead
                    of a sale (req/s, CPU ms per request, p99, and the p99 and steal
-                   of its paced run at 20 ms per connection), after which the
-                   instances have served a sold-out voucher from memory
+                   of its run paced to half its rate), with the stack's nginx
+                   started without the sold-out edge (NGINX_EDGE=off) so that the
+                   requests reach the instances whose settings are compared
   AB_JSON          results file (default <repo>/build/bench-ab.json)
   BENCH_RUN_DIR    the stack's run directory (default <repo>/build/bench-ab-run)
 An invariant violation makes it exit 1.
@@ -91,6 +92,8 @@ def main():
     def rounds_of_settings():
         os.makedirs(b.run_dir, exist_ok=True)
         b.tmp = bench.tempfile.mkdtemp(prefix="bench-ab.", dir=b.run_dir)
+        if mode == "soldout":
+            b.stack.set({"NGINX_EDGE": "off"})     # the instances answer, not nginx
         b.stack.start(fresh=True)
         for r in range(1, rounds + 1):
             for text, s in zip(args, settings):
@@ -104,8 +107,8 @@ def main():
                            if isinstance(v, (int, float)) and k not in ("busyPct", "wallSeconds",
                                                                          "machineBusy", "stealPct")}
                     runs[text].append({"ordersPerSec": w["rps"], "cpuMsPerOrder": cpu,
-                                       "p99Ms": w["p99Ms"], "pacedP99Ms": w["paced"]["p99Ms"],
-                                       "pacedStealPct": w["paced"]["stealPct"]})
+                                       "p99Ms": w["p99Ms"], "pacedP99Ms": w["pacedHalf"]["p99Ms"],
+                                       "pacedStealPct": w["pacedHalf"]["stealPct"]})
                     continue
                 res = b.sale(f"round {r}, {text}", conns, seconds)
                 cpu = res["cpuMsPerOrder"] or {}

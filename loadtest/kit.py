@@ -8,7 +8,8 @@ One module, in sections, each the only copy of what it does:
                proc_status() / pid_alive() / wait_gone() from /proc, stop_pid(),
                with_settings() (an environment), write_atomic() (a file)
   the stack    Stack: scripts/stack.sh in a RUN_DIR of its own (start, stop,
-               restart-instances with other settings, its env file, PIDs);
+               restart-instances with other settings, rolling-restart, its env
+               file, PIDs);
                start_nginx(): nginx/gen-conf.sh's configuration, nginx on it
   psql         psql() and psql_value(): SQL on stdin, rows of strings, a timeout
   HTTP         request() and Client: JSON requests with timeouts; call(): the
@@ -162,7 +163,7 @@ STACK_SCRUB = ("BASE_URL", "ADMIN_TOKEN", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_L
                "VOUCHER_ID", "INSTANCES", "NGINX_PORT", "APP_PORT_BASE", "PG_PORT",
                "REDIS_PORT", "EXTERNAL_PG_DSN", "EXTERNAL_REDIS_URL", "THREADS", "LOG_LEVEL",
                "DEMO_RANDOM_USER", "LOADTEST_OUT", "SECKILL_LOCK", "SECKILL_STOCK", "NGINX_ALLOW",
-               "RUN_DIR")
+               "NGINX_EDGE", "RUN_DIR")
 
 
 def stack_env(settings=None, scrub=()):
@@ -243,7 +244,7 @@ class Stack:
         if p.returncode != 0:
             tail = "" if self.log else ":\n" + p.stderr.strip()[-3000:]
             raise KitError(f"scripts/stack.sh {cmd} failed (exit {p.returncode}){tail}")
-        if cmd in ("start", "restart", "restart-instances"):
+        if cmd in ("start", "restart", "restart-instances", "rolling-restart"):
             self.started = True
             self.read_env()
         elif cmd == "stop":
@@ -263,6 +264,11 @@ class Stack:
         nginx and the ports stay."""
         self.set(settings or {})
         return self.command("restart-instances", timeout)
+
+    def rolling_restart(self, timeout=180):
+        """The instances one at a time (scripts/stack.sh rolling-restart):
+        each drains, starts again and is ready before the next one stops."""
+        return self.command("rolling-restart", timeout)
 
     def stop(self, timeout=120):
         return self.command("stop", timeout)
@@ -341,8 +347,10 @@ def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30)
     gen = [GEN_CONF, "--prefix", prefix, "--listen", f"127.0.0.1:{port}", "-o", conf]
     for u in upstreams:
         gen += ["--upstream", u]
-    # The caller's NGINX_ALLOW would change gen-conf.sh's default allow-list.
-    run(gen + list(gen_args), timeout, env=with_settings(os.environ, {"NGINX_ALLOW": None}))
+    # The caller's NGINX_ALLOW and NGINX_EDGE would change gen-conf.sh's
+    # defaults (the allow-list, the sold-out edge): gen_args say so instead.
+    run(gen + list(gen_args), timeout,
+        env=with_settings(os.environ, {"NGINX_ALLOW": None, "NGINX_EDGE": None}))
     if extra_conf:
         with open(conf) as f:
             text = f.read().rstrip()

@@ -7,6 +7,10 @@
 #                     service (sale, sold-out, storm, 60 s sale, batched),
 #                     print the table with ratios, write build/bench.json, stop
 #                     everything. Exit 1 on an invariant violation only.
+#   make bench-edge   the ways nginx can answer a sold-out crowd by itself
+#                     (Lua's shared dictionary, proxy_cache, njs) against a bare
+#                     'return 200', one nginx, same wrk settings
+#                     (loadtest/edge_choice.py; ~6 min)
 #   make stop-bench   stop a stack left running by BENCH_KEEP=1 make bench
 #   make bench-ab AB="'EARLY_LOCK_RELEASE=0' 'EARLY_LOCK_RELEASE=1'"
 #                     instance settings compared on one stack, interleaved
@@ -21,11 +25,14 @@
 
 BENCH_RUN_DIR ?= $(abspath $(BUILD))/bench-run
 
-.PHONY: bench stop-bench bench-ab
+.PHONY: bench stop-bench bench-ab bench-edge
 
 bench: all $(BUILD)/upstream200 ## the performance benchmark on a private stack: ceilings, sales, table (~10 min)
 	@BENCH_RUN_DIR=$(BENCH_RUN_DIR) BENCH_JSON=$${BENCH_JSON:-$(abspath $(BUILD))/bench.json} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench.py
+
+bench-edge: ## nginx answering a sold-out crowd: Lua dict, proxy_cache, njs vs bare return 200 (~6 min)
+	@python3 loadtest/edge_choice.py
 
 stop-bench: ## stop a stack left running by BENCH_KEEP=1 make bench
 	@RUN_DIR=$(BENCH_RUN_DIR) scripts/stack.sh stop
@@ -34,3 +41,11 @@ bench-ab: all ## compare instance settings on one stack, interleaved: make bench
 	@test -n "$(AB)" || { echo "usage: make bench-ab AB=\"'VAR=a' 'VAR=b'\"" >&2; exit 2; }
 	@BENCH_RUN_DIR=$${BENCH_RUN_DIR:-$(abspath $(BUILD))/bench-ab-run} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench_ab.py $(AB)
+
+# Buyers' latency with and without clients polling /stats in a loop
+# (loadtest/bench_pollers.py: POLLERS, POLL_ROUNDS, POLL_SECONDS, POLL_BUYERS,
+# PACE_MS). SECKILL_BIN=<another build> measures that one.
+.PHONY: bench-pollers
+bench-pollers: all ## buyers' p50/p99 through nginx with and without 20 clients polling /stats
+	@BENCH_RUN_DIR=$${BENCH_RUN_DIR:-$(abspath $(BUILD))/bench-pollers-run} \
+	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench_pollers.py

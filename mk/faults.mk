@@ -8,6 +8,11 @@
 #   FAULTS_SALE_S=60 FAULTS_OUTAGE_S=5 FAULTS_RATE=25   the knobs (make test: 12 s, 3 s)
 #
 # The figures are printed at the end and written to $(BUILD)/faults-figures.json.
+#
+#   make growth                    what a sale to distinct buyers leaves in Redis and
+#                                  tb_lock_fence, right after and once the lifetimes
+#                                  passed (loadtest/growth.py)
+#   GROWTH_SALE_S=60 GROWTH_TOKEN_TTL_MS=5000 GROWTH_HORIZON_MS=5000   its knobs
 
 ##@ Fault injection
 
@@ -15,8 +20,18 @@ FAULTS_SALE_S   ?= 60
 FAULTS_OUTAGE_S ?= 5
 FAULTS_RATE     ?= 25
 
-.PHONY: faults
+GROWTH_SALE_S       ?= 60
+GROWTH_TOKEN_TTL_MS ?= 5000
+GROWTH_HORIZON_MS   ?= 5000
+
+.PHONY: faults growth
 
 faults: $(BUILD)/seckill ## kill -9, Redis and Postgres outages, paused lock holders, slow clients under load (~5 min)
 	FAULTS_SALE_S=$(FAULTS_SALE_S) FAULTS_OUTAGE_S=$(FAULTS_OUTAGE_S) FAULTS_RATE=$(FAULTS_RATE) \
 	FAULTS_FIGURES=$(abspath $(BUILD))/faults-figures.json BUILD=$(BUILD) tests/run.sh faults
+
+growth: $(BUILD)/seckill ## fencing state (token counters, latches, tb_lock_fence) over a 60 s sale and after its lifetimes (~2 min)
+	GROWTH_SALE_S=$(GROWTH_SALE_S) GROWTH_TOKEN_TTL_MS=$(GROWTH_TOKEN_TTL_MS) \
+	GROWTH_HORIZON_MS=$(GROWTH_HORIZON_MS) SECKILL_BIN=$(abspath $(BUILD))/seckill \
+	GROWTH_RUN_DIR=$(abspath $(BUILD))/growth-run GROWTH_JSON=$(abspath $(BUILD))/growth.json \
+	python3 loadtest/growth.py

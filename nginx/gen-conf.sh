@@ -33,6 +33,11 @@
 #                 lives; restart the stack (or run this again) to serve edits.
 #                 --docker: the directory inside the container (default
 #                 /usr/share/nginx/dashboard, mounted by docker-compose.yml)
+# --edge on|off   the sold-out edge: nginx answers a voucher known to be sold
+#                 out by itself (nginx.conf.tmpl, "The sold-out edge"; needs
+#                 Debian's libnginx-mod-http-lua). Default: $NGINX_EDGE, else on
+# --modules-dir D where the nginx modules are (default /usr/lib/nginx/modules,
+#                 Debian's, also in the compose file's nginx image)
 # -o FILE         write there (atomically) instead of stdout
 set -euo pipefail
 
@@ -74,6 +79,7 @@ main() {
     local prefix="" docker=0 listen="" max_body=64k out=""
     local connect_timeout=2s send_timeout=10s read_timeout=10s retry_after=1
     local dashboard="" dashboard_dir allow=${NGINX_ALLOW:-}
+    local edge=${NGINX_EDGE:-on} modules_dir=/usr/lib/nginx/modules
     local -a upstreams=()
 
     while (($#)); do
@@ -89,6 +95,8 @@ main() {
             --retry-after) retry_after=${2:?}; shift 2 ;;
             --dashboard) dashboard=${2:?}; shift 2 ;;
             --allow) allow=${2:?}; shift 2 ;;
+            --edge) edge=${2:?}; shift 2 ;;
+            --modules-dir) modules_dir=${2:?}; shift 2 ;;
             -o) out=${2:?}; shift 2 ;;
             -h | --help) usage 0 ;;
             *) die "unknown argument '$1' (see --help)" ;;
@@ -121,6 +129,20 @@ main() {
         copy_dashboard "${dashboard:-$DASHBOARD_SRC_DEFAULT}" "$dashboard_dir" "${dashboard:+explicit}"
     fi
     ((${#upstreams[@]})) || die "at least one --upstream HOST:PORT is required"
+    # The edge's blocks sit between '#>edge' and '#<edge' lines: kept (the
+    # marker lines dropped) or dropped whole.
+    local edge_sed
+    case "$edge" in
+        on)
+            edge_sed='/^#[<>]edge$/d'
+            [[ "$modules_dir" == /* ]] || die "--modules-dir must be absolute"
+            if ((!docker)) && [[ ! -f "$modules_dir/ngx_http_lua_module.so" ]]; then
+                die "the sold-out edge needs $modules_dir/ngx_http_lua_module.so (make deps installs libnginx-mod-http-lua), or --edge off"
+            fi
+            ;;
+        off) edge_sed='/^#>edge$/,/^#<edge$/d' ;;
+        *) die "--edge is on or off (got '$edge')" ;;
+    esac
     [[ -f "$TEMPLATE" ]] || die "template $TEMPLATE is missing"
 
     local servers="" u
@@ -158,6 +180,8 @@ main() {
         -e "s|@@READ_TIMEOUT@@|$(sed_escape "$read_timeout")|g" \
         -e "s|@@RETRY_AFTER@@|$(sed_escape "$retry_after")|g" \
         -e "s|@@DASHBOARD_DIR@@|$(sed_escape "${dashboard_dir%/}")|g" \
+        -e "s|@@MODULES_DIR@@|$(sed_escape "${modules_dir%/}")|g" \
+        -e "$edge_sed" \
         "$TEMPLATE")
     # The server lines span several lines: replaced outside sed.
     text=${text//@@UPSTREAM_SERVERS@@/$servers}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/stack.sh start|stop|restart|status|env|instance-env -- the local stack.
+# scripts/stack.sh start|stop|restart|rolling-restart|status|env|instance-env -- the local stack.
 #
 # A throwaway Postgres and Redis, N seckill instances and nginx in front, all on
 # 127.0.0.1, everything (data, logs, PID files, nginx config) inside RUN_DIR.
@@ -12,6 +12,9 @@
 #   restart-instances  stop the seckill instances only and start them again with
 #                 the current environment (THREADS, SECKILL_*, ...) on the same
 #                 ports, Postgres, Redis and nginx (make bench: another strategy)
+#   rolling-restart    the same, one instance at a time: each drains (SIGTERM),
+#                 starts again and is ready before the next one stops, so that
+#                 nginx always has an instance to send buyers to (INSTANCES >= 2)
 #   status        what runs (exit 0: all of it, 1: part of it, 3: nothing)
 #   env           print the env file (BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...)
 #   instance-env  print the environment an instance gets (NAME=value, instance 1)
@@ -35,6 +38,8 @@
 #   NGINX_ALLOW        client addresses nginx serves /admin, /metrics and /stats to
 #                      (space separated, CIDR allowed; default loopback:
 #                      "127.0.0.0/8 ::1"); others get 403 (nginx/gen-conf.sh --allow)
+#   NGINX_EDGE         on (default) or off: nginx answers a voucher known to be sold
+#                      out by itself (nginx/gen-conf.sh --edge)
 #   THREADS, IO_THREADS, DEMO_RANDOM_USER, SECKILL_*, MAX_BODY, ... passed to the instances as set
 #   SECKILL_BIN        server binary (default <repo>/build/seckill)
 #   PG_BIN             Postgres server binaries (default newest /usr/lib/postgresql/*/bin)
@@ -47,6 +52,11 @@
 #                      separated (default: what SECKILL_LOCK needs): zk, a
 #                      standalone ZooKeeper (scripts/zk.sh; the instances get
 #                      ZK_HOSTS). ZK_PORT: its port (default 'auto').
+#   ROLLING_PAUSE_S    rolling-restart: seconds between an instance being ready
+#                      and the next one stopping, and after the last one
+#                      (default 4: nginx keeps an instance that refused
+#                      connections out for fail_timeout, 3 s, and must take the
+#                      restarted one back first)
 #
 # Source RUN_DIR/stack.env to get BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...
 set -euo pipefail
@@ -75,6 +85,11 @@ fi
 SECKILL_BIN=${SECKILL_BIN:-$ROOT/build/seckill}
 case "$SECKILL_BIN" in /*) ;; *) SECKILL_BIN="$PWD/$SECKILL_BIN" ;; esac
 STACK_TIMEOUT=${STACK_TIMEOUT:-30}
+ROLLING_PAUSE_S=${ROLLING_PAUSE_S:-4}
+# An instance stopping drains first: it serves the connections it has until
+# their clients close them (SHUTDOWN_DRAIN_MS, 6 s by default) and lets the
+# requests in flight finish (5 s at most). SIGKILL only past this.
+APP_STOP_S=20
 LUA_DIR_STACK=${LUA_DIR:-$ROOT/lua}
 case "$LUA_DIR_STACK" in /*) ;; *) LUA_DIR_STACK="$PWD/$LUA_DIR_STACK" ;; esac
 # The schema files loaded into the database, in this order (docker-compose.yml's
@@ -573,7 +588,8 @@ write_env_file() {
 # is: the launcher's own, every server setting the binary knows (its --help)
 # and SECKILL_*, and the binary itself (rebuilt: restart).
 CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
-    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW LOCK_SERVICES ZK_PORT)
+    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW NGINX_EDGE LOCK_SERVICES
+    ZK_PORT)
 config_signature() {
     local v
     {
@@ -691,13 +707,14 @@ cmd_start() {
     log "ready: BASE_URL=http://127.0.0.1:$P_NGINX ($INSTANCES instances); env file $ENV_FILE"
 }
 
-# Stops the instances of a running stack and starts them again with this
-# environment; Postgres, Redis and nginx keep running (nginx reconnects).
-cmd_restart_instances() {
+# The preamble of restart-instances and rolling-restart: a stack runs here
+# with INSTANCES instances; sets P_APP, STACK_PG_DSN, STACK_REDIS_URL and
+# ADMIN_TOKEN as its start did.
+load_running_instances() {
     [[ -x "$SECKILL_BIN" ]] || die "$SECKILL_BIN is missing: run 'make'"
     [[ -f "$ENV_FILE" ]] || die "no stack runs in $RUN_DIR (no env file): start it first"
     live_pid nginx >/dev/null || die "nginx of the stack in $RUN_DIR is not running: start the stack first"
-    local n i pid
+    local n
     n=$(state_get INSTANCES)
     [[ "$n" == "$INSTANCES" ]] ||
         die "the stack runs $n instances, INSTANCES is $INSTANCES: use restart for another count"
@@ -707,8 +724,19 @@ cmd_restart_instances() {
     STACK_REDIS_URL=$(. "$ENV_FILE" && printf '%s' "$REDIS_URL")
     STACK_ZK_HOSTS=$(. "$ENV_FILE" && printf '%s' "${ZK_HOSTS:-}")
     ADMIN_TOKEN=$(cat "$RUN_DIR/admin_token")
+}
+
+# Stops the instances of a running stack and starts them again with this
+# environment; Postgres, Redis and nginx keep running (nginx reconnects).
+cmd_restart_instances() {
+    local i pid n
+    load_running_instances
+    n=${#P_APP[@]}
+    # SIGINT: the instances drain without waiting for nginx to close its idle
+    # connections (about 5 s each): every instance stops, so there is no
+    # traffic to protect (rolling-restart is for that).
     for ((i = 1; i <= n; i++)); do
-        if pid=$(live_pid "app-$i"); then stop_pid "app-$i" "$pid" TERM 10; fi
+        if pid=$(live_pid "app-$i"); then stop_pid "app-$i" "$pid" INT "$APP_STOP_S"; fi
         rm -f "$PIDS/app-$i.pid"
     done
     for ((i = 1; i <= n; i++)); do require_free_port "${P_APP[$((i - 1))]}" "instance $i" APP_PORT_BASE; done
@@ -719,6 +747,32 @@ cmd_restart_instances() {
     log "instances restarted (${P_APP[*]})"
 }
 
+# The same, one instance at a time, with SIGTERM. A stopping instance drains: /ready turns
+# 503, it stops accepting (nginx's connects are refused, and nginx sends
+# those requests to another instance: nothing was sent yet), answers what
+# comes on its open connections with "Connection: close" and exits once they
+# are closed and its requests in flight are done.
+cmd_rolling_restart() {
+    local i pid n
+    [[ "$ROLLING_PAUSE_S" =~ ^[0-9]+$ ]] || die "ROLLING_PAUSE_S must be a number of seconds"
+    load_running_instances
+    n=${#P_APP[@]}
+    ((n >= 2)) || log "warning: one instance: nginx has nothing to send buyers to while it restarts"
+    for ((i = 1; i <= n; i++)); do
+        if pid=$(live_pid "app-$i"); then
+            log "instance seckill-$i (pid $pid): draining"
+            stop_pid "app-$i" "$pid" TERM "$APP_STOP_S"
+        fi
+        rm -f "$PIDS/app-$i.pid"
+        require_free_port "${P_APP[$((i - 1))]}" "instance $i" APP_PORT_BASE
+        start_instance "$i" "${P_APP[$((i - 1))]}"
+        wait_instance "$i" "${P_APP[$((i - 1))]}"
+        sleep "$ROLLING_PAUSE_S"
+    done
+    sed -i "s/^CONFIG=.*/CONFIG=$(config_signature)/" "$STATE_FILE"
+    log "rolling restart done (${P_APP[*]})"
+}
+
 # ------------------------------------------------------------------ stop
 
 stop_all() {
@@ -727,7 +781,7 @@ stop_all() {
         if pid=$(live_pid "$n"); then
             case "$n" in
                 nginx) stop_pid nginx "$pid" QUIT 10 ;;
-                app-*) stop_pid "$n" "$pid" TERM 10 ;;
+                app-*) stop_pid "$n" "$pid" TERM "$APP_STOP_S" ;;
                 redis) stop_pid redis "$pid" TERM 10 ;;
                 zk) stop_pid zk "$pid" TERM 10 ;;
                 postgres) stop_pid postgres "$pid" INT 30 ;;   # fast shutdown
@@ -863,13 +917,14 @@ main() {
         stop) cmd_stop ;;
         restart) cmd_stop; cmd_start ;;
         restart-instances) cmd_restart_instances ;;
+        rolling-restart) cmd_rolling_restart ;;
         status) cmd_status ;;
         env) cmd_env ;;
         instance-env) cmd_instance_env ;;
         describe) cmd_describe ;;
         service-stop | service-start) [[ -n "${2:-}" ]] || die "usage: $0 $cmd NAME"; cmd_service "${cmd#service-}" "$2" ;;
         -h | --help | help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
-        *) die "usage: $0 start|stop|restart|restart-instances|status|env|instance-env|describe (see --help)" ;;
+        *) die "usage: $0 start|stop|restart|restart-instances|rolling-restart|status|env|instance-env|describe (see --help)" ;;
     esac
 }
 

@@ -38,6 +38,9 @@ CREATE INDEX IF NOT EXISTS idx_voucher_order_voucher ON tb_voucher_order (vouche
 -- Fencing tokens (Kleppmann): the highest lock token accepted per lock key.
 -- An order write carrying a lower token comes from a holder whose lease
 -- expired while it was paused; it is refused in the same transaction.
+-- Tokens are microseconds of Redis's clock: a write whose token is older
+-- than FENCE_HORIZON_MS is refused too, so the service deletes rows older
+-- than twice that (app/fence.c) without letting a stale holder in.
 CREATE TABLE IF NOT EXISTS tb_lock_fence (
     lock_key text   PRIMARY KEY,
     token    bigint NOT NULL

@@ -178,7 +178,8 @@ class Server:
                   "LOCK_LEASE_MS", "REDIS_TIMEOUT_MS", "PG_CONNECT_TIMEOUT_S",
                   "PG_STATEMENT_TIMEOUT_MS", "ID_PREFIX", "RETRY_AFTER_S",
                   "DEMO_DELAY_MS", "DEMO_PAUSE_MS", "WATCHDOG_TIMEOUT_MS",
-                  "REQUEST_DEADLINE_MS", "TEST_CLOCK_STEP_MS"):
+                  "REQUEST_DEADLINE_MS", "TEST_CLOCK_STEP_MS", "SHUTDOWN_DRAIN_MS",
+                  "LOCK_TOKEN_TTL_MS", "FENCE_HORIZON_MS"):
             env.pop(k, None)
         return kit.with_settings(env, self.env_overrides)
 

@@ -13,7 +13,10 @@ with the local stack (scripts/stack.sh), without a Docker engine.
 - Postgres keeps its data in a named volume and the schema is loaded on every
   start by a one-shot service; loading sql/schema.sql twice works;
 - nginx/docker.conf is what nginx/gen-conf.sh --docker makes of the template,
-  and nginx accepts it (nginx -t, upstream host names mapped to 127.0.0.1).
+  and nginx accepts it (nginx -t, upstream host names mapped to 127.0.0.1);
+  the compose file's nginx is Debian's, built from the Dockerfile's stage
+  'nginx' with the Lua module docker.conf loads (the sold-out edge, whose
+  behaviour tests/test_edge.py checks on docker.conf itself).
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
@@ -203,8 +206,10 @@ def services():
 
 
 def app_service():
-    """The one service built from the repository (the instances: --scale)."""
-    apps = {n: sv for n, sv in services().items() if sv.get("build")}
+    """The one service built from the repository's server image (the
+    instances: --scale); nginx is built from the Dockerfile's stage 'nginx'."""
+    apps = {n: sv for n, sv in services().items()
+            if sv.get("build") and (sv.get("build") or {}).get("target") != "nginx"}
     if list(apps) != ["app"]:
         fail(f"expected exactly one built service named 'app' (scaled with --scale), got {sorted(apps)}")
     return apps["app"]
@@ -252,7 +257,7 @@ def compose_config_is_valid():
 @test
 def compose_has_postgres_redis_schema_app_and_nginx():
     svcs = services()
-    for name, image in (("postgres", "postgres:15"), ("redis", "redis:7"), ("nginx", "nginx:"),
+    for name, image in (("postgres", "postgres:15"), ("redis", "redis:7"), ("nginx", "seckill-nginx"),
                         ("schema", "postgres:15")):
         if name not in svcs:
             fail(f"service {name} missing: {sorted(svcs)}")
@@ -262,6 +267,11 @@ def compose_has_postgres_redis_schema_app_and_nginx():
     ctx = (app.get("build") or {}).get("context")
     if os.path.realpath(str(ctx)) != os.path.realpath(ROOT):
         fail(f"app: build context {ctx!r} is not the repository")
+    if (app.get("build") or {}).get("target"):
+        fail("app: builds the Dockerfile's last stage (the runtime), no target")
+    build = svcs["nginx"].get("build") or {}
+    if os.path.realpath(str(build.get("context"))) != os.path.realpath(ROOT) or build.get("target") != "nginx":
+        fail(f"nginx: built from the repository's Dockerfile, target 'nginx': {build}")
 
     def cond(svc, dep):
         return ((svcs[svc].get("depends_on") or {}).get(dep) or {}).get("condition")
@@ -518,6 +528,40 @@ def dockerfile_builds_like_the_makefile():
         fail("Dockerfile must copy VERSION (no .git in the build context: --version reads it)")
     if app_service()["environment"].get("LUA_DIR") != "/app/lua":
         fail(f"app sets LUA_DIR {app_service()['environment'].get('LUA_DIR')!r}, the image has /app/lua")
+
+
+@test
+def compose_nginx_has_the_edges_lua_module():
+    """docker.conf loads Debian's Lua module (the sold-out edge) from where
+    Debian's package puts it; the Dockerfile's nginx stage and make deps
+    install that package."""
+    df = open(os.path.join(ROOT, "Dockerfile")).read()
+    stage = re.search(r"^FROM debian:bookworm\S* AS nginx\n(.*?)(?=^FROM |\Z)", df, re.M | re.S)
+    if not stage:
+        fail("Dockerfile has no stage 'nginx' FROM debian:bookworm")
+    for pkg in ("nginx", "libnginx-mod-http-lua"):
+        if not re.search(rf"\s{re.escape(pkg)}(\s|$)", stage.group(1)):
+            fail(f"the Dockerfile's nginx stage does not install {pkg}")
+    if not re.search(r"^CMD .*nginx.*daemon off", stage.group(1), re.M):
+        fail("the Dockerfile's nginx stage must run nginx in the foreground")
+    if not re.search(r"^FROM .*\n(?:.*\n)*?.*\bseckill\b", df[stage.end():], re.M):
+        fail("the server's runtime must stay the Dockerfile's last stage")
+    mk = open(os.path.join(ROOT, "Makefile")).read()
+    deb = re.search(r"^DEB_PKGS\s*:=\s*((?:.*\\\n)*.*)", mk, re.M)
+    if "libnginx-mod-http-lua" not in (deb.group(1).split() if deb else []):
+        fail("Makefile DEB_PKGS lacks libnginx-mod-http-lua")
+    conf = open(os.path.join(ROOT, "nginx", "docker.conf")).read()
+    mods = re.findall(r"^load_module\s+(\S+);", conf, re.M)
+    if [os.path.basename(m) for m in mods] != ["ndk_http_module.so", "ngx_http_lua_module.so"]:
+        fail(f"docker.conf loads {mods}")
+    if "lua_shared_dict seckill_edge" not in conf or "access_by_lua_block" not in conf:
+        fail("docker.conf lacks the sold-out edge")
+    p = run(["dpkg", "-L", "libnginx-mod-http-lua", "libnginx-mod-http-ndk"])
+    if p.returncode != 0:
+        fail(f"dpkg -L: {p.stderr.strip()} (run 'make deps')")
+    for m in mods:
+        if m not in p.stdout.split():
+            fail(f"docker.conf loads {m}, which Debian's packages do not install")
 
 
 @test

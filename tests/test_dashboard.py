@@ -8,7 +8,8 @@ playwright-core from npm: tests/dashboard/run.mjs; 'npm ci' runs here when
 tests/dashboard/node_modules is missing), creates a voucher, sells its 50
 units to 300 buyers on 30 connections, and reads the page's DOM: the stock
 reaches 0, orders equal the stock, oversold / duplicate users / drift show 0
-in green, the rejections show sold_out, both instances served. Then it uses the
+in green, the rejections show sold_out (those nginx gave by itself, the
+sold-out edge's, included: GET /stats/edge), both instances served. Then it uses the
 page's buy form and checks the answer it shows, saves a screenshot
 ($BUILD/dashboard/dashboard.png; the failing page as dashboard-failed.png),
 and checks that the page made no request beyond the stack (no CDN: the
@@ -314,12 +315,21 @@ def page_shows_the_sale_live_and_the_invariants_green():
     snap = wait_page(f"{STOCK} orders and {BUYERS - STOCK} sold_out rejections in the outcomes",
                      lambda s: s["outcomes"]["orders"]["total"] == str(STOCK)
                      and s["outcomes"]["sold_out"]["total"] == str(BUYERS - STOCK))
-    # Both instances served, and are shown live.
-    insts = snap["instances"]
+    # Both instances served, and are shown live; the rejections nginx gave by
+    # itself (the sold-out edge) are among those counted above, and shown as
+    # a row of their own.
+    insts = dict(snap["instances"])
+    edge = insts.pop("nginx-edge", None)
     if len(insts) != 2 or any(i["state"] != "live" for i in insts.values()):
         fail(f"instances shown: {insts}{page_text(snap)}")
     if any(int(i["total"]) < 10 for i in insts.values()):
         fail(f"each instance should show its share of {BUYERS} requests: {insts}")
+    r = ss.request(S["port"], "GET", "/stats/edge")
+    answered = r.body["requests"]["total"] if r.status == 200 else None
+    if not answered:
+        fail(f"nginx answered none of the {BUYERS - STOCK} rejections by itself: {r.status} {r.raw[:200]!r}")
+    if edge is None or edge["state"] != "live" or edge["total"] != str(answered):
+        fail(f"the edge's row: {edge}, nginx says it answered {answered}")
     blank = [c for c in snap["canvases"] if c["inked"] == 0]
     if blank or not snap["canvases"]:
         fail(f"charts left blank: {snap['canvases']}")

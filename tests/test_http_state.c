@@ -397,6 +397,7 @@ int main(int argc, char **argv)
     T_RUN(test_answer_after_completion);
     T_RUN(test_handler_returns_unanswered);
     T_RUN(test_hand_off_after_answer);
-    http_stop(1000);
+    http_drain(0, 1000);
+    http_stop();
     return t_done();
 }

@@ -320,11 +320,43 @@ cleanup:
     del_lock(key);
 }
 
+/* Redis's clock in microseconds (TIME); -1 on error. */
+static int64_t redis_now_us(void)
+{
+    int64_t us = -1;
+    redisReply *r = T_CMD(rc, "TIME");
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
+        us = strtoll(r->element[0]->str, NULL, 10) * 1000000 + strtoll(r->element[1]->str, NULL, 10);
+    freeReplyObject(r);
+    return us;
+}
+
+/* The token counter as a number; -1 when it is absent or not a number. */
+static int64_t counter_value(const char *tk)
+{
+    int64_t v = -1;
+    redisReply *r = T_CMD(rc, "GET %s", tk);
+    if (r != NULL && r->type == REDIS_REPLY_STRING)
+        v = strtoll(r->str, NULL, 10);
+    freeReplyObject(r);
+    return v;
+}
+
+/* One grant to OWNER_A and its release; the token, or -1. */
+static int64_t grant_token(const char *key)
+{
+    lock_grant g = {-1, -1};
+    if (!T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, &g), LOCK_OK))
+        return -1;
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    return g.token;
+}
+
 static void test_fencing_tokens_increase(void)
 {
     char key[256], tk[512];
     lock_grant g = {0, 0};
-    int64_t last = 0, first = 0;
+    int64_t last = 0, first = 0, t0;
     key_for("fencing", key, sizeof key);
     token_key_for(key, tk, sizeof tk);
 
@@ -332,6 +364,7 @@ static void test_fencing_tokens_increase(void)
     const char *seq[] = {OWNER_A, OWNER_A, OWNER_A, NULL, OWNER_B, OWNER_B, NULL, OWNER_A};
     int held = 0;
     const char *holder = NULL;
+    t0 = redis_now_us();
     for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
         if (seq[i] == NULL) {
             for (; held > 0; held--)
@@ -343,33 +376,120 @@ static void test_fencing_tokens_increase(void)
         if (!T_EQ_I64(lock_try_acquire(rc, key, seq[i], LEASE, &g), LOCK_OK))
             break;
         T_ASSERT(g.token > last);
+        T_EQ_I64(counter_value(tk), g.token);
         if (first == 0)
             first = g.token;
         last = g.token;
         holder = seq[i];
         held++;
     }
-    /* A fresh counter starts from the server clock in microseconds, so that
-     * tokens rise past any accepted before Redis lost its data. */
-    T_ASSERT(first > (int64_t)time(NULL) * 1000000 - 60 * 1000000LL);
-    T_EQ_I64(last, first + 5);   /* then one INCR per grant */
+    /* The first token is Redis's clock in microseconds. */
+    T_ASSERT(first >= t0 && first < t0 + 60 * 1000000LL);
     /* a refused attempt does not consume a token */
     T_EQ_I64(lock_try_acquire(rc, key, OWNER_C, LEASE, &g), LOCK_BUSY);
+    T_EQ_I64(counter_value(tk), last);
     T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, &g), LOCK_OK);
-    T_EQ_I64(g.token, first + 6);
-    /* A counter lost with Redis's data (FLUSHALL, failover) restarts above
-     * every token handed out before. */
-    {
+    T_ASSERT(g.token > last);
+    /* Many grants in a row: strictly increasing, also within one
+     * microsecond of Redis's clock. */
+    for (int i = 0; i < 200; i++) {
         int64_t before = g.token;
-        redisReply *r = redisCommand(rc, "DEL %s", tk);
-        freeReplyObject(r);
-        T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, &g), LOCK_OK);
-        T_ASSERT(g.token > before);
+        if (!T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, &g), LOCK_OK) ||
+            !T_ASSERT(g.token > before))
+            break;
         held++;
     }
     for (held++; held > 0; held--)
         T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
     T_EQ_I64(exists(key), 0);
+    del_lock(key);
+}
+
+/* A counter that Redis brings back below tokens already handed out (a
+ * restart from an older RDB snapshot, a replica that lagged and was
+ * promoted, a SET by hand) must not hand out lower tokens: a grant's token
+ * is at least Redis's clock in microseconds, so it is above every token
+ * of the past whatever the counter says. A counter ahead of the clock
+ * still rises by exactly one. */
+static void test_fencing_token_counter_rolled_back(void)
+{
+    char key[256], tk[512], below[32];
+    int64_t before, t, now;
+    key_for("rollback", key, sizeof key);
+    token_key_for(key, tk, sizeof tk);
+
+    before = grant_token(key);
+    snprintf(below, sizeof below, "%lld", (long long)(before - 1000));
+    const char *setbacks[][3] = {
+        {"SET", tk, "1"}, {"SET", tk, below}, {"DEL", tk, NULL}, {"SET", tk, "-5"},
+    };
+    for (size_t i = 0; i < sizeof setbacks / sizeof setbacks[0]; i++) {
+        redisReply *r = redisCommandArgv(rc, setbacks[i][2] ? 3 : 2, setbacks[i], NULL);
+        T_ASSERT(r != NULL && r->type != REDIS_REPLY_ERROR);
+        freeReplyObject(r);
+        now = redis_now_us();
+        t = grant_token(key);
+        if (!T_ASSERT(t > before) || !T_ASSERT(t >= now))
+            printf("# after %s %s: token %lld, before %lld, Redis clock %lld us\n", setbacks[i][0],
+                   setbacks[i][2] ? setbacks[i][2] : "", (long long)t, (long long)before,
+                   (long long)now);
+        before = t;
+    }
+
+    /* Ahead of the clock (a burst, or Redis's clock stepped back): +1. */
+    char ahead[32];
+    snprintf(ahead, sizeof ahead, "%lld", (long long)(before + 3600LL * 1000000));
+    redisReply *r = T_CMD(rc, "SET %s %s", tk, ahead);
+    freeReplyObject(r);
+    T_EQ_I64(grant_token(key), before + 3600LL * 1000000 + 1);
+
+    /* A counter that is no integer below 2^53 (where tokens stay exact) is
+     * refused before anything changes: no hold is granted. */
+    const char *bad[] = {"9007199254740992", "12abc", "1.5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        lock_grant g = {-1, -1};
+        r = T_CMD(rc, "SET %s %s", tk, bad[i]);
+        freeReplyObject(r);
+        T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, &g), LOCK_ERR);
+        if (!T_EQ_I64(exists(key), 0))
+            printf("# counter %s: a hold was granted anyway\n", bad[i]);
+        r = T_CMD(rc, "DEL %s", key);
+        freeReplyObject(r);
+    }
+    del_lock(key);
+}
+
+/* With a lifetime set, the counter expires that long after Redis's clock
+ * passes its token (PXAT token/1000 + ttl), also when the counter runs
+ * ahead of the clock; the next grant's token is the clock again, above the
+ * last one. With 0 the counter never expires (Redisson's layout). */
+static void test_fencing_token_counter_expires(void)
+{
+    char key[256], tk[512], ahead[32];
+    int64_t t1, t2;
+    redisReply *r;
+    key_for("tokenttl", key, sizeof key);
+    token_key_for(key, tk, sizeof tk);
+
+    lock_set_token_ttl(300);
+    t1 = grant_token(key);
+    T_EQ_I64(int_cmd("PEXPIRETIME %s", tk), t1 / 1000 + 300);
+    snprintf(ahead, sizeof ahead, "%lld", (long long)(t1 + 60LL * 1000000));
+    r = T_CMD(rc, "SET %s %s", tk, ahead);
+    freeReplyObject(r);
+    t2 = grant_token(key);
+    T_EQ_I64(t2, t1 + 60LL * 1000000 + 1);
+    T_EQ_I64(int_cmd("PEXPIRETIME %s", tk), t2 / 1000 + 300);
+    r = T_CMD(rc, "DEL %s", tk);
+    freeReplyObject(r);
+    t1 = grant_token(key);
+    t_sleep_ms(400);
+    T_EQ_I64(exists(tk), 0);                /* expired */
+    t2 = grant_token(key);
+    T_ASSERT(t2 > t1 + 400 * 1000);
+    lock_set_token_ttl(0);
+    grant_token(key);
+    T_EQ_I64(int_cmd("PTTL %s", tk), -1);   /* never expires */
     del_lock(key);
 }
 
@@ -763,6 +883,8 @@ int main(void)
     T_RUN(test_reentry_resets_ttl);
     T_RUN(test_lease_expiry_then_other_owner);
     T_RUN(test_fencing_tokens_increase);
+    T_RUN(test_fencing_token_counter_rolled_back);
+    T_RUN(test_fencing_token_counter_expires);
     T_RUN(test_late_acquire_refused);
     T_RUN(test_noscript_recovery);
     T_RUN(test_script_sha_matches_server);

@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
-"""GET /metrics in the Prometheus text format, read by a strict parser, and
-the JSON access log that lets one order be followed by its request id."""
+"""GET /metrics in the Prometheus text format, read by a strict parser that
+also holds it to Prometheus's naming conventions
+(prometheus.io/docs/practices/naming, /instrumentation): no "instance" label
+(the scrape adds it), no free-text label, "_total" exactly on counters, no
+"_sum" outside a histogram, a bounded set of labels and of voucher series,
+seckill_build_info, the standard process metrics, and histogram buckets that
+reach the configured timeouts. Then the logs: the JSON access log that lets
+one order be followed by its request id, and lines that stay whole (and JSON)
+whatever the length of a path or a header."""
 
 import json
 import math
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -110,6 +118,41 @@ def check_histograms(name, samples):
             fail(f"{name}{dict(key)}: _count {s['count']} != +Inf bucket {b[-1][1]} or no _sum")
 
 
+# Label names a series may carry: each has a small, known set of values.
+# A new label is a new dimension of every scrape: add it here knowingly.
+ALLOWED_LABELS = {"route", "status", "code", "backend", "voucher", "invariant", "le",
+                  "version", "revision", "instance_id", "lock_strategy", "stock_strategy"}
+# Labels a target must not set itself: Prometheus attaches "instance" and
+# "job" at the scrape (and renames a clash to exported_instance).
+TARGET_LABELS = {"instance", "job", "exported_instance", "exported_job"}
+MAX_VOUCHER_SERIES = 50
+
+
+def check_conventions(families, samples):
+    """Prometheus's naming conventions, for every family and sample."""
+    for name, fam in families.items():
+        if not re.fullmatch(r"(seckill|process)_[a-z0-9_]+", name):
+            fail(f"family {name}: want snake_case with the seckill_ or process_ prefix")
+        counter = fam["type"] == "counter"
+        if counter != name.endswith("_total"):
+            fail(f"family {name} of type {fam['type']}: '_total' is for counters, and every "
+                 "counter ends with it")
+        if fam["type"] in ("counter", "gauge") and re.search(r"_(sum|count|bucket)\Z", name):
+            fail(f"{fam['type']} {name}: _sum, _count and _bucket belong to histograms")
+    vouchers = set()
+    for name, labels, _ in samples:
+        bad = set(labels) & TARGET_LABELS
+        if bad:
+            fail(f"{name} sets {bad}: the scrape adds instance and job")
+        extra = set(labels) - ALLOWED_LABELS
+        if extra:
+            fail(f"{name} has label(s) {extra} outside the known set {sorted(ALLOWED_LABELS)}")
+        if "voucher" in labels:
+            vouchers.add(labels["voucher"])
+    if len(vouchers) > MAX_VOUCHER_SERIES:
+        fail(f"series for {len(vouchers)} vouchers: want at most {MAX_VOUCHER_SERIES}")
+
+
 def value(samples, name, **labels):
     total = 0.0
     for n, l, v in samples:
@@ -122,7 +165,9 @@ def scrape(srv):
     r = srv.get("/metrics")
     if r.status != 200 or not r.headers.get("content-type", "").startswith("text/plain"):
         fail(f"/metrics -> {r.status} {r.headers.get('content-type')}")
-    return parse(r.raw.decode())
+    families, samples = parse(r.raw.decode())
+    check_conventions(families, samples)
+    return families, samples
 
 
 @test
@@ -181,11 +226,101 @@ def metrics_parse_strictly_and_move_with_requests():
         if gauges.get("seckill_voucher_stock") != 0 or gauges.get("seckill_voucher_orders") != 1 \
                 or gauges.get("seckill_voucher_oversold") != 0:
             fail(f"voucher gauges {gauges}")
-        titles = {l.get("title") for n, l, v in after if l.get("voucher") == str(vid)}
-        if titles != {'quote \\" and \\\\ backslash'}:
-            fail(f"title label not escaped: {titles}")
     finally:
         srv.stop_ok()
+
+
+def help_defaults():
+    """{setting: default} from the binary's --help ("  NAME  --flag  text [default]")."""
+    out = subprocess.run([ss.SECKILL_BIN, "--help"], capture_output=True, text=True).stdout
+    return dict(re.findall(r"^  ([A-Z][A-Z0-9_]+) .*\[([^\]]*)\]$", out, re.M))
+
+
+def seconds_of(name, value):
+    v = float(value)
+    return v / 1000 if name.endswith("_MS") else v
+
+
+@test
+def metrics_build_info_process_metrics_and_buckets_that_reach_the_timeouts():
+    """seckill_build_info{version} and seckill_instance_info; process metrics
+    as Prometheus's client libraries name them; every histogram has a bound at
+    each configured timeout (the request deadline too, when there is one) and
+    reaches 10 s, nginx's read timeout."""
+    timeouts = {"REDIS_TIMEOUT_MS": "1500", "PG_STATEMENT_TIMEOUT_MS": "7000",
+                "PG_CONNECT_TIMEOUT_S": "3"}
+    deadlines = {k: v for k, v in help_defaults().items() if "DEADLINE" in k and v}
+    t_spawn = time.time()
+    srv = ss.Server("buildinfo", timeouts)
+    try:
+        fams, samples = scrape(srv)
+    finally:
+        srv.stop_ok()
+    version = open(os.path.join(ss.ROOT, "VERSION")).read().strip()
+    info = [(l, v) for n, l, v in samples if n == "seckill_build_info"]
+    if fams.get("seckill_build_info", {}).get("type") != "gauge" or len(info) != 1 or \
+            info[0][1] != 1 or info[0][0].get("version") != version or \
+            not re.fullmatch(r"([0-9a-f]{7,}(-dirty)?)?", info[0][0].get("revision", "-")):
+        fail(f"seckill_build_info: {info}, want one gauge of 1 with version={version!r} and "
+             "the commit as revision")
+    inst = [(l, v) for n, l, v in samples if n == "seckill_instance_info"]
+    if len(inst) != 1 or inst[0][0].get("instance_id") != "buildinfo" or inst[0][1] != 1:
+        fail(f"seckill_instance_info: {inst}")
+    want = {"process_resident_memory_bytes": "gauge", "process_virtual_memory_bytes": "gauge",
+            "process_cpu_seconds_total": "counter", "process_open_fds": "gauge",
+            "process_max_fds": "gauge", "process_start_time_seconds": "gauge"}
+    got = {n: fams.get(n, {}).get("type") for n in want}
+    if got != want:
+        fail(f"process metrics: {got}, want {want}")
+    pv = {n: value(samples, n) for n in want}
+    if not (1e6 < pv["process_resident_memory_bytes"] <= pv["process_virtual_memory_bytes"]
+            and 0 < pv["process_cpu_seconds_total"] < 60
+            and 5 <= pv["process_open_fds"] <= pv["process_max_fds"]
+            and abs(pv["process_start_time_seconds"] - t_spawn) < 10):
+        fail(f"process metric values {pv} (spawned at {t_spawn:.0f})")
+    need = {seconds_of(k, v) for k, v in {**timeouts, **deadlines}.items()}
+    hist = [n for n, f in fams.items() if f["type"] == "histogram"]
+    if not hist:
+        fail("no histogram")
+    for name in hist:
+        bounds = {float(l["le"]) for n, l, _ in samples
+                  if n == name + "_bucket" and l["le"] != "+Inf"}
+        missing = sorted(x for x in need if not any(abs(b - x) < 1e-9 for b in bounds))
+        if missing or max(bounds) < 10:
+            fail(f"{name}: bounds {sorted(bounds)} miss the timeouts {missing} (s) or stop "
+                 "below 10 s")
+
+
+@test
+def voucher_series_are_bounded_to_recent_vouchers():
+    """At most MAX_VOUCHER_SERIES vouchers have series, the newest first; a
+    voucher that ended long ago has none. seckill_vouchers counts them all,
+    seckill_vouchers_violating the broken ones among all of them."""
+    srv = ss.Server("bounded", {"ADMIN_TOKEN": TOKEN})
+    try:
+        ids = [ss.new_voucher(srv, TOKEN, 1, f"bounded {i}") for i in range(MAX_VOUCHER_SERIES + 10)]
+        now = int(time.time())
+        old = {"title": "long over", "stock": 1,
+               "beginTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 3 * 86400)),
+               "endTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 2 * 86400))}
+        r = srv.post("/admin/vouchers", AUTH, old)
+        if r.status != 201:
+            fail(f"create an ended voucher: {r.status} {r.body}")
+        ended = r.body["voucherId"]
+        fams, samples = scrape(srv)
+    finally:
+        srv.stop_ok()
+    shown = {int(l["voucher"]) for n, l, _ in samples if n == "seckill_voucher_stock"}
+    if ended in shown:
+        fail(f"voucher {ended}, ended two days ago, still has series")
+    if ids[-1] not in shown or len(shown) != MAX_VOUCHER_SERIES:
+        fail(f"{len(shown)} vouchers shown (want {MAX_VOUCHER_SERIES}, the newest "
+             f"{ids[-1]} among them): {sorted(shown)[-5:]}")
+    if value(samples, "seckill_vouchers") < len(ids) + 1:
+        fail(f"seckill_vouchers = {value(samples, 'seckill_vouchers')}, want >= {len(ids) + 1}")
+    kinds = {l.get("invariant") for n, l, _ in samples if n == "seckill_vouchers_violating"}
+    if kinds != {"oversold", "duplicate_users", "stock_drift"}:
+        fail(f"seckill_vouchers_violating by invariant: {kinds}")
 
 
 @test
@@ -222,6 +357,105 @@ def json_logs_follow_one_order_by_request_id():
         fail("the order of the access line is not in the database")
     if not any(x.get("requestId") == made_up for x in records):
         fail("the made-up request id is not in the log")
+
+
+LONG_PATH_BYTES = 3000
+
+
+def long_requests(srv):
+    """Requests whose path or header values are far longer than a log line:
+    a 3,000-byte path of quotes, backslashes and two-byte UTF-8 characters
+    (raw bytes, so any cut could fall inside one), and 3,000-byte X-Request-Id,
+    X-User-Id and User-Agent values. Returns the request id sent with the
+    long path, to find its access line."""
+    rid = "long-path-1"
+    path = ('/"\\' + "é" * LONG_PATH_BYTES)[:LONG_PATH_BYTES]
+    raw = (f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Request-Id: {rid}\r\n"
+           f"Connection: close\r\n\r\n").encode("utf-8")
+    r = ss.raw_request(srv.port, raw)
+    if r is None or r.status != 404:
+        fail(f"long path: {r and r.status}")
+    r = srv.get("/" + "a" * LONG_PATH_BYTES, {"X-Request-Id": "r" * LONG_PATH_BYTES,
+                                             "User-Agent": "u\"\\" * 1000})
+    if r.status != 404:
+        fail(f"long path with long headers: {r.status}")
+    r = srv.post("/voucher/1/seckill", {"X-User-Id": "9" * LONG_PATH_BYTES,
+                                        "X-Request-Id": "long-user-1"})
+    if r.status != 400:
+        fail(f"3,000-digit X-User-Id: {r.status}")
+    return rid
+
+
+def log_lines(srv):
+    with open(srv.log_path, "rb") as f:
+        data = f.read()
+    if not data.endswith(b"\n"):
+        fail("the log does not end with a newline")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(f"the log is not UTF-8: {e}")
+    return text.split("\n")[:-1]
+
+
+@test
+def json_log_lines_stay_json_with_long_paths_and_headers():
+    """LOG_FORMAT=json: every line is one JSON object, however long the path
+    or the header values; a long field is cut (and says so), not the line."""
+    srv = ss.Server("longjson", {"LOG_FORMAT": "json"})
+    try:
+        rid = long_requests(srv)
+    finally:
+        srv.stop_ok()
+    records = []
+    for ln in log_lines(srv):
+        try:
+            records.append(json.loads(ln))
+        except ValueError:
+            fail(f"log line of {len(ln)} characters is not JSON: {ln[:120]!r}...{ln[-60:]!r}")
+    by_rid = {x.get("requestId"): x for x in records if x.get("msg") == "access"}
+    a = by_rid.get(rid)
+    if a is None:
+        fail(f"no access line for {rid}")
+    p = a.get("path", "")
+    if a.get("status") != 404 or not p.startswith('/"\\éé') or len(p.encode()) >= LONG_PATH_BYTES \
+            or not p.endswith("…"):
+        fail(f"access line of the long path: status {a.get('status')}, path of "
+             f"{len(p.encode())} bytes {p[:12]!r}...{p[-12:]!r} (want it cut, marked with …)")
+    u = by_rid.get("long-user-1")
+    if u is None or u.get("status") != 400 or u.get("error") != "invalid_user_id":
+        fail(f"access line of the long X-User-Id: {u}")
+    made_up = [x for x in records if x.get("msg") == "access" and x.get("status") == 404
+               and x.get("path", "").startswith("/aaa")]
+    if len(made_up) != 1 or not made_up[0].get("requestId", "").startswith("longjson-"):
+        fail(f"the 3,000-byte X-Request-Id was not replaced by a made-up one: {made_up}")
+
+
+@test
+def text_log_lines_keep_every_field_with_long_paths_and_headers():
+    """LOG_FORMAT=text: the long path is cut, and the fields after it (status,
+    latency, instance, request id) are still on its line."""
+    srv = ss.Server("longtext", {"LOG_FORMAT": "text"})
+    try:
+        rid = long_requests(srv)
+    finally:
+        srv.stop_ok()
+    lines = log_lines(srv)
+    stamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (error|warn |info |debug) ")
+    for ln in lines:
+        if not stamp.match(ln):
+            fail(f"log line without its timestamp and level: {ln[:120]!r}")
+    access = [ln for ln in lines if f" rid={rid}" in ln]
+    if len(access) != 1:
+        fail(f"want one access line ending in rid={rid}, got {len(access)}")
+    m = re.search(r' access GET (/\S*) 404 [\d.]+ms longtext rid=' + re.escape(rid) +
+                  r' not_found\Z',
+                  access[0])
+    if not m or not m.group(1).endswith("…") or len(m.group(1).encode()) >= LONG_PATH_BYTES:
+        fail(f"access line of the long path: {access[0][:80]!r}...{access[0][-80:]!r}")
+    if not any(" 400 " in ln and "invalid_user_id" in ln and "rid=long-user-1" in ln
+               for ln in lines):
+        fail("no whole access line for the 3,000-digit X-User-Id")
 
 
 if __name__ == "__main__":

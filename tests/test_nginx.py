@@ -12,7 +12,7 @@ small Python HTTP servers behind it that answer, hang up, or hang:
     the access log names the upstream, nothing is written outside the prefix;
   - make bench's stand-in upstream (loadtest/upstream200.c) frames requests as
     nginx expects and keeps its connections;
-  - /admin, /metrics and /stats answer only the allow-list (--allow; loopback
+  - /admin, /metrics and /stats (nginx's own /stats/edge too) answer only the allow-list (--allow; loopback
     by default): a client on 127.0.0.2 with an allow-list of 127.0.0.1 gets
     403 with the JSON error body, whatever the spelling of the path or its
     headers, and reaches every other path.
@@ -353,7 +353,7 @@ def request_from(source, port, method, path, headers=None, body=None, timeout=15
 OPS_PATHS = [("GET", "/stats"), ("GET", "/metrics"), ("POST", "/admin/vouchers"),
              ("POST", "/admin/vouchers/1/reset"), ("GET", "/stats?voucher=1"),
              ("GET", "/%61dmin/vouchers"), ("GET", "//stats"), ("GET", "/metrics/"),
-             ("GET", "/./admin/vouchers"), ("DELETE", "/admin/vouchers/1")]
+             ("GET", "/./admin/vouchers"), ("DELETE", "/admin/vouchers/1"), ("GET", "/stats/edge")]
 PUBLIC_PATHS = [("GET", "/health"), ("GET", "/ready"), ("GET", "/voucher/1"),
                 ("POST", "/voucher/1/seckill")]
 

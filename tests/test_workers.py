@@ -129,11 +129,12 @@ def event_threads_refuse_from_memory_while_every_worker_is_busy():
 @test
 def sigterm_answers_every_queued_request_and_exits_cleanly():
     """THREADS=1 and six buyers queued behind a slow transaction, then
-    SIGTERM: the buyers that get a worker within the 5 s grace are sold to,
+    SIGTERM with no drain time (SHUTDOWN_DRAIN_MS=0, so that only the grace
+    counts): the buyers that get a worker within the 5 s grace are sold to,
     the rest get 503 at once, each one gets an answer, the process exits 0,
     and Postgres holds exactly the orders answered 200."""
     srv = ss.Server("workers-stop", {"ADMIN_TOKEN": TOKEN, "THREADS": 1,
-                                     "DEMO_DELAY_MS": 1500})
+                                     "DEMO_DELAY_MS": 1500, "SHUTDOWN_DRAIN_MS": 0})
     answers, threads = [], []
     try:
         vid = create_voucher(srv, 10)

@@ -95,6 +95,8 @@ static void test_defaults(void)
     T_EQ_I64(g_cfg.threads, 8);
     T_EQ_I64(g_cfg.io_threads, 2);
     T_EQ_I64(g_cfg.lock_lease_ms, 10000);
+    T_EQ_I64(g_cfg.lock_token_ttl_ms, 60000);
+    T_EQ_I64(g_cfg.fence_horizon_ms, 600000);
     T_EQ_I64(g_cfg.lock_strategy, LOCKS_REENTRANT);
     T_EQ_I64(g_cfg.stock_strategy, STOCKS_OPTIMISTIC);
     T_EQ_STR(g_cfg.log_format, "text");
@@ -164,6 +166,9 @@ static void test_refusals_name_the_setting(void)
     refuses(ENV1("SECKILL_STOCK=magic"), NULL, "SECKILL_STOCK");
     refuses(ENV1("LOCK_LEASE_MS=0"), NULL, "LOCK_LEASE_MS");
     refuses(ENV1("LOCK_LEASE_MS=-2"), NULL, "LOCK_LEASE_MS");
+    refuses(ENV1("LOCK_TOKEN_TTL_MS=-1"), NULL, "LOCK_TOKEN_TTL_MS");
+    refuses(ENV1("FENCE_HORIZON_MS=-1"), NULL, "FENCE_HORIZON_MS");
+    refuses(ENV1("FENCE_HORIZON_MS=999"), NULL, "FENCE_HORIZON_MS");
     refuses(ENV1("REDIS_URL=http://127.0.0.1:6379"), NULL, "REDIS_URL");
     refuses(ENV1("INSTANCE_ID=a b"), NULL, "INSTANCE_ID");
     refuses(ENV1("ID_PREFIX=a:b"), NULL, "ID_PREFIX");
