@@ -39,7 +39,12 @@ load output, the access-log slice and /stats of every step; run-N/ with --runs).
                too) a holder killed with SIGKILL while it holds a user's lock
                (time until the other instance gets it) and the lock's service
                stopped mid-sale (what buyers see): LOCK_BACKENDS below; the
-               stack then runs a ZooKeeper too (LOCK_SERVICES=zk)
+               stack then runs a ZooKeeper too (LOCK_SERVICES=zk). multilock and
+               redlock run on five redis-server processes of the ladder's own
+               (scripts/redis-nodes.sh, RUN_DIR-nodes); their storm, crash and
+               outage steps are left out with --quick. Last, the nodes' failures:
+               RedLock with a node restarted empty (two holders), the same with
+               a delayed restart (one holder), MultiLock with a node down (no sale)
 
   loadtest/ladder.py [--quick] [--runs N] [--steps 1,2,8] [--no-batched]
                      [--no-lock-services]
@@ -211,7 +216,9 @@ def lock_steps(first):
                               f"stopped at {OUTAGE['stop_at']:g} s, started at "
                               f"{OUTAGE['start_at']:g} s"))
     # What the independent nodes do when one of them fails (load "nodes").
-    nodes_env = {"LOCK_LEASE_MS": HOLD_S * 1000, "DEMO_PAUSE_MS": 2000}
+    # the holder keeps the lock 2 s between its "has this user an order?" and
+    # its insert (DEMO_DELAY_MS), so two holders' transactions overlap
+    nodes_env = {"LOCK_LEASE_MS": HOLD_S * 1000, "DEMO_DELAY_MS": 2000}
     out += [
         dict(key="redlock-restart", title="redlock: node restarts empty", lock="redlock",
              stock="optimistic", instances=2, service="nodes",
@@ -732,8 +739,8 @@ class Ladder:
     def node_failure(self, step, step_dir, user):
         """The RedLock and MultiLock failures, with signals to the nodes
         (A..E = nodes 1..5). restart/delayed: instance 1 asks for the user's
-        lock while D and E are paused (it gets A, B, C), stalls 2 s holding it
-        (DEMO_PAUSE_MS); meanwhile D and E resume, C is killed and started
+        lock while D and E are paused (it gets A, B, C) and holds it 2 s inside
+        its transaction (DEMO_DELAY_MS); meanwhile D and E resume, C is killed and started
         empty at once (restart) or only after the lease (delayed), A and B are
         paused, and instance 2 asks for the same user. down: node 3 of
         multilock's three killed, distinct buyers through nginx, then the node
