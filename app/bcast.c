@@ -2,6 +2,7 @@
 #include "bcast.h"
 #include "conn.h"
 #include "log.h"
+#include "script.h"
 #include "vcache.h"
 
 #include <errno.h>
@@ -46,6 +47,11 @@ static void *bcast_main(void *arg)
     while (!atomic_load(&stop_flag)) {
         redisReply *r = NULL;
 
+        if (c != NULL && !conn_redis_current(c)) {
+            log_info("bcast: the master moved; re-subscribing there");
+            redisFree(c);
+            c = NULL;
+        }
         if (c == NULL && (c = subscribe()) == NULL) {
             nanosleep(&backoff, NULL);
             continue;
@@ -103,7 +109,7 @@ int bcast_voucher_reset(redisContext *c, int64_t voucher_id)
     int ok;
 
     vcache_invalidate_all();              /* this instance at once */
-    r = redisCommand(c, "PUBLISH %s %" PRId64, BCAST_RESET_CHANNEL, voucher_id);
+    r = script_demoted(c, redisCommand(c, "PUBLISH %s %" PRId64, BCAST_RESET_CHANNEL, voucher_id));
     ok = r != NULL && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
     return ok ? 0 : -1;

@@ -67,6 +67,16 @@ static const option_def options[] = {
       "lease of the per-user order lock (ms); -1: watchdog mode (WATCHDOG_TIMEOUT_MS, renewed)" },
     { "WATCHDOG_TIMEOUT_MS", "watchdog-timeout-ms", OPT_LONG, F(watchdog_timeout_ms), 300,
       86400000L, "30000", "lease of watchdog-mode locks, renewed every third of it (ms)" },
+    { "REDIS_SENTINELS", "redis-sentinels", OPT_STR, F(sentinels_text), 0, 0, "",
+      "host:port[,host:port...] of Redis Sentinels: the master is found through them and "
+      "followed across failovers (REDIS_URL then gives only the password and db)" },
+    { "REDIS_MASTER_NAME", "redis-master-name", OPT_STR, F(master_name), 0, 0, "seckill",
+      "name of the master the Sentinels monitor" },
+    { "LOCK_SYNC_REPLICAS", "lock-sync-replicas", OPT_INT, F(lock_sync_replicas), 0, 16, "0",
+      "a lock grant counts only once this many replicas acknowledged it (WAIT); fewer: "
+      "the grant is undone and the buyer gets 503" },
+    { "LOCK_SYNC_TIMEOUT_MS", "lock-sync-timeout-ms", OPT_INT, F(lock_sync_timeout_ms), 1,
+      60000, "500", "how long a grant waits for those acknowledgements (ms); below REDIS_TIMEOUT_MS" },
     { "LOCK_TOKEN_TTL_MS", "lock-token-ttl-ms", OPT_LONG, F(lock_token_ttl_ms), 0,
       2592000000L, "60000",
       "a lock's fencing-token counter expires this long after its last token (ms; "
@@ -128,6 +138,9 @@ static const option_def options[] = {
       "demo only: sleep this long inside the critical section to widen races" },
     { "DEMO_PAUSE_MS", "demo-pause-ms", OPT_INT, F(demo_pause_ms), 0, 60000, "0",
       "demo only: pause this long after taking the lock (a GC pause: shows fencing)" },
+    { "FENCING", "fencing", OPT_BOOL, F(fencing), 0, 1, "1",
+      "0, demo only (UNSAFE): order writes skip the fencing token check, so a holder whose "
+      "lock was lost still writes" },
     { "TEST_CLOCK_STEP_MS", "test-clock-step-ms", OPT_INT, F(test_clock_step_ms), 0, 3600000,
       "0", "testing only: timed waits read the wall clock this far ahead, as if it were "
       "stepped back by it each time (shows that no wait depends on the wall clock)" },
@@ -247,7 +260,58 @@ static int lock_safe(int s)
 int config_unsafe(void)
 {
     return !lock_safe(g_cfg.lock_strategy) || g_cfg.stock_strategy == STOCKS_NAIVE ||
-           g_cfg.demo_delay_ms > 0 || g_cfg.demo_pause_ms > 0;
+           g_cfg.demo_delay_ms > 0 || g_cfg.demo_pause_ms > 0 || !g_cfg.fencing;
+}
+
+/* A host name or IPv4 address: letters, digits, '-', '.', '_'. */
+static int host_ok(const char *h, size_t n)
+{
+    if (n == 0 || n >= sizeof ((sentinel_addr *)0)->host)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = h[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '.' || c == '_'))
+            return 0;
+    }
+    return 1;
+}
+
+int config_parse_sentinels(const char *s, sentinel_addr *out, int max)
+{
+    int n = 0;
+    const char *p = s;
+
+    if (*p == '\0')
+        return -1;
+    for (;;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *colon = memchr(p, ':', len);
+        char port_s[8];
+        char *stop;
+        long port;
+
+        if (n == max || colon == NULL || !host_ok(p, (size_t)(colon - p)))
+            return -1;
+        size_t plen = len - (size_t)(colon + 1 - p);
+        if (plen == 0 || plen >= sizeof port_s)
+            return -1;
+        memcpy(port_s, colon + 1, plen);
+        port_s[plen] = '\0';
+        errno = 0;
+        port = strtol(port_s, &stop, 10);
+        if (*stop != '\0' || errno != 0 || port < 1 || port > 65535 || port_s[0] == '+' ||
+            port_s[0] == '-' || port_s[0] == ' ')
+            return -1;
+        memcpy(out[n].host, p, (size_t)(colon - p));
+        out[n].host[colon - p] = '\0';
+        out[n].port = (int)port;
+        n++;
+        if (end == NULL)
+            return n;
+        p = end + 1;
+    }
 }
 
 int config_parse_redis_url(const char *s, redis_url *out)
@@ -717,6 +781,28 @@ int config_load(int argc, char **argv)
     if (config_parse_redis_url(g_cfg.redis_url_text, &g_cfg.redis) != 0) {
         fprintf(stderr, "seckill: invalid REDIS_URL '%s': expected "
                         "redis://[[user]:password@]host[:port][/db]\n", g_cfg.redis_url_text);
+        return -1;
+    }
+    if (g_cfg.sentinels_text[0] != '\0') {
+        g_cfg.n_sentinels = config_parse_sentinels(g_cfg.sentinels_text, g_cfg.sentinels,
+                                                   CONFIG_MAX_SENTINELS);
+        if (g_cfg.n_sentinels < 0) {
+            fprintf(stderr, "seckill: invalid REDIS_SENTINELS '%s': expected "
+                            "host:port[,host:port...] (at most %d)\n",
+                    g_cfg.sentinels_text, CONFIG_MAX_SENTINELS);
+            return -1;
+        }
+    }
+    if (g_cfg.master_name[0] == '\0' || strpbrk(g_cfg.master_name, " \t\r\n") != NULL) {
+        fprintf(stderr, "seckill: invalid REDIS_MASTER_NAME '%s': a name without spaces\n",
+                g_cfg.master_name);
+        return -1;
+    }
+    /* WAIT's answer must come back before the socket's read timeout. */
+    if (g_cfg.lock_sync_replicas > 0 && g_cfg.lock_sync_timeout_ms >= g_cfg.redis_timeout_ms) {
+        fprintf(stderr, "seckill: LOCK_SYNC_TIMEOUT_MS (%d) must be below REDIS_TIMEOUT_MS (%d): "
+                        "the answer to WAIT has to arrive within the command timeout\n",
+                g_cfg.lock_sync_timeout_ms, g_cfg.redis_timeout_ms);
         return -1;
     }
     if (g_cfg.instance_id[0] == '\0')

@@ -23,6 +23,14 @@ enum lock_strategy { LOCKS_NONE, LOCKS_LOCAL, LOCKS_SETNX, LOCKS_OWNER, LOCKS_RE
 enum stock_strategy { STOCKS_NAIVE, STOCKS_CAS, STOCKS_OPTIMISTIC, STOCKS_PESSIMISTIC,
                       STOCKS_BATCHED };
 
+#define CONFIG_MAX_SENTINELS 16
+
+/* One Sentinel of REDIS_SENTINELS. */
+typedef struct sentinel_addr {
+    char host[256];
+    int port;
+} sentinel_addr;
+
 typedef struct config {
     int port;
     char bind[64];
@@ -30,6 +38,13 @@ typedef struct config {
     char pg_dsn[1024];          /* empty: libpq reads PGHOST, PGPORT, ... */
     char redis_url_text[512];
     redis_url redis;
+    char sentinels_text[1024];  /* REDIS_SENTINELS as given; empty: one Redis at REDIS_URL */
+    sentinel_addr sentinels[CONFIG_MAX_SENTINELS];
+    int n_sentinels;            /* 0: no Sentinel */
+    char master_name[128];      /* REDIS_MASTER_NAME: the master the Sentinels watch */
+    int lock_sync_replicas;     /* a grant counts once this many replicas acknowledged it */
+    int lock_sync_timeout_ms;   /* WAIT's timeout for those acknowledgements */
+    int fencing;                /* 0 (demo only): order writes do not check the fencing token */
     int threads;                /* worker threads, each with its own connections */
     int io_threads;             /* libmicrohttpd event threads: never block on Redis/Postgres */
     int max_connections;
@@ -99,8 +114,14 @@ void config_usage(FILE *out);
 const char *config_lock_name(int s);
 const char *config_stock_name(int s);
 
-/* 1 when the strategies in force can oversell or sell twice to one user. */
+/* 1 when the strategies in force can oversell or sell twice to one user
+ * (a demo strategy, a demo delay or pause, or FENCING=0). */
 int config_unsafe(void);
+
+/* Parses REDIS_SENTINELS, "host:port[,host:port...]" (at most
+ * CONFIG_MAX_SENTINELS; a host is a name or an IPv4 address). Returns the
+ * count, or -1. */
+int config_parse_sentinels(const char *s, sentinel_addr *out, int max);
 
 /* Parses "redis://[[user]:password@]host[:port][/db]". Returns 0 or -1. */
 int config_parse_redis_url(const char *s, redis_url *out);

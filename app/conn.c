@@ -2,6 +2,7 @@
 #include "conn.h"
 #include "config.h"
 #include "log.h"
+#include "sentinel.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -101,47 +102,153 @@ static int socket_stale(int fd)
     return 1;
 }
 
-static int redis_ok(redisContext *c, redisReply *r, char *err, size_t errlen, const char *what)
+/* The next pipelined reply of the set-up; 0 unless it is an error (then
+ * 'err' says which: the command refused, or the connection failed). */
+static int next_ok(redisContext *c, char *err, size_t errlen, const char *what)
 {
-    int ok = r != NULL && r->type != REDIS_REPLY_ERROR;
+    void *reply = NULL;
+    redisReply *r;
+    int ok;
 
-    if (!ok)
-        snprintf(err, errlen, "%s: %s", what, r ? r->str : c->errstr);
+    if (redisGetReply(c, &reply) != REDIS_OK) {
+        freeReplyObject(reply);
+        reply = NULL;
+    }
+    r = reply;
+    ok = r != NULL && r->type != REDIS_REPLY_ERROR;
+    if (r != NULL && !ok)
+        snprintf(err, errlen, "%s: %s", what, r->str);
+    else if (r == NULL)
+        snprintf(err, errlen, "set-up: %s", c->errstr);
     freeReplyObject(r);
     return ok;
 }
 
-redisContext *conn_redis_open(char *err, size_t errlen)
+/* ROLE's reply: 0 when its first element is "master". */
+static int next_is_master(redisContext *c, const char *host, int port, char *err, size_t errlen)
+{
+    void *reply = NULL;
+    redisReply *r;
+    int rc = -1;
+
+    if (redisGetReply(c, &reply) != REDIS_OK) {
+        freeReplyObject(reply);
+        reply = NULL;
+    }
+    r = reply;
+    if (r == NULL) {
+        snprintf(err, errlen, "set-up: %s", c->errstr);
+    } else if (r->type == REDIS_REPLY_ERROR) {
+        snprintf(err, errlen, "ROLE: %s", r->str);
+    } else if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+               r->element[0]->type != REDIS_REPLY_STRING) {
+        snprintf(err, errlen, "ROLE: unexpected reply type %d", r->type);
+    } else if (strcmp(r->element[0]->str, "master") != 0) {
+        snprintf(err, errlen, "%s:%d is a %s, not the master (a failover in progress?)", host,
+                 port, r->element[0]->str);
+    } else {
+        rc = 0;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+/* Opens a context to the master; '*gen' gets the Sentinel generation of
+ * the address used (0 without Sentinel). Its set-up is one round trip:
+ * AUTH and SELECT as REDIS_URL says, a name that tells operators whose
+ * connection it is (CLIENT LIST), and with Sentinel ROLE, since Sentinel
+ * may still name a master that a failover has just demoted, or one that
+ * came back as a replica: never write to a replica. */
+static redisContext *open_master(char *err, size_t errlen, uint64_t *gen)
 {
     const redis_url *u = &g_cfg.redis;
     struct timeval tv = { g_cfg.redis_timeout_ms / 1000, (g_cfg.redis_timeout_ms % 1000) * 1000 };
-    redisContext *c = redisConnectWithTimeout(u->host, u->port, tv);
+    char host[256];
+    int port = u->port, ok;
+    redisContext *c;
 
+    *gen = 0;
+    if (sentinel_enabled()) {
+        *gen = sentinel_master(host, sizeof host, &port);
+        if (*gen == 0) {
+            snprintf(err, errlen, "no master known for '%s'", g_cfg.master_name);
+            return NULL;
+        }
+    } else {
+        snprintf(host, sizeof host, "%s", u->host);
+    }
+    c = redisConnectWithTimeout(host, port, tv);
     if (c == NULL) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
     if (c->err) {
-        snprintf(err, errlen, "connect %s:%d: %s", u->host, u->port, c->errstr);
+        snprintf(err, errlen, "connect %s:%d: %s", host, port, c->errstr);
         goto fail;
     }
     if (redisSetTimeout(c, tv) != REDIS_OK || redisEnableKeepAlive(c) != REDIS_OK) {
         snprintf(err, errlen, "socket options: %s", c->errstr);
         goto fail;
     }
-    if (u->password[0] != '\0') {
-        redisReply *r = u->username[0] != '\0'
-                            ? redisCommand(c, "AUTH %s %s", u->username, u->password)
-                            : redisCommand(c, "AUTH %s", u->password);
-        if (!redis_ok(c, r, err, errlen, "AUTH"))
-            goto fail;
+    ok = REDIS_OK;
+    if (u->password[0] != '\0')
+        ok = u->username[0] != '\0' ? redisAppendCommand(c, "AUTH %s %s", u->username, u->password)
+                                    : redisAppendCommand(c, "AUTH %s", u->password);
+    if (ok == REDIS_OK && u->db != 0)
+        ok = redisAppendCommand(c, "SELECT %d", u->db);
+    if (ok == REDIS_OK)
+        ok = redisAppendCommand(c, "CLIENT SETNAME seckill:%s", g_cfg.instance_id);
+    if (ok == REDIS_OK && sentinel_enabled())
+        ok = redisAppendCommand(c, "ROLE");
+    if (ok != REDIS_OK) {
+        snprintf(err, errlen, "set-up: cannot format the commands");
+        goto fail;
     }
-    if (u->db != 0 && !redis_ok(c, redisCommand(c, "SELECT %d", u->db), err, errlen, "SELECT"))
+    ok = (u->password[0] == '\0' || next_ok(c, err, errlen, "AUTH")) &&
+         (u->db == 0 || next_ok(c, err, errlen, "SELECT")) &&
+         /* A name is a courtesy: an ACL user may lack CLIENT, which is no reason to fail. */
+         (next_ok(c, err, errlen, "CLIENT SETNAME") || c->err == 0) &&
+         (!sentinel_enabled() || next_is_master(c, host, port, err, errlen) == 0);
+    if (!ok)
         goto fail;
     return c;
 fail:
+    sentinel_suspect(host, port);
     redisFree(c);
     return NULL;
+}
+
+redisContext *conn_redis_open(char *err, size_t errlen)
+{
+    uint64_t gen;
+
+    return open_master(err, errlen, &gen);
+}
+
+int conn_redis_current(const redisContext *c)
+{
+    char host[256];
+    int port;
+
+    if (!sentinel_enabled())
+        return 1;
+    if (c == NULL || c->connection_type != REDIS_CONN_TCP || c->tcp.host == NULL)
+        return 0;
+    sentinel_master(host, sizeof host, &port);
+    return port == c->tcp.port && strcmp(host, c->tcp.host) == 0;
+}
+
+void conn_redis_master(char *buf, size_t n)
+{
+    char host[256];
+    int port;
+
+    if (sentinel_enabled() && sentinel_master(host, sizeof host, &port) != 0)
+        snprintf(buf, n, "%s:%d", host, port);
+    else if (sentinel_enabled())
+        snprintf(buf, n, "%s", "");
+    else
+        snprintf(buf, n, "%s:%d", g_cfg.redis.host, g_cfg.redis.port);
 }
 
 static int is_timeout(const char *err)
@@ -168,13 +275,18 @@ redisContext *conn_redis(conn_set *cs)
     if (util_mono_us() < atomic_load(&redis_open_until_us))
         return NULL;
     if (cs->redis != NULL) {
-        if (!socket_stale(cs->redis->fd))
+        if (sentinel_enabled() && cs->redis_gen != sentinel_generation()) {
+            log_info("redis master changed; reconnecting");
+        } else if (!socket_stale(cs->redis->fd)) {
             return cs->redis;
-        log_info("redis connection closed by the server; reconnecting");
+        } else {
+            log_info("redis connection closed by the server; reconnecting");
+            sentinel_suspect(cs->redis->tcp.host, cs->redis->tcp.port);
+        }
         redisFree(cs->redis);
         cs->redis = NULL;
     }
-    cs->redis = conn_redis_open(err, sizeof err);
+    cs->redis = open_master(err, sizeof err, &cs->redis_gen);
     if (cs->redis == NULL) {
         if (is_timeout(err))
             trip_breaker(err);
@@ -190,6 +302,7 @@ void conn_redis_broken(conn_set *cs)
         trip_breaker(cs->redis->errstr);
     if (cs->redis != NULL) {
         log_warn("redis connection dropped: %s", cs->redis->err ? cs->redis->errstr : "reply error");
+        sentinel_suspect(cs->redis->tcp.host, cs->redis->tcp.port);
         redisFree(cs->redis);
         cs->redis = NULL;
     }

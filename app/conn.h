@@ -10,6 +10,7 @@
 
 typedef struct conn_set {
     redisContext *redis;   /* NULL until connected, or after conn_redis_broken */
+    uint64_t redis_gen;    /* sentinel_generation() when 'redis' was opened */
     PGconn *pg;            /* NULL until connected, or after conn_pg_broken */
     uint64_t thread_id;    /* process-unique, never reused (lock owner id) */
     char owner[128];       /* "<instance uuid>:<thread_id>", the lock hash field */
@@ -30,6 +31,9 @@ conn_set *conn_get(void);
 /* A connected Redis context, or NULL when Redis is unreachable (the reason
  * is logged). Connects with the configured connect and command timeouts,
  * authenticates and selects the database. Borrowed: do not free.
+ * With Sentinel (REDIS_SENTINELS) it connects to the master the Sentinels
+ * name, checks with ROLE that it is the master, and re-opens a context
+ * whose master has been replaced since (a failover) before handing it out.
  * After a timeout on any worker, every worker gets NULL at once for a short
  * while (a circuit breaker): a crowd fails fast instead of queueing behind
  * one timeout per thread. */
@@ -37,7 +41,8 @@ redisContext *conn_redis(conn_set *cs);
 
 /* Call after a NULL reply or any context error: the context is freed and
  * the next conn_redis opens a new one (a timed-out reply may still arrive
- * on the old socket, so it must never be reused). */
+ * on the old socket, so it must never be reused). With Sentinel, the
+ * Sentinels are asked again where the master is. */
 void conn_redis_broken(conn_set *cs);
 
 /* A connected Postgres session, set up by the conn_set_pg_init hook, or NULL when
@@ -50,8 +55,19 @@ void conn_pg_broken(conn_set *cs);
 
 /* Opens a standalone Redis context with the configured timeouts, for threads
  * outside the worker pool (stats publisher, tests). Caller frees with
- * redisFree. NULL on failure, with the reason in 'err'. */
+ * redisFree. NULL on failure, with the reason in 'err'. With Sentinel: to
+ * the master, as conn_redis; a refusal or a replica at the address makes
+ * the Sentinels be asked again. */
 redisContext *conn_redis_open(char *err, size_t errlen);
+
+/* 0 when a standalone context should be re-opened: with Sentinel, it leads
+ * to a server that is no longer the master (a failover happened); always 1
+ * without Sentinel. For threads that keep a context open (subscribers,
+ * publisher, lease renewal). */
+int conn_redis_current(const redisContext *c);
+
+/* The master in use: "host:port" (Sentinel's answer, or REDIS_URL's). */
+void conn_redis_master(char *buf, size_t n);
 
 /* Opens a standalone Postgres connection (set up as above). Caller frees
  * with PQfinish. NULL on failure, with the reason in 'err'. */

@@ -5,6 +5,8 @@
 #include "http.h"
 #include "lock.h"
 #include "rec.h"
+#include "conn.h"
+#include "sentinel.h"
 #include "util.h"
 #include "version.h"
 
@@ -291,6 +293,9 @@ static void write_locks(FILE *f)
     fprintf(f, "seckill_lock_wakeup_seconds_total %.6f\n", (double)lf.lib.wake_us_sum / 1e6);
     write_counter(f, "seckill_lock_errors_total", "Redis failures inside lock calls.",
                   lf.lib.errors);
+    write_counter(f, "seckill_lock_unsynced_total",
+                  "Grants undone: fewer replicas than LOCK_SYNC_REPLICAS acknowledged them.",
+                  lf.lib.unsynced);
     rec_batch_counts(&nb, &buyers, &largest);
     write_counter(f, "seckill_batches_total", "Group commits settled (stock strategy batched).",
                   nb);
@@ -359,6 +364,26 @@ static void write_vouchers(FILE *f, const cJSON *vouchers)
     }
 }
 
+/* The Redis master in use, and the failovers this process followed. */
+static void write_redis(FILE *f)
+{
+    sentinel_view sv = { 0 };
+    char master[300], esc[640];
+
+    conn_redis_master(master, sizeof master);
+    expo_escape(master, esc, sizeof esc);
+    if (sentinel_enabled())
+        sentinel_view_get(&sv);
+    family(f, "seckill_redis_master", "gauge",
+           "The Redis master this instance writes to (1 for the address in use).");
+    fprintf(f, "seckill_redis_master{address=\"%s\",sentinel=\"%s\"} 1\n", esc,
+            sentinel_enabled() ? "yes" : "no");
+    write_counter(f, "seckill_redis_failovers_total",
+                  "Master changes followed (Sentinel failovers seen since start).", sv.failovers);
+    write_counter(f, "seckill_redis_switch_notices_total",
+                  "Sentinel +switch-master notices received.", sv.switch_notices);
+}
+
 void expo_metrics(FILE *f, const cJSON *vouchers)
 {
     int in_progress, queued;
@@ -373,6 +398,7 @@ void expo_metrics(FILE *f, const cJSON *vouchers)
     write_requests(f);
     write_backends(f);
     write_locks(f);
+    write_redis(f);
     if (vouchers != NULL)
         write_vouchers(f, vouchers);
 }
@@ -443,6 +469,28 @@ static cJSON *lock_json(void)
     cJSON_AddNumberToObject(o, "wakeupMaxMs", (double)lc->wake_us_max / 1000.0);
     cJSON_AddNumberToObject(o, "renewals", (double)lc->renewals);
     cJSON_AddNumberToObject(o, "errors", (double)lc->errors);
+    /* LOCK_SYNC_REPLICAS: grants the replicas did not acknowledge in time. */
+    cJSON_AddNumberToObject(o, "unsynced", (double)lc->unsynced);
+    return o;
+}
+
+/* The Redis master in use and how it was found; failovers followed. */
+static cJSON *redis_json(void)
+{
+    cJSON *o = cJSON_CreateObject();
+    sentinel_view sv = { 0 };
+    char master[300];
+
+    conn_redis_master(master, sizeof master);
+    if (sentinel_enabled())
+        sentinel_view_get(&sv);
+    cJSON_AddStringToObject(o, "mode", sentinel_enabled() ? "sentinel" : "single");
+    cJSON_AddStringToObject(o, "master", master);
+    if (sentinel_enabled())
+        cJSON_AddStringToObject(o, "masterName", g_cfg.master_name);
+    cJSON_AddNumberToObject(o, "failovers", (double)sv.failovers);
+    cJSON_AddNumberToObject(o, "switchNotices", (double)sv.switch_notices);
+    cJSON_AddNumberToObject(o, "syncReplicas", g_cfg.lock_sync_replicas);
     return o;
 }
 
@@ -453,6 +501,7 @@ void expo_counters_json(cJSON *obj)
 
     cJSON_AddItemToObject(obj, "requests", requests_json());
     cJSON_AddItemToObject(obj, "lock", lock_json());
+    cJSON_AddItemToObject(obj, "redis", redis_json());
     rec_batch_counts(&n, &buyers, &largest);
     cJSON_AddNumberToObject(b, "batches", (double)n);
     cJSON_AddNumberToObject(b, "buyers", (double)buyers);

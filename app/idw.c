@@ -8,6 +8,7 @@
 
 #include "log.h"
 #include "rec.h"
+#include "script.h"
 #include "util.h"
 
 #define IDW_SECONDS_MAX 0x7fffffffLL   /* 31 bits */
@@ -88,7 +89,7 @@ idw_status idw_recv(redisContext *c, idw_op *op, int64_t *id)
         freeReplyObject(reply);
         reply = NULL;
     }
-    r = reply;
+    r = script_demoted(c, reply);
     rec_backend(REC_REDIS, util_mono_us() - op->t0, r != NULL);
     if (r == NULL) {
         log_warn("idw: INCR %s: %s", op->key, c->errstr);

@@ -32,6 +32,12 @@ static atomic_uint_fast64_t n_wait_us_max;
 static atomic_uint_fast64_t n_wake_samples;
 static atomic_uint_fast64_t n_wake_us_sum;
 static atomic_uint_fast64_t n_wake_us_max;
+static atomic_uint_fast64_t n_unsynced;
+static atomic_uint_fast64_t n_sync_waits;
+
+/* Replica acknowledgement of grants (lock_sync_set). */
+static _Atomic int sync_replicas;
+static _Atomic int sync_timeout_ms;
 
 static _Atomic(lock_hook_fn) test_hook;
 
@@ -80,15 +86,22 @@ int lock_runtime_start(const lock_options *o)
         return -1;
     }
     atomic_store(&command_timeout_ms, o->command_timeout_ms > 0 ? o->command_timeout_ms : 0);
+    lock_sync_set(o->sync_replicas, o->sync_timeout_ms);
     lock_set_token_ttl(o->token_ttl_ms);
     script_set_observer(o->observe);
-    if (lockwait_start(o->connect) != 0)
+    if (lockwait_start(o->connect, o->stale) != 0)
         return -1;
-    if (wd_start(o->watchdog_timeout_ms, o->connect) != 0) {
+    if (wd_start(o->watchdog_timeout_ms, o->connect, o->stale) != 0) {
         lockwait_stop();
         return -1;
     }
     return 0;
+}
+
+void lock_sync_set(int replicas, int timeout_ms)
+{
+    atomic_store(&sync_replicas, replicas > 0 ? replicas : 0);
+    atomic_store(&sync_timeout_ms, timeout_ms > 0 ? timeout_ms : 0);
 }
 
 void lock_set_token_ttl(long ms)
@@ -157,6 +170,7 @@ lock_status lock_acquire_send_within(redisContext *c, lock_acquire_op *op, const
         return LOCK_ERR;
     op->key = key;
     op->owner = owner;
+    op->lease_ms = lease_ms;
     op->token_key = companion_dup(LOCK_TOKEN_PREFIX, key);
     /* Registered before the acquire is sent, so that no renewal can ever
      * be scheduled after this hold's release (redisson#7272). */
@@ -211,13 +225,95 @@ static redisReply *acquire_without_deadline(redisContext *c, lock_acquire_op *op
     return script_run(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL);
 }
 
+/* Reads WAIT's reply: how many replicas acknowledged, or -1 (no reply:
+ * c->err is set; or an error reply, logged). */
+static long long wait_reply(redisContext *c)
+{
+    void *reply = NULL;
+    redisReply *r;
+    long long acks = -1;
+
+    if (redisGetReply(c, &reply) != REDIS_OK) {
+        freeReplyObject(reply);
+        return -1;
+    }
+    r = reply;
+    if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+        acks = r->integer;
+    else
+        log_warn("lock: WAIT: %s", r != NULL && r->type == REDIS_REPLY_ERROR ? r->str
+                                                                             : "unexpected reply");
+    freeReplyObject(r);
+    return acks;
+}
+
+/* WAIT in a round trip of its own. */
+static long long wait_now(redisContext *c)
+{
+    int64_t t0 = util_mono_us();
+    long long acks = -1;
+
+    atomic_fetch_add_explicit(&n_sync_waits, 1, memory_order_relaxed);
+    if (redisAppendCommand(c, "WAIT %d %d", atomic_load(&sync_replicas),
+                           atomic_load(&sync_timeout_ms)) == REDIS_OK)
+        acks = wait_reply(c);
+    script_observe(util_mono_us() - t0, c->err == 0);
+    return acks;
+}
+
+void lock_sync_send(redisContext *c, lock_acquire_op *ops, size_t n)
+{
+    int want = atomic_load(&sync_replicas);
+    size_t last = n;
+
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].sent)
+            last = i;
+    if (want <= 0 || last == n)
+        return;
+    /* One WAIT counts the acknowledgements of every write before it on
+     * this connection: the whole batch. If it cannot be appended, recv
+     * sends one of its own. */
+    if (redisAppendCommand(c, "WAIT %d %d", want, atomic_load(&sync_timeout_ms)) != REDIS_OK)
+        return;
+    atomic_fetch_add_explicit(&n_sync_waits, 1, memory_order_relaxed);
+    ops[last].wait_follows = 1;
+}
+
+/* A grant the replicas did not acknowledge is taken back: the release
+ * script as its holder (one hold less: a reentrant grant leaves the
+ * earlier holds). Renewal is not touched: wd_end undoes the registration.
+ * LOCK_UNSYNCED once undone; LOCK_ERR when the undo failed (c->err set
+ * when the connection did: the grant may stand until its lease ends). */
+static lock_status undo_grant(redisContext *c, lock_acquire_op *op, long long acks)
+{
+    lock_release_req rq;
+
+    atomic_fetch_add_explicit(&n_unsynced, 1, memory_order_relaxed);
+    if (c->err) {
+        log_warn("lock acquire %s: no replica acknowledgement (%s): the grant may stand until "
+                 "its lease ends", op->key, c->errstr);
+        return LOCK_ERR;
+    }
+    log_warn("lock acquire %s: %lld of %d replicas acknowledged the grant within %d ms: "
+             "undoing it", op->key, acks < 0 ? 0 : acks, atomic_load(&sync_replicas),
+             atomic_load(&sync_timeout_ms));
+    lock_release_req_init(&rq);
+    rq.renewal_cancelled = 1;
+    if (lock_release_ex(c, op->key, op->owner, op->lease_ms, &rq, NULL) == LOCK_ERR)
+        return LOCK_ERR;
+    return LOCK_UNSYNCED;
+}
+
 /* Reads the attempt's outcome from its reply 'r' (taken; NULL: none came)
- * and releases the op. */
+ * and releases the op. 'acks': replicas that acknowledged the writes up
+ * to this attempt (a WAIT read already), or -1: not asked yet. */
 static lock_status acquire_finish(redisContext *c, lock_acquire_op *op, redisReply *r,
-                                  lock_grant *g)
+                                  lock_grant *g, long long acks)
 {
     lock_status st = LOCK_ERR;
     long long first, second;
+    int want = atomic_load(&sync_replicas);
 
     if (!op->sent)
         goto cleanup;
@@ -256,6 +352,13 @@ static lock_status acquire_finish(redisContext *c, lock_acquire_op *op, redisRep
     } else {
         log_warn("lock acquire %s: unexpected reply {%lld, %lld}", op->key, first, second);
     }
+    /* A grant counts once enough replicas have it. */
+    if (st == LOCK_OK && want > 0) {
+        if (acks < 0 && c->err == 0)
+            acks = wait_now(c);
+        if (acks < want)
+            st = undo_grant(c, op, acks);
+    }
 
 cleanup:
     /* No reply may hide a grant: it is not renewed and expires by itself. */
@@ -265,62 +368,78 @@ cleanup:
         count(&n_acquired);
     else if (st == LOCK_BUSY)
         count(&n_contended);
-    else
+    else if (st == LOCK_ERR)
         count(&n_errors);
     freeReplyObject(r);
     free(op->token_key);
     op->token_key = NULL;
     op->watchdog = 0;
     op->sent = 0;
+    op->wait_follows = 0;
     return st;
 }
 
 lock_status lock_acquire_recv(redisContext *c, lock_acquire_op *op, lock_grant *g)
 {
     redisReply *r = NULL;
+    long long acks = -1;
 
     if (op->sent) {
-        r = script_recv(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL, 1);
-        if (acquire_clock_ahead(r))
+        /* With a WAIT behind it, a NOSCRIPT answer is re-sent only after
+         * the WAIT's reply is read. */
+        r = script_recv(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL, !op->wait_follows);
+        if (op->wait_follows) {
+            acks = c->err ? -1 : wait_reply(c);
+            if (script_is_noscript(r) && c->err == 0) {
+                freeReplyObject(r);
+                r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, op->argc, op->argv, NULL);
+                acks = -1;                  /* that WAIT came before this grant */
+            }
+        }
+        if (acquire_clock_ahead(r)) {
             r = acquire_without_deadline(c, op, r);
+            acks = -1;
+        }
     }
-    return acquire_finish(c, op, r, g);
+    return acquire_finish(c, op, r, g, acks);
 }
 
 void lock_acquire_recv_many(redisContext *c, lock_acquire_op *ops, size_t n, lock_grant *g,
                             lock_status *st)
 {
-    redisReply **again = xcalloc(n ? n : 1, sizeof *again);
+    redisReply **reply = xcalloc(n ? n : 1, sizeof *reply);
     unsigned char *redo = xcalloc(n ? n : 1, 1);
+    long long acks = -1;
+    int redone = 0;
     size_t i;
 
     for (i = 0; i < n; i++) {
-        redisReply *r = NULL;
-        if (ops[i].sent) {
-            r = script_recv(c, SCRIPT_LOCK_ACQUIRE, 2, ops[i].argc, ops[i].argv, NULL, 0);
-            /* Neither may be re-sent while later replies are pending. */
-            if (script_is_noscript(r) || acquire_clock_ahead(r)) {
-                again[i] = r;
-                redo[i] = 1;
-                continue;
-            }
-        }
-        st[i] = acquire_finish(c, &ops[i], r, &g[i]);
+        if (!ops[i].sent)
+            continue;
+        reply[i] = script_recv(c, SCRIPT_LOCK_ACQUIRE, 2, ops[i].argc, ops[i].argv, NULL, 0);
+        /* Neither may be re-sent while later replies are pending. */
+        redo[i] = script_is_noscript(reply[i]) || acquire_clock_ahead(reply[i]);
+        if (ops[i].wait_follows)
+            acks = c->err ? -1 : wait_reply(c);
     }
     for (i = 0; i < n; i++) {
-        redisReply *r;
         if (!redo[i])
             continue;
-        if (acquire_clock_ahead(again[i])) {
-            r = acquire_without_deadline(c, &ops[i], again[i]);
+        if (acquire_clock_ahead(reply[i])) {
+            reply[i] = acquire_without_deadline(c, &ops[i], reply[i]);
         } else {
-            freeReplyObject(again[i]);        /* NOSCRIPT: it did not run */
-            r = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, ops[i].argc, ops[i].argv, NULL);
+            freeReplyObject(reply[i]);        /* NOSCRIPT: it did not run */
+            reply[i] = script_run(c, SCRIPT_LOCK_ACQUIRE, 2, ops[i].argc, ops[i].argv, NULL);
         }
-        st[i] = acquire_finish(c, &ops[i], r, &g[i]);
+        redone = 1;
     }
+    /* One WAIT for the batch: the pipelined one, unless a grant came after it. */
+    if (atomic_load(&sync_replicas) > 0 && c->err == 0 && (acks < 0 || redone))
+        acks = wait_now(c);
+    for (i = 0; i < n; i++)
+        st[i] = acquire_finish(c, &ops[i], reply[i], &g[i], acks);
     free(redo);
-    free(again);
+    free(reply);
 }
 
 lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner,
@@ -331,6 +450,7 @@ lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner
     /* A send that fails still goes through recv: it counts the error and
      * undoes the watchdog registration. */
     lock_acquire_send(c, &op, key, owner, lease_ms);
+    lock_sync_send(c, &op, 1);
     return lock_acquire_recv(c, &op, g);
 }
 
@@ -381,7 +501,7 @@ lock_status lock_try_lock(redisContext *c, const char *key, const char *owner,
 cleanup:
     if (w != NULL) {
         /* A wake-up used on an attempt that failed outright is handed on. */
-        lockwait_leave(w, st == LOCK_ERR && woken);
+        lockwait_leave(w, (st == LOCK_ERR || st == LOCK_UNSYNCED) && woken);
         if (st == LOCK_OK) {
             int64_t now = util_mono_us();
             count(&n_wait_acquired);
@@ -578,6 +698,8 @@ void lock_counters_get(lock_counters *out)
     out->wake_samples = atomic_load_explicit(&n_wake_samples, memory_order_relaxed);
     out->wake_us_sum = atomic_load_explicit(&n_wake_us_sum, memory_order_relaxed);
     out->wake_us_max = atomic_load_explicit(&n_wake_us_max, memory_order_relaxed);
+    out->unsynced = atomic_load_explicit(&n_unsynced, memory_order_relaxed);
+    out->sync_waits = atomic_load_explicit(&n_sync_waits, memory_order_relaxed);
 
     lockwait_counters lw;
     wd_counters wd;

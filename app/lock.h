@@ -35,7 +35,9 @@ typedef enum lock_status {
     LOCK_OK = 0,          /* acquired (new or reentry) / released or count decreased */
     LOCK_BUSY = 1,        /* held by another owner */
     LOCK_NOT_OWNER = 2,   /* release by someone who does not hold it: nothing changed */
-    LOCK_ERR = -1         /* Redis failed; on a NULL reply the context is unusable */
+    LOCK_ERR = -1,        /* Redis failed; on a NULL reply the context is unusable */
+    LOCK_UNSYNCED = -2    /* granted on the master, but fewer replicas than required
+                           * acknowledged the grant (lock_sync_set): it was undone */
 } lock_status;
 
 typedef struct lock_grant {
@@ -61,6 +63,14 @@ typedef struct lock_options {
     long watchdog_timeout_ms;
     /* Called after each Redis round trip of the library (may be NULL). */
     void (*observe)(int64_t latency_us, int ok);
+    /* Optional: 1 when a connection the library's threads keep open (the
+     * subscriber's, the renewal thread's) should be closed and opened
+     * again with 'connect', e.g. because it leads to a Redis that a
+     * failover has demoted. Checked every loop of those threads. */
+    int (*stale)(const redisContext *c);
+    /* Replica acknowledgement of grants: see lock_sync_set. */
+    int sync_replicas;
+    int sync_timeout_ms;
     /* lock_set_token_ttl's value (ms); 0: the counters never expire. */
     long token_ttl_ms;
 } lock_options;
@@ -84,6 +94,21 @@ void lock_set_token_ttl(long ms);
  * works on the holder's TTL alone. */
 void lock_runtime_stop(void);
 
+/* A grant counts only once 'replicas' replicas acknowledged it: every
+ * acquire attempt is followed by "WAIT replicas timeout_ms" (in the same
+ * round trip where the caller pipelines it, lock_sync_send), as Redisson's
+ * RLock does since redisson/redisson#2669. When fewer acknowledge within
+ * the timeout the grant is undone (the release script, as the holder) and
+ * the attempt returns LOCK_UNSYNCED: a failover to a replica that never
+ * saw the grant cannot hand the same lock to a second holder. WAIT does
+ * not make Redis strongly consistent (redis.io/commands/wait): the
+ * acknowledging replica need not be the one promoted, and a replica that
+ * acknowledged may lose the write in a crash of its own. 0 (the default):
+ * no WAIT. Set by lock_runtime_start; call directly only while no lock
+ * call runs (tests, benchmarks). The caller's socket read timeout must
+ * exceed 'timeout_ms'. */
+void lock_sync_set(int replicas, int timeout_ms);
+
 /* One acquire attempt (no waiting). 'lease_ms' > 0 or LOCK_WATCHDOG.
  * On LOCK_OK fills g->token; on LOCK_BUSY fills g->ttl_ms. 'g' may be NULL.
  * Never retried: a lost reply may hide a grant, which then expires. */
@@ -95,15 +120,19 @@ lock_status lock_try_acquire(redisContext *c, const char *key, const char *owner
  * replies of the commands appended before it are read, lock_acquire_recv
  * sends what is buffered if need be and reads the attempt's reply. Call
  * recv exactly once after every send, whatever the send returned (it
- * releases the op's memory), and append nothing after the send: a NOSCRIPT
- * answer is re-sent and waited for. 'key' and 'owner' are borrowed until
- * recv returns. */
+ * releases the op's memory), and append nothing after the send but
+ * lock_sync_send: a NOSCRIPT answer is re-sent and waited for. 'key' and
+ * 'owner' are borrowed until recv returns. With replica acknowledgement on
+ * (lock_sync_set), recv waits for it after a grant, with one more round
+ * trip unless lock_sync_send put the WAIT in the same one. */
 typedef struct lock_acquire_op {
     const char *key, *owner;
     char *token_key;
     char lease[24], deadline[24], token_ttl[24];
     const char *argv[6];
+    long lease_ms;                 /* as given: > 0 or LOCK_WATCHDOG */
     int argc, watchdog, sent;
+    int wait_follows;              /* a WAIT's reply follows this attempt's */
     int64_t t0;
 } lock_acquire_op;
 
@@ -117,10 +146,17 @@ lock_status lock_acquire_recv(redisContext *c, lock_acquire_op *op, lock_grant *
 lock_status lock_acquire_send_within(redisContext *c, lock_acquire_op *op, const char *key,
                                      const char *owner, long lease_ms, int timeout_ms);
 
+/* After lock_acquire_send of ops[0..n-1] (and nothing else after them):
+ * appends one WAIT that covers them all, when replica acknowledgement is
+ * on; a no-op otherwise. Then read them with lock_acquire_recv (n = 1) or
+ * lock_acquire_recv_many. */
+void lock_sync_send(redisContext *c, lock_acquire_op *ops, size_t n);
+
 /* 'n' attempts in one round trip (a batch's buyers): lock_acquire_send for
- * each, then this once, after every reply appended before them is read.
- * Outcomes go to st[i] and g[i] as for lock_acquire_recv; an attempt
- * answered NOSCRIPT is re-sent alone once every reply is in. */
+ * each (then lock_sync_send), then this once, after every reply appended
+ * before them is read. Outcomes go to st[i] and g[i] as for
+ * lock_acquire_recv; an attempt answered NOSCRIPT is re-sent alone once
+ * every reply is in. One WAIT covers the whole batch. */
 void lock_acquire_recv_many(redisContext *c, lock_acquire_op *ops, size_t n, lock_grant *g,
                             lock_status *st);
 
@@ -196,6 +232,8 @@ typedef struct lock_counters {
     uint64_t renew_lost;      /* watchdog locks dropped: owner field gone */
     uint64_t renew_errors;    /* renewal batches that failed (logged, retried next tick) */
     uint64_t subscriber_reconnects;  /* pub/sub connection re-opened after a failure */
+    uint64_t unsynced;        /* grants undone: too few replicas acknowledged them */
+    uint64_t sync_waits;      /* WAITs sent after grants */
 } lock_counters;
 
 void lock_counters_get(lock_counters *out);

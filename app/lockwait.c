@@ -18,6 +18,7 @@
 
 #define LW_BUCKETS        256
 #define LW_PING_MS        5000    /* idle this long: PING; no answer this long: reconnect */
+#define LW_STALE_CHECK_MS 1000    /* how often lw.stale is asked about an idle connection */
 #define LW_BACKOFF_MIN_MS 50
 #define LW_BACKOFF_MAX_MS 2000
 #define LW_UNLOCK_MESSAGE "0"     /* Redisson's LockPubSub.UNLOCK_MESSAGE: wake one */
@@ -58,6 +59,7 @@ static struct {
     int efd;          /* eventfd: wakes the subscriber's poll */
     pthread_t thread;
     lockwait_connect_fn connect;
+    lockwait_stale_fn stale;       /* may be NULL */
 } lw = { .mu = PTHREAD_MUTEX_INITIALIZER, .efd = -1 };
 
 /* Statistics only: relaxed. */
@@ -405,8 +407,14 @@ static void *subscriber_main(void *arg)
             break;
 
         long timeout_ms = 0;
+        if (rc == 0 && lw.stale != NULL && lw.stale(c)) {
+            log_info("lockwait: the subscriber's Redis is no longer the master; reconnecting");
+            rc = -1;
+        }
         if (rc == 0)
             rc = liveness(c, last_rx_us, &ping_sent_us, &timeout_ms);
+        if (lw.stale != NULL && timeout_ms > LW_STALE_CHECK_MS)
+            timeout_ms = LW_STALE_CHECK_MS;
         if (rc == 0 && flush(c) != 0)
             rc = -1;
         if (rc == 0) {
@@ -466,7 +474,7 @@ static int thread_start(void)
     return 0;
 }
 
-int lockwait_start(lockwait_connect_fn connect)
+int lockwait_start(lockwait_connect_fn connect, lockwait_stale_fn stale)
 {
     int rc = -1;
 
@@ -475,8 +483,10 @@ int lockwait_start(lockwait_connect_fn connect)
         log_error("lockwait: no connect function");
         goto cleanup;
     }
-    if (!lw.running)
+    if (!lw.running) {
         lw.connect = connect;
+        lw.stale = stale;
+    }
     lw.enabled = 1;
     rc = 0;
 cleanup:

@@ -27,11 +27,15 @@ typedef struct lockwait_waiter lockwait_waiter;
 
 /* Opens the subscriber's connection (see lock_options.connect). */
 typedef redisContext *(*lockwait_connect_fn)(char *err, size_t errlen);
+/* 1 when that connection should be opened again (lock_options.stale). */
+typedef int (*lockwait_stale_fn)(const redisContext *c);
 
 /* Lets the subscriber thread run: the first lockwait_join starts it, and
- * it connects in the background with 'connect'. Before this (and after
- * lockwait_stop) waiters work on timeouts alone. Returns 0, or -1 (logged). */
-int lockwait_start(lockwait_connect_fn connect);
+ * it connects in the background with 'connect'; a connection 'stale' (may
+ * be NULL) refuses is re-opened, its channels subscribed again. Before
+ * this (and after lockwait_stop) waiters work on timeouts alone. Returns
+ * 0, or -1 (logged). */
+int lockwait_start(lockwait_connect_fn connect, lockwait_stale_fn stale);
 
 /* Stops and joins the thread (if it started) and closes its connection.
  * Waiters still registered keep working on timeouts alone; later joins do

@@ -15,6 +15,7 @@
 #include "script.h"
 #include "store.h"
 #include "peers.h"
+#include "sentinel.h"
 #include "util.h"
 #include "stats.h"
 #include "ulock.h"
@@ -29,6 +30,60 @@
 #include <microhttpd.h>
 
 #define SHUTDOWN_GRACE_MS 5000
+
+/* Exit codes of a refused start. */
+#define EXIT_CONFIG 2         /* a setting is invalid, or names something that does not exist */
+#define EXIT_UNREACHABLE 3    /* no Redis Sentinel answered */
+
+/* The lock library's threads keep connections open: one that leads to a
+ * demoted master is re-opened (lock_options.stale). */
+static int redis_stale(const redisContext *c)
+{
+    return !conn_redis_current(c);
+}
+
+/* With Sentinel: finds the master, or says why not. 0, or an exit code. */
+static int start_sentinel(void)
+{
+    char err[1024];
+
+    switch (sentinel_start(err, sizeof err)) {
+    case SENTINEL_STARTED:
+        return 0;
+    case SENTINEL_UNKNOWN_MASTER:
+        log_error("REDIS_SENTINELS: no Sentinel knows a master named '%s' (REDIS_MASTER_NAME): %s",
+                  g_cfg.master_name, err);
+        return EXIT_CONFIG;
+    case SENTINEL_UNREACHABLE:
+        log_error("REDIS_SENTINELS: no Sentinel answered (%s): %s", g_cfg.sentinels_text, err);
+        return EXIT_UNREACHABLE;
+    default:
+        log_error("REDIS_SENTINELS: %s", err);
+        return 1;
+    }
+}
+
+/* LOCK_SYNC_REPLICAS above the master's replicas refuses every grant:
+ * said once at start (the replicas may still be on their way). */
+static void check_sync_replicas(void)
+{
+    char err[256];
+    redisContext *c;
+    redisReply *r;
+    const char *p;
+
+    if (g_cfg.lock_sync_replicas == 0 || (c = conn_redis_open(err, sizeof err)) == NULL)
+        return;
+    r = redisCommand(c, "INFO replication");
+    if (r != NULL && r->type == REDIS_REPLY_STRING &&
+        (p = strstr(r->str, "connected_slaves:")) != NULL &&
+        atoi(p + strlen("connected_slaves:")) < g_cfg.lock_sync_replicas)
+        log_warn("LOCK_SYNC_REPLICAS=%d but the master has %d replica(s) connected: lock grants "
+                 "are refused (503) until enough replicas acknowledge them",
+                 g_cfg.lock_sync_replicas, atoi(p + strlen("connected_slaves:")));
+    freeReplyObject(r);
+    redisFree(c);
+}
 
 /* After the first SIGTERM or SIGINT: a second one ends the process at once,
  * for a shutdown that is stuck (a request that does not finish). The
@@ -64,7 +119,7 @@ int main(int argc, char **argv)
     }
     rc = config_load(argc, argv);
     if (rc != 0)
-        return rc > 0 ? EXIT_SUCCESS : 2;
+        return rc > 0 ? EXIT_SUCCESS : EXIT_CONFIG;
     log_set_level((enum log_level)g_cfg.log_level);
     util_set_test_clock_step_ms(g_cfg.test_clock_step_ms);
     log_set_json(strcmp(g_cfg.log_format, "json") == 0);
@@ -75,17 +130,22 @@ int main(int argc, char **argv)
     }
     if (script_load_all(g_cfg.lua_dir, err, sizeof err) != 0) {
         log_error("lua scripts: %s (set LUA_DIR)", err);
-        return 2;
+        return EXIT_CONFIG;
     }
+    /* Before anything opens a Redis connection: they all ask it where the master is. */
+    if ((rc = start_sentinel()) != 0)
+        return rc;
     if (order_start(err, sizeof err) != 0) {
         log_error("lock strategy %s: %s", config_lock_name(g_cfg.lock_strategy), err);
-        return 2;
+        sentinel_stop();
+        return EXIT_CONFIG;
     }
+    check_sync_replicas();
 
     conn_set_pg_init(store_prepare);
     {
         /* Every histogram has a bound at each timeout, so that calls cut by
-         * one are told from slow ones. */
+         * one are told from slow ones; the request deadline too, when set. */
         const double timeouts[] = { g_cfg.redis_timeout_ms / 1000.0,
                                     g_cfg.pg_statement_timeout_ms / 1000.0,
                                     (double)g_cfg.pg_connect_timeout_s,
@@ -112,6 +172,9 @@ int main(int argc, char **argv)
         .command_timeout_ms = g_cfg.redis_timeout_ms,
         .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
         .observe = rec_redis_call,
+        .stale = redis_stale,
+        .sync_replicas = g_cfg.lock_sync_replicas,
+        .sync_timeout_ms = g_cfg.lock_sync_timeout_ms,
         .token_ttl_ms = g_cfg.lock_token_ttl_ms,
     };
     if (lock_runtime_start(&lo) != 0) {
@@ -136,11 +199,11 @@ int main(int argc, char **argv)
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
     if (config_unsafe())
-        log_warn("UNSAFE demo strategies in force: lock=%s stock=%s delay=%dms pause=%dms. "
-                 "This instance can oversell or sell twice to one user; never run it for a "
-                 "real sale.",
+        log_warn("UNSAFE demo strategies in force: lock=%s stock=%s delay=%dms pause=%dms "
+                 "fencing=%s. This instance can oversell or sell twice to one user; never run "
+                 "it for a real sale.",
                  config_lock_name(g_cfg.lock_strategy), config_stock_name(g_cfg.stock_strategy),
-                 g_cfg.demo_delay_ms, g_cfg.demo_pause_ms);
+                 g_cfg.demo_delay_ms, g_cfg.demo_pause_ms, g_cfg.fencing ? "on" : "OFF");
     if (g_cfg.demo_random_user)
         log_warn("DEMO_RANDOM_USER=1: requests without X-User-Id buy as random new users");
 
@@ -175,6 +238,7 @@ out_peers:
     peers_stop();
 out_order:
     order_stop();
+    sentinel_stop();
     if (rc == EXIT_SUCCESS)
         log_info("stopped");
     return rc;

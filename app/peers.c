@@ -4,6 +4,7 @@
 #include "conn.h"
 #include "expo.h"
 #include "log.h"
+#include "script.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -55,6 +56,9 @@ void peers_cluster_tidy(cJSON *cluster)
     cJSON_DeleteItemFromObjectCaseSensitive(cluster, "port");
     cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMeanMs");
     cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMaxMs");
+    /* A setting, not a count: the same on every instance. */
+    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(cluster, "redis"),
+                                            "syncReplicas");
 }
 
 int peers_others_json(redisContext *c, cJSON *others)
@@ -131,6 +135,10 @@ static void publish_once(redisContext **cp)
     char *text;
     redisReply *r;
 
+    if (*cp != NULL && !conn_redis_current(*cp)) {
+        redisFree(*cp);                        /* the master moved (failover) */
+        *cp = NULL;
+    }
     if (*cp == NULL && (*cp = conn_redis_open(err, sizeof err)) == NULL)
         return;                                /* Redis down: try again next tick */
     self = peers_self_json();
@@ -146,7 +154,7 @@ static void publish_once(redisContext **cp)
                        (long long)(util_wall_ms() - 10 * PEERS_LIVE_MS));
     free(text);
     for (int i = 0; i < 3; i++) {
-        if (redisGetReply(*cp, (void **)&r) != REDIS_OK || r == NULL) {
+        if (redisGetReply(*cp, (void **)&r) != REDIS_OK || (r = script_demoted(*cp, r)) == NULL) {
             redisFree(*cp);
             *cp = NULL;
             return;

@@ -273,6 +273,18 @@ int script_is_noscript(const redisReply *r)
            strncmp(r->str, "NOSCRIPT", 8) == 0;
 }
 
+redisReply *script_demoted(redisContext *c, redisReply *r)
+{
+    if (r == NULL || r->type != REDIS_REPLY_ERROR || r->str == NULL ||
+        strncmp(r->str, "READONLY", 8) != 0)
+        return r;
+    log_warn("redis: %s: the server is a replica now; dropping the connection", r->str);
+    c->err = REDIS_ERR_OTHER;
+    snprintf(c->errstr, sizeof c->errstr, "%s", r->str);
+    freeReplyObject(r);
+    return NULL;
+}
+
 int script_file_append(redisContext *c, const script_file *s, int nkeys, int argc,
                        const char **argv, const size_t *argvlen)
 {
@@ -308,7 +320,8 @@ redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, i
         freeReplyObject(reply);
         return NULL;
     }
-    r = reply;
+    if ((r = script_demoted(c, reply)) == NULL)
+        return NULL;
     if (!fallback || !script_is_noscript(r))
         return r;
     /* Cache emptied (restart, failover, SCRIPT FLUSH). EVAL runs the
@@ -320,7 +333,7 @@ redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, i
     l[0] = 4;
     v[1] = s->src;
     l[1] = s->len;
-    r = redisCommandArgv(c, total, v, l);
+    r = script_demoted(c, redisCommandArgv(c, total, v, l));
     if (v != stack_v) {
         free(v);
         free(l);

@@ -68,6 +68,16 @@ redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, i
                              const char **argv, const size_t *argvlen, int fallback);
 int script_is_noscript(const redisReply *r);
 
+/* "-READONLY ..." means the server is a replica now: a failover demoted it
+ * while this connection stayed open, and no write will succeed on it
+ * again. script_demoted turns such a reply into a failed connection: it
+ * frees 'r', sets c->err (REDIS_ERR_OTHER, the server's message in
+ * c->errstr) and returns NULL, so the caller discards the context as after
+ * any connection failure and its next connection finds the master. Any
+ * other reply (NULL included) is returned as it is. Every script call of
+ * the library does it; other callers use it on their writes' replies. */
+redisReply *script_demoted(redisContext *c, redisReply *r);
+
 /* The library's one outward report: called after each of its Redis round
  * trips with the latency and whether a reply came (an error reply counts;
  * a dead connection does not). NULL (the default): nobody listens. Set it

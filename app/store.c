@@ -313,6 +313,19 @@ static store_status result_error(PGconn *pg, PGresult *res, const char *what)
     const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 
     if (state != NULL) {
+        const char *constraint = PQresultErrorField(res, PG_DIAG_CONSTRAINT_NAME);
+        /* The order id is taken: Redis's id counter went back (a failover
+         * to a replica that missed the last increments, or a restart), and
+         * this second's count was handed out before. Nothing was written;
+         * the buyer may try again (ids carry the second, so at the latest
+         * the next second's ids are free). Not "already ordered": it is
+         * someone else's order. */
+        if (strcmp(state, "23505") == 0 && constraint != NULL &&
+            strcmp(constraint, "tb_voucher_order_pkey") == 0) {
+            log_warn("store: %s: order id already taken (Redis's id counter went back: a "
+                     "failover or restart lost increments); answering 503", what);
+            return STORE_UNAVAILABLE;
+        }
         if (strcmp(state, "23505") == 0)       /* unique_violation */
             return STORE_DUPLICATE;
         if (strcmp(state, "23503") == 0)       /* foreign_key_violation */

@@ -101,6 +101,7 @@ static ulock_status string_acquire(conn_set *cs, ulock_hold *h, int setnx)
         r = redisCommand(c, "SET %s %s NX EX %ld", h->key, h->owner, (lease + 999) / 1000);
     else
         r = redisCommand(c, "SET %s %s NX PX %ld", h->key, h->owner, lease);
+    r = script_demoted(c, r);
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
         st = ULOCK_ERR;
     } else if (r->type == REDIS_REPLY_NIL) {
@@ -135,7 +136,7 @@ static void setnx_release(conn_set *cs, ulock_hold *h)
     if (r != NULL && (r->type != REDIS_REPLY_STRING || strcmp(r->str, h->owner) != 0))
         rec_note(REC_DEMO_LOCK_NOT_OWNER);
     freeReplyObject(r);
-    r = redisCommand(c, "DEL %s", h->key);
+    r = script_demoted(c, redisCommand(c, "DEL %s", h->key));
     if (r != NULL && r->type == REDIS_REPLY_INTEGER)
         rec_note(REC_DEMO_LOCK_RELEASED);
     freeReplyObject(r);

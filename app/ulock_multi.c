@@ -122,6 +122,12 @@ static int start(size_t min_nodes, char *err, size_t errlen)
                  "not the watchdog", name);
         return -1;
     }
+    if (g_cfg.lock_sync_replicas > 0) {
+        /* WAIT would count replicas of independent masters, which have none */
+        snprintf(err, errlen, "SECKILL_LOCK=%s: LOCK_SYNC_REPLICAS is for the single lock's "
+                 "replicas; the nodes of LOCK_REDIS_NODES have none", name);
+        return -1;
+    }
     if ((long)g_cfg.lock_redis_node_timeout_ms * 10 > g_cfg.lock_lease_ms) {
         snprintf(err, errlen, "LOCK_REDIS_NODE_TIMEOUT_MS=%d must be at most a tenth of "
                  "LOCK_LEASE_MS=%ld", g_cfg.lock_redis_node_timeout_ms, g_cfg.lock_lease_ms);

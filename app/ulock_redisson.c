@@ -142,8 +142,8 @@ static void release_orphans_now(conn_set *cs)
 
 /* The attempt with the order id's INCR in the same round trip: INCR
  * first, so that the acquire is the last reply (its NOSCRIPT fallback
- * waits on the connection). A busy lock wastes an id; ids need not be
- * dense. */
+ * waits on the connection), then with LOCK_SYNC_REPLICAS the WAIT for the
+ * replicas. A busy lock wastes an id; ids need not be dense. */
 static lock_status take_with_id(redisContext *c, ulock_hold *h, lock_grant *g, ulock_id *id)
 {
     idw_op iop;
@@ -151,6 +151,7 @@ static lock_status take_with_id(redisContext *c, ulock_hold *h, lock_grant *g, u
 
     idw_send(c, g_cfg.id_prefix, (int64_t)time(NULL), &iop);
     lock_acquire_send(c, &aop, h->key, h->owner, h->lease_ms);
+    lock_sync_send(c, &aop, 1);
     id->st = idw_recv(c, &iop, &id->value);
     id->taken = 1;
     return lock_acquire_recv(c, &aop, g);
@@ -239,6 +240,7 @@ static void acquire_many(conn_set *cs, ulock_hold *const *h, ulock_id *id, size_
             idw_send(c, g_cfg.id_prefix, now, &iops[i]);
         for (i = 0; i < n; i++)
             lock_acquire_send(c, &ops[i], h[i]->key, h[i]->owner, h[i]->lease_ms);
+        lock_sync_send(c, ops, n);
         for (i = 0; i < n; i++) {
             id[i].st = idw_recv(c, &iops[i], &id[i].value);
             id[i].taken = 1;

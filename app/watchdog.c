@@ -51,6 +51,7 @@ static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
 /* Set by wd_start before the renewal thread runs; read by every thread. */
 static _Atomic long timeout_ms;
 static wd_connect_fn connect_fn;   /* the renewal thread's only */
+static wd_stale_fn stale_fn;       /* may be NULL */
 
 /* Statistics only: relaxed. */
 static atomic_uint_fast64_t n_renewals;
@@ -230,6 +231,11 @@ static void renew_batch(redisContext **cp, const wd_item *items, size_t n)
     }
     argv[n] = lease;
 
+    if (*cp != NULL && stale_fn != NULL && stale_fn(*cp)) {
+        log_info("watchdog: the connection's Redis is no longer the master; reconnecting");
+        redisFree(*cp);
+        *cp = NULL;
+    }
     for (int attempt = 0; attempt < 2 && r == NULL; attempt++) {
         if (*cp == NULL) {
             *cp = connect_fn(err, sizeof err);
@@ -321,7 +327,7 @@ static void *renewal_main(void *arg)
     return NULL;
 }
 
-int wd_start(long timeout, wd_connect_fn connect)
+int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale)
 {
     int rc = -1;
 
@@ -337,6 +343,7 @@ int wd_start(long timeout, wd_connect_fn connect)
     }
     atomic_store_explicit(&timeout_ms, timeout, memory_order_relaxed);
     connect_fn = connect;
+    stale_fn = stale;
     wd.stopping = 0;
     if (pthread_create(&wd.thread, NULL, renewal_main, NULL) != 0) {
         log_error("watchdog: cannot start the renewal thread");

@@ -24,11 +24,14 @@
 
 /* Opens the renewal thread's connection (see lock_options.connect). */
 typedef redisContext *(*wd_connect_fn)(char *err, size_t errlen);
+/* 1 when that connection should be opened again (lock_options.stale). */
+typedef int (*wd_stale_fn)(const redisContext *c);
 
-/* Starts the renewal thread, which connects with 'connect', renewing
- * leases of 'timeout' ms (0: WD_DEFAULT_TIMEOUT_MS). Call once, after
- * script_load_all. Returns 0, or -1 (logged). */
-int wd_start(long timeout, wd_connect_fn connect);
+/* Starts the renewal thread, which connects with 'connect' (and, before
+ * each renewal, re-opens a connection 'stale' (may be NULL) refuses),
+ * renewing leases of 'timeout' ms (0: WD_DEFAULT_TIMEOUT_MS). Call once,
+ * after script_load_all. Returns 0, or -1 (logged). */
+int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale);
 
 /* Stops and joins the thread and forgets every registration. Idempotent. */
 void wd_stop(void);

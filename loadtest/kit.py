@@ -9,8 +9,10 @@ One module, in sections, each the only copy of what it does:
                with_settings() (an environment), write_atomic() (a file)
   the stack    Stack: scripts/stack.sh in a RUN_DIR of its own (start, stop,
                restart-instances with other settings, rolling-restart, its env
-               file, PIDs);
-               start_nginx(): nginx/gen-conf.sh's configuration, nginx on it
+               file, PIDs; with REDIS_HA=1 the Sentinels' master, a failover
+               awaited, a node restarted as a replica); redis_cli(),
+               redis_role(), redis_info_count(); start_nginx():
+               nginx/gen-conf.sh's configuration, nginx on it
   psql         psql() and psql_value(): SQL on stdin, rows of strings, a timeout
   HTTP         request() and Client: JSON requests with timeouts; call(): the
                same for tools, any failure a KitError; voucher_body()
@@ -334,6 +336,142 @@ class Stack:
         """A voucher on sale from a minute ago to ahead seconds from now; its id."""
         r = self.admin("POST", "/admin/vouchers", voucher_body(title, stock, ahead), want=201)
         return int(r.body["voucherId"])
+
+    # Redis under Sentinel (REDIS_HA=1): nodes redis-1..3, Sentinels sentinel-1..3.
+
+    @property
+    def redis_ports(self):
+        """The ports of redis-1, redis-2, redis-3 (REDIS_HA=1)."""
+        return [int(p) for p in self.info.get("REDIS_PORTS", "").split()]
+
+    @property
+    def sentinel_ports(self):
+        return [int(p) for p in self.info.get("SENTINEL_PORTS", "").split()]
+
+    def sentinel_masters(self):
+        """The master's port as each Sentinel names it (None: no answer)."""
+        out = []
+        for port in self.sentinel_ports:
+            try:
+                a = redis_cli(port, "SENTINEL", "get-master-addr-by-name",
+                              self.info["REDIS_MASTER_NAME"], timeout=2).split()
+                out.append(int(a[1]))
+            except (KitError, IndexError, ValueError):
+                out.append(None)
+        return out
+
+    def redis_master(self):
+        """(node number 1..3, port) of the master every Sentinel names."""
+        ports = set(self.sentinel_masters())
+        if len(ports) != 1 or None in ports:
+            raise KitError(f"the Sentinels do not agree on the master: {sorted(map(str, ports))}")
+        port = ports.pop()
+        return self.redis_ports.index(port) + 1, port
+
+    def wait_failover(self, old_port, timeout=30.0):
+        """Waits until every Sentinel names a master other than old_port and
+        that server says it is one; returns (seconds waited, its port)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            ports = set(self.sentinel_masters())
+            if len(ports) == 1 and None not in ports and old_port not in ports:
+                port = ports.pop()
+                if redis_role(port) == "master":
+                    return time.monotonic() - t0, port
+            time.sleep(0.05)
+        raise KitError(f"no failover away from port {old_port} within {timeout}s")
+
+    def wait_replica(self, port, timeout=30.0):
+        """Waits until the Redis on port is a replica whose link to its master is up."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if "master_link_status:up" in redis_cli(port, "INFO", "replication", timeout=2):
+                    return
+            except KitError:
+                pass
+            time.sleep(0.1)
+        raise KitError(f"Redis on port {port} is not a replica in sync within {timeout}s")
+
+    def wait_sentinels_see(self, port, timeout=30.0):
+        """Waits until every Sentinel lists the Redis on port as a replica in
+        good standing (flags "slave" only, its link to the master ok), so that
+        a failover may promote it."""
+        deadline = time.monotonic() + timeout
+        name = self.info["REDIS_MASTER_NAME"]
+        while time.monotonic() < deadline:
+            ok = 0
+            for sp in self.sentinel_ports:
+                try:
+                    lines = redis_cli(sp, "SENTINEL", "replicas", name, timeout=2).splitlines()
+                except KitError:
+                    break
+                # Flat name/value lines, one block per replica.
+                blocks, cur = [], {}
+                for k, v in zip(lines[0::2], lines[1::2]):
+                    if k == "name" and cur:
+                        blocks.append(cur)
+                        cur = {}
+                    cur[k] = v
+                if cur:
+                    blocks.append(cur)
+                if any(b.get("port") == str(port) and b.get("flags") == "slave" and
+                       b.get("master-link-status") == "ok" for b in blocks):
+                    ok += 1
+            if ok == len(self.sentinel_ports):
+                return
+            time.sleep(0.2)
+        raise KitError(f"the Sentinels do not see the Redis on port {port} as a healthy "
+                       f"replica within {timeout}s")
+
+    def restart_redis_node(self, n, master_port, timeout=30.0):
+        """Starts node n (redis-n, stopped or killed) again as scripts/stack.sh
+        does, as a replica of master_port, points its pid file at it and
+        waits until it is in sync. Returns the Popen (the caller reaps it)."""
+        port = self.redis_ports[n - 1]
+        d = os.path.join(self.run_dir, f"redis-{n}")
+        p = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", d, "--logfile",
+             os.path.join(d, "redis.log"), "--protected-mode", "yes", "--replicaof",
+             "127.0.0.1", str(master_port)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        self.set_pid(f"redis-{n}", p.pid)
+        self.wait_replica(port, timeout)
+        return p
+
+
+def redis_cli(port, *args, timeout=5):
+    """redis-cli -p port args... on 127.0.0.1 (raw output, stripped); KitError
+    when it fails or cannot connect."""
+    p = run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), "--raw"] + [str(a) for a in args],
+            timeout, check=False)
+    out = p.stdout.strip()
+    if p.returncode != 0 or "Could not connect" in p.stderr + out:
+        raise KitError(f"redis-cli -p {port} {' '.join(map(str, args))}: "
+                       f"{(p.stderr or out).strip()}")
+    return out
+
+
+def redis_role(port):
+    """"master", "slave", or None when the Redis on port does not answer."""
+    try:
+        return redis_cli(port, "ROLE", timeout=2).split()[0]
+    except (KitError, IndexError):
+        return None
+
+
+def redis_info_count(port, section, prefix, field):
+    """A count from INFO section: field=N of the line starting with prefix
+    (e.g. "commandstats", "cmdstat_evalsha:", "calls"); 0 when absent."""
+    for line in redis_cli(port, "INFO", section).splitlines():
+        if line.startswith(prefix):
+            for kv in line.split(":", 1)[1].split(","):
+                k, _, v = kv.partition("=")
+                if k == field:
+                    return int(v)
+    return 0
 
 
 def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30):

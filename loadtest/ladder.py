@@ -19,6 +19,25 @@ ones -- is asserted: the exit status is 1 when one does not reproduce.
                the same X-User-Id at once, then again 50 ms after each answer,
                for 3 s; stock 100. A holder keeps the user's lock 2 s
                (DEMO_DELAY_MS=2000; step 9: a 1.1 s stall, DEMO_PAUSE_MS)
+  failover     the lock a Redis failover loses (steps 12-15, a stack with
+  steps        REDIS_HA=1: a master, two replicas, three Sentinels). First the
+               price: a sale of 1000 distinct buyers with ab (20 concurrent)
+               with the step's settings. Then one user who bought before (his
+               token counter is on every replica): the replicas are paused
+               (SIGSTOP) and the master's links to them cut (CLIENT KILL TYPE
+               replica: a paused replica's kernel would still buffer the grant
+               and apply it on SIGCONT), his request A on instance 1 takes the
+               lock on the master and stalls 8 s (DEMO_PAUSE_MS, instance 1
+               only); the
+               master is SIGKILLed and the replicas resumed, Sentinel promotes
+               one that never saw the grant; his request B on instance 2 finds
+               the lock free and stays 7 s in its transaction (DEMO_DELAY_MS,
+               instance 2 only), so A writes while B's transaction is open.
+               Without fencing both write (a duplicate); with fencing A's token
+               is older than B's and Postgres refuses A; with
+               LOCK_SYNC_REPLICAS=1 A gets 503 (no replica acknowledged the
+               grant), and with the replicas running the promoted replica has
+               the lock, so B is refused
 
 It runs a stack of its own (scripts/stack.sh, RUN_DIR default .run/ladder, free
 ports), without the unique constraint uq_voucher_order_user_voucher (it would
@@ -47,11 +66,11 @@ load output, the access-log slice and /stats of every step; run-N/ with --runs).
                a delayed restart (one holder), MultiLock with a node down (no sale)
 
   loadtest/ladder.py [--quick] [--runs N] [--steps 1,2,8] [--no-batched]
-                     [--no-lock-services]
+                     [--no-lock-services] [--no-failover]
                      [--keep-stack] [--run-dir DIR] [--out DIR]
 
---quick: 500 buyers instead of 1000 in the stock steps (CI); every assertion
-stays. --runs N: the whole ladder N times on the same stack, then how often
+--quick: 500 buyers instead of 1000 in the stock steps and the failover steps'
+sales (CI); every assertion stays. --no-failover: without steps 12-15. --runs N: the whole ladder N times on the same stack, then how often
 each step's expected outcome reproduced. Python 3 standard library only; needs
 ab, psql, curl (stack.sh) and, for the chart, gnuplot.
 """
@@ -83,11 +102,13 @@ UNIQUE = "uq_voucher_order_user_voucher"
 # Instance settings the ladder sets itself for every step: never inherited.
 STEP_VARS = ("SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS",
              "LOCK_LEASE_MS", "WATCHDOG_TIMEOUT_MS", "DEMO_RANDOM_USER", "INSTANCES",
-             "LOG_LEVEL", "ZK_SESSION_TIMEOUT_MS", "LOCK_PG_SWEEP_MS", "LOCK_REDIS_NODES")
+             "LOG_LEVEL", "FENCING", "LOCK_SYNC_REPLICAS", "LOCK_SYNC_TIMEOUT_MS", "REDIS_HA",
+             "INSTANCE_ENV_1", "INSTANCE_ENV_2", "ZK_SESSION_TIMEOUT_MS", "LOCK_PG_SWEEP_MS",
+             "LOCK_REDIS_NODES")
 # The caller's variables that must not leak into the stack or the loads.
 SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
-                     "LOADTEST_OUT", "ADMIN_TOKEN", "ZK_HOSTS", "LOCK_SERVICES",
-                     "LOCK_REDIS_NODE_TIMEOUT_MS")
+                     "LOADTEST_OUT", "ADMIN_TOKEN", "REDIS_SENTINELS", "REDIS_MASTER_NAME",
+                     "ZK_HOSTS", "LOCK_SERVICES", "LOCK_REDIS_NODE_TIMEOUT_MS")
 
 # ------------------------------------------------------------------ the steps
 
@@ -96,6 +117,15 @@ STORM = {"kind": "storm", "connections": 8, "seconds": 3.0, "gap": 0.05, "stock"
 STORM_BUCKET = 0.25                          # s: the storms' latency timeline
 STOCK_ENV = {"DEMO_DELAY_MS": 20}
 LOCK_ENV = {"DEMO_DELAY_MS": 2000}           # the user's lock is held 2 s
+# The failover steps: the price sale, then the lost lock (see the module doc).
+# B's transaction (from the failover, about 3 s after A's grant, for delay_ms)
+# must be open when A writes (pause_ms after its grant), and with fencing
+# A's wait for the fence row B holds (until B commits) must stay below
+# PG_STATEMENT_TIMEOUT_MS (5 s), or A gets 503 instead of its refusal.
+FAILOVER = {"kind": "failover", "requests": 1000, "concurrency": 20, "stock": 100,
+            "pause_ms": 8000, "delay_ms": 7000}
+SYNC_ENV = {"LOCK_SYNC_REPLICAS": 1, "LOCK_SYNC_TIMEOUT_MS": 300}
+STALE_MESSAGE = "stale fencing token"
 
 STEPS = [
     # num, key, title, lock, stock, instances, extra env, load, expectation
@@ -148,6 +178,26 @@ STEPS = [
          stock="batched", instances=2, env=STOCK_ENV, load=SALE, optional=True,
          expect="sells exactly the stock",
          story="one statement settles a batch of buyers"),
+    dict(num=12, key="lost-nofence", title="failover, no fence", lock="reentrant",
+         stock="optimistic", instances=2, env={"FENCING": 0}, load=FAILOVER, failover=True,
+         replicas="paused", expect="lock lost: duplicate order",
+         story="the master dies before the grant reaches a replica; FENCING=0 (unsafe demo "
+               "setting): Postgres does not check the token, both holders write"),
+    dict(num=13, key="lost-fence", title="failover + fencing", lock="reentrant",
+         stock="optimistic", instances=2, env={}, load=FAILOVER, failover=True,
+         replicas="paused", expect="stale write refused, 1 order",
+         story="the same, with the default fence: the stale holder's token is older than "
+               "the second holder's, and Postgres refuses its write"),
+    dict(num=14, key="lost-wait-paused", title="failover + WAIT 1, replicas paused",
+         lock="reentrant", stock="optimistic", instances=2, env=SYNC_ENV, load=FAILOVER,
+         failover=True, replicas="paused", expect="no ack: 503, grant undone, 1 order",
+         story="LOCK_SYNC_REPLICAS=1: WAIT after the grant; with the replicas paused no "
+               "replica acknowledges it within 300 ms, the grant is undone and A gets 503"),
+    dict(num=15, key="lost-wait", title="failover + WAIT 1", lock="reentrant",
+         stock="optimistic", instances=2, env=SYNC_ENV, load=FAILOVER, failover=True,
+         replicas="running", expect="lock kept: 2nd refused, 1 order",
+         story="LOCK_SYNC_REPLICAS=1 with the replicas running: the grant reached a replica "
+               "before A went on, the promoted replica has the lock, B is refused"),
 ]
 
 
@@ -355,11 +405,46 @@ def check_step(step, r, results):
         out.append((o["okAfter"] >= 1, f"sales resumed after the restart: {o['okAfter']} x 200"))
         return out + [(r["strategiesSeen"] == [f"{step['lock']}/{step['stock']}"] * step["instances"],
                        f"instances ran {', '.join(r['strategiesSeen']) or '?'}")]
-    # Every step: the instances ran what the step says, and no answer was lost.
+    elif step.get("failover"):
+        out.extend(check_failover(step, r))
+    # Every step: the instances ran what the step says, and no answer was lost
+    # (the failover steps: in their sale).
     out.append((r["strategiesSeen"] == [f"{step['lock']}/{step['stock']}"] * step["instances"],
                 f"instances ran {', '.join(r['strategiesSeen']) or '?'}"))
     out.append((r["transportErrors"] == 0 and r["status5xx"] == 0,
                 f"transport errors {r['transportErrors']}, 5xx answers {r['status5xx']}"))
+    return out
+
+
+def check_failover(step, r):
+    """The lost-lock steps' expectations; r["lost"] is the scenario's record."""
+    k, f = step["key"], r["lost"]
+    a, b = f["a"], f["b"]
+    out = [(f["lockOnNewMaster"] == (1 if k == "lost-wait" else 0),
+            f"the promoted replica {'has' if f['lockOnNewMaster'] else 'has no'} lock"),
+           (f["bSentBeforeAResumed"],
+            f"B sent {f['bSentAfterLockS']:.1f} s after A's grant, before A resumed "
+            f"({FAILOVER['pause_ms'] / 1000:g} s)")]
+    if k == "lost-nofence":
+        out.append((a == "200" and b == "200", f"A {a}, B {b}: both wrote"))
+        out.append((r["orders"] == 2 and r["duplicateUsers"] == 1,
+                    f"orders {r['orders']} = 2 for one user (duplicate users {r['duplicateUsers']})"))
+    elif k == "lost-fence":
+        out.append((b == "200", f"B {b}"))
+        out.append((a == "409" and STALE_MESSAGE in f["aMessage"],
+                    f"A {a}: {f['aMessage'] or '-'} (want 409, {STALE_MESSAGE})"))
+        out.append((f["staleTokenRejections"] >= 1,
+                    f"stale-token rejections on instance 1: {f['staleTokenRejections']} >= 1"))
+        out.append((r["orders"] == 1, f"orders {r['orders']} = 1"))
+    elif k == "lost-wait-paused":
+        out.append((a == "503", f"A {a}: {f['aMessage'] or '-'} (want 503: no replica acknowledged)"))
+        out.append((f["unsynced"] >= 1, f"grants undone on instance 1: {f['unsynced']} >= 1"))
+        out.append((b == "200", f"B {b}"))
+        out.append((r["orders"] == 1, f"orders {r['orders']} = 1"))
+    elif k == "lost-wait":
+        out.append((b == "409", f"B {b} (want 409: the lock survived the failover)"))
+        out.append((a == "200", f"A {a}"))
+        out.append((r["orders"] == 1, f"orders {r['orders']} = 1"))
     return out
 
 
@@ -381,6 +466,7 @@ class Stack(kit.Stack):
         super().__init__(run_dir, scrub=SCRUB)
         self.instances = None
         self.services = services             # LOCK_SERVICES: the steps' lock services
+        self.ha = None
 
     def configure(self, instances, step_env):
         """The instances run with step_env. True when the database is new
@@ -389,11 +475,14 @@ class Stack(kit.Stack):
         settings.update({"INSTANCES": instances, "DEMO_RANDOM_USER": 1, "LOG_LEVEL": "warn",
                          "LOCK_SERVICES": self.services})
         settings.update(step_env)
-        fresh = not (self.started and self.instances == instances)
-        # First start, or another instance count: the whole stack (a new
-        # database: the caller drops the constraint and makes the voucher).
+        ha = str(step_env.get("REDIS_HA", 0)) == "1"
+        fresh = not (self.started and self.instances == instances and self.ha == ha)
+        # First start, another instance count, or Redis with(out) Sentinel:
+        # the whole stack (a new database: the caller drops the constraint
+        # and makes the voucher).
         self.command("start" if fresh else "restart-instances", 180, **settings)
         self.instances = instances
+        self.ha = ha
         return fresh
 
     def service(self, what, name, timeout=90):
@@ -422,6 +511,8 @@ class Ladder:
         self.node_urls = None
         self.extra = {}
         self.voucher = None
+        self.lost_voucher = None     # the failover steps' scenario
+        self.spawned = []            # Redis nodes the failover steps started again
         self.constraint_dropped = False
         self.user_base = 8_000_000_000 + random.randrange(1_000_000) * 1000
 
@@ -473,6 +564,7 @@ class Ladder:
         kit.psql(self.dsn, f"ALTER TABLE tb_voucher_order DROP CONSTRAINT IF EXISTS {UNIQUE}")
         self.constraint_dropped = True
         self.voucher = self.stack.create_voucher(100, "demo ladder")
+        self.lost_voucher = self.stack.create_voucher(100, "demo ladder: the lost lock")
 
     def restore_constraint(self):
         if not self.constraint_dropped or not self.stack.info:
@@ -899,13 +991,18 @@ class Ladder:
         os.makedirs(step_dir)
         env = {"SECKILL_LOCK": step["lock"], "SECKILL_STOCK": step["stock"]}
         env.update(self.node_env(step["env"]))
+        if step.get("failover"):
+            env["REDIS_HA"] = 1
         log(f"step {num} ({step['title']}): {step['instances']} instance(s), "
             + " ".join(f"{k}={v}" for k, v in env.items()))
         if self.stack.configure(step["instances"], env):
             self.setup_db()
         stock = step["load"]["stock"]
-        self.reset_voucher(stock)
         user = self.user_base + run_no * 100 + num
+        lost = None
+        if step.get("failover"):
+            stock = self.sale_size() + 10        # every buyer of the price sale buys
+        self.reset_voucher(stock)
         log_path = self.stack.info.get("NGINX_ACCESS_LOG", "")
         offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
 
@@ -919,15 +1016,26 @@ class Ladder:
             r["pass"] = all(c["ok"] for c in r["checks"])
             return r
         self.extra = {}
-        requests, seconds, errors, times = self.drive(step, step_dir, user)
+        if step.get("failover"):
+            url = f"{self.base_url}/voucher/{self.voucher}/seckill"
+            requests, seconds, errors, times = self.sale(
+                {"requests": step["load"]["requests"], "concurrency": step["load"]["concurrency"]},
+                url, step_dir)
+        else:
+            requests, seconds, errors, times = self.drive(step, step_dir, user)
         time.sleep(1.3)                          # nginx flushes its buffered log every second
 
         statuses, ok_by, req_by = self.access_log_slice(offset, step_dir)
         timeline, tl_source = self.step_timeline(step, step_dir)
-        facts = check_invariants.voucher_facts(self.dsn, self.voucher)
-        distinct = int(kit.psql_value(self.dsn, "SELECT count(DISTINCT user_id) FROM tb_voucher_order "
-                                                f"WHERE voucher_id = {int(self.voucher)}"))
         stats = self.instance_stats()
+        sale_facts = check_invariants.voucher_facts(self.dsn, self.voucher)
+        if step.get("failover"):
+            lost = self.lost_lock(step, env, user, step_dir)
+            stats = lost.pop("stats")
+        facts_voucher = self.lost_voucher if lost is not None else self.voucher
+        facts = check_invariants.voucher_facts(self.dsn, facts_voucher)
+        distinct = int(kit.psql_value(self.dsn, "SELECT count(DISTINCT user_id) FROM tb_voucher_order "
+                                                f"WHERE voucher_id = {int(facts_voucher)}"))
         with open(os.path.join(step_dir, "stats.json"), "w", encoding="utf-8") as f:
             json.dump(stats, f, indent=1)
         lock = {}
@@ -967,11 +1075,135 @@ class Ladder:
                              f"200 again {back} after the restart"
                              + (f", {r['orders'] - r['ok']} answer(s) cut off"
                                 if r["orders"] != r["ok"] else ""))
+        if lost is not None:
+            r["lost"] = lost
+            r["sale"] = {"orders": sale_facts["orders"], "oversold": sale_facts["oversold"],
+                         "duplicateUsers": sale_facts["duplicateUsers"],
+                         "stockDrift": sale_facts["stockDrift"],
+                         "ordersPerS": round(sale_facts["orders"] / seconds, 1) if seconds else 0}
         r["checks"] = [{"ok": c_ok, "text": c_text} for c_ok, c_text in check_step(step, r, results)]
         r["pass"] = all(c["ok"] for c in r["checks"])
-        if ok != r["orders"]:
+        if lost is None and ok != r["orders"]:
             log(f"note: step {num}: {ok} answers 200 but {r['orders']} orders in Postgres")
         return r
+
+    # ---- the failover steps
+
+    def sale_size(self):
+        n = FAILOVER["requests"]
+        return n // 2 if self.args.quick else n
+
+    def lost_lock(self, step, env, user, step_dir):
+        """The lost-lock scenario (module doc). Returns what happened; the
+        instances' /stats under "stats"."""
+        st, load = self.stack, step["load"]
+        voucher = self.lost_voucher
+        key = f"lock:order:{user}"
+        token_key = f"redisson_lock_token:{{{key}}}"
+        # A buyer with history (before the demo knobs slow the instances):
+        # his token counter is on every node.
+        kit.call(self.base_url, "POST", f"/voucher/{self.voucher}/seckill",
+                 headers={"X-User-Id": str(user)}, want=200)
+        # No request deadline on instance 1: A's stall stands for a pause that
+        # comes after the last deadline check (a GC pause between the check
+        # and the write), which a deadline cannot catch.
+        demo = dict(env, INSTANCE_ENV_1=f"DEMO_PAUSE_MS={load['pause_ms']} REQUEST_DEADLINE_MS=0",
+                    INSTANCE_ENV_2=f"DEMO_DELAY_MS={load['delay_ms']}")
+        st.configure(step["instances"], demo)
+        self.stack.admin("POST", f"/admin/vouchers/{voucher}/reset", {"stock": load["stock"]},
+                         want=200)
+        a1, a2 = st.app_ports
+        n, master = st.redis_master()
+        replicas = [(i + 1, p) for i, p in enumerate(st.redis_ports) if p != master]
+        self.wait_for(lambda: all(kit.redis_cli(p, "EXISTS", token_key) == "1"
+                                  for _, p in replicas), 10, "the token counter on the replicas")
+        before = self.instance_stats()
+        rep_pids = [st.pid(f"redis-{i}") for i, _ in replicas]
+        answers = {}
+
+        def buy(label, port):
+            try:
+                r = kit.request(port, "POST", f"/voucher/{voucher}/seckill",
+                                {"X-User-Id": str(user)}, timeout=60)
+                answers[label] = (str(r.status), r.body.get("message", "")
+                                  if isinstance(r.body, dict) else "", time.monotonic())
+            except (OSError, http.client.HTTPException) as e:
+                answers[label] = ("error", f"{type(e).__name__}: {e}", time.monotonic())
+
+        paused = step["replicas"] == "paused"
+        ta = threading.Thread(target=buy, args=("a", a1), daemon=True)
+        try:
+            if paused:
+                # Paused replicas would still receive the grant (the kernel
+                # buffers it) and apply it on SIGCONT, before any promotion:
+                # their links are cut too, and they cannot reconnect while
+                # paused. The grant stays in the master's backlog only.
+                for pid in rep_pids:
+                    os.kill(pid, signal.SIGSTOP)
+                kit.redis_cli(master, "CLIENT", "KILL", "TYPE", "replica")
+            t_a = time.monotonic()
+            ta.start()
+            if step["key"] == "lost-wait-paused":
+                ta.join(10)                      # the grant waits for WAIT, then is undone
+            else:
+                self.wait_for(lambda: kit.redis_cli(master, "EXISTS", key) == "1", 5,
+                              "A's lock on the master")
+            t_lock = time.monotonic()
+            os.kill(st.pid(f"redis-{n}"), signal.SIGKILL)
+        finally:
+            if paused:
+                for pid in rep_pids:
+                    os.kill(pid, signal.SIGCONT)
+        t_kill = time.monotonic()
+        promoted_s, new = st.wait_failover(master)
+        self.wait_for(lambda: all(kit.call(p, "GET", "/stats", want=200).body["redis"]["master"]
+                                  == f"127.0.0.1:{new}" for p in (a1, a2)), 15,
+                      "the instances on the new master")
+        lock_on_new = int(kit.redis_cli(new, "EXISTS", key))
+        t_b = time.monotonic()
+        tb = threading.Thread(target=buy, args=("b", a2), daemon=True)
+        tb.start()
+        for t in (ta, tb):
+            t.join(60)
+        if ta.is_alive() or tb.is_alive():
+            raise LadderError("A or B not answered within 60 s")
+        # The killed master comes back as a replica of the new one.
+        self.spawned.append(st.restart_redis_node(n, new))
+        st.wait_sentinels_see(st.redis_ports[n - 1])
+        after = self.instance_stats()
+
+        def delta(field):
+            return int(after[0]["lock"].get(field, 0) - before[0]["lock"].get(field, 0))
+
+        out = {"a": answers["a"][0], "aMessage": answers["a"][1],
+               "b": answers["b"][0], "bMessage": answers["b"][1],
+               "aAnsweredAfterS": round(answers["a"][2] - t_a, 2),
+               "bAnsweredAfterS": round(answers["b"][2] - t_b, 2),
+               "killToPromotedS": round(promoted_s, 2),
+               "bSentAfterLockS": round(t_b - t_lock, 2),
+               "bSentBeforeAResumed": step["key"] == "lost-wait-paused" or
+               t_b - t_lock < load["pause_ms"] / 1000 - 0.5,
+               "lockOnNewMaster": lock_on_new, "killedNode": n,
+               "staleTokenRejections": delta("staleTokenRejections"),
+               "unsynced": delta("unsynced"), "stats": after}
+        log(f"lost lock: A {out['a']} ({out['aMessage'] or '-'}), B {out['b']} "
+            f"({out['bMessage'] or '-'}); Sentinel promoted a replica {promoted_s:.2f} s after "
+            f"the kill; lock on the new master: {lock_on_new}")
+        with open(os.path.join(step_dir, "lost-lock.json"), "w", encoding="utf-8") as f:
+            json.dump({k: v for k, v in out.items() if k != "stats"}, f, indent=1)
+        return out
+
+    @staticmethod
+    def wait_for(cond, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if cond():
+                    return
+            except (kit.KitError, KeyError, TypeError, ValueError):
+                pass
+            time.sleep(0.02)
+        raise LadderError(f"timed out waiting for {what}")
 
     def load_text(self, step):
         load = step["load"]
@@ -984,6 +1216,8 @@ class Ladder:
             return f"nodes: {load['scenario']}"
         if load["kind"] == "outage":
             return f"buyers {load['connections']}x{load['seconds']:g}s"
+        if load["kind"] == "failover":
+            return f"sale {self.sale_size()}x{load['concurrency']}, failover"
         return f"storm {load['connections']}x{load['seconds']:g}s"
 
     def safe_defaults(self):
@@ -1061,6 +1295,16 @@ def write_markdown(path, results, meta, chart):
                     f"({r['duplicateOrders']} extra orders), drift {r['stockDrift']}\n")
             f.write(f"- lock: {r['lockAcquired']} acquired, {r['notOwnerReleases']} releases by "
                     f"a non-owner, {r['renewals']} watchdog renewals\n")
+            if "lost" in r:
+                lo = r["lost"]
+                f.write(f"- the lost lock: A (instance 1) {lo['a']} {lo['aMessage'] or ''}; B "
+                        f"(instance 2) {lo['b']} {lo['bMessage'] or ''}; Sentinel promoted a "
+                        f"replica {lo['killToPromotedS']} s after the kill; lock on the promoted "
+                        f"replica: {'yes' if lo['lockOnNewMaster'] else 'no'}; B sent "
+                        f"{lo['bSentAfterLockS']} s after A's grant; stale-token rejections "
+                        f"{lo['staleTokenRejections']}, grants undone {lo['unsynced']}\n")
+                f.write(f"- the price (the sale before): {r['sale']['orders']} orders, "
+                        f"{r['sale']['ordersPerS']} orders/s, p99 {kit.fmt_ms(r['p99ms'])} ms\n")
             f.write(f"- expected: {r['expect']} — **{'reproduced' if r['pass'] else 'MISSED'}**\n")
             for c in r["checks"]:
                 f.write(f"  - {'ok' if c['ok'] else 'FAIL'}: {c['text']}\n")
@@ -1154,17 +1398,20 @@ set style fill solid 0.85 border -1
 set boxwidth 0.6
 set grid ytics
 set xtics rotate by -25 nomirror
-set xrange [0.4:{len(results) + 0.6}]
+set xrange [{min(r['step'] for r in results) - 0.6}:{max(r['step'] for r in results) + 0.6}]
 set offsets 0, 0, graph 0.15, 0
 set yrange [0:*]
 set multiplot layout 3,1 title "seckill demo ladder: what each step lets through"
 set title "oversold (orders beyond the stock)"
+{'set yrange [0:1]' if all(r['oversold'] == 0 for r in results) else 'set yrange [0:*]'}
 plot '{dat}' using 1:3:xtic(2) with boxes lc rgb "#d62728" notitle, \\
      '' using 1:3:3 with labels offset 0,0.7 notitle
 set title "duplicate orders (extra orders of users who bought more than once)"
+{'set yrange [0:1]' if all(r['duplicateOrders'] == 0 for r in results) else 'set yrange [0:*]'}
 plot '{dat}' using 1:4:xtic(2) with boxes lc rgb "#ff7f0e" notitle, \\
      '' using 1:4:4 with labels offset 0,0.7 notitle
 set title "success rate (answers 200 / requests, %)"
+set yrange [0:*]
 plot '{dat}' using 1:5:xtic(2) with boxes lc rgb "#2ca02c" notitle, \\
      '' using 1:5:(sprintf("%.1f", $5)) with labels offset 0,0.7 notitle
 unset multiplot
@@ -1178,7 +1425,7 @@ unset multiplot
 
 # ------------------------------------------------------------------ main
 
-TALLY_COLS = [kit.Col("#", "r", 2, fit=False), kit.Col("step", "l", 24, 1, fit=False),
+TALLY_COLS = [kit.Col("#", "r", 2, fit=False), kit.Col("step", "l", 24, 1),
               kit.Col("inst", "r", 4, 1, fit=False), kit.Col("reproduced")]
 
 
@@ -1198,6 +1445,8 @@ def parse_args(argv):
     ap.add_argument("--no-batched", action="store_true", help="without the batched row")
     ap.add_argument("--no-lock-services", action="store_true",
                     help="without the lock-service steps (storms, killed holders, outages)")
+    ap.add_argument("--no-failover", action="store_true",
+                    help="without the failover steps (12-15)")
     ap.add_argument("--keep-stack", action="store_true",
                     help="leave the stack running (default strategies) at the end")
     ap.add_argument("--run-dir", default=os.environ.get("LADDER_RUN_DIR",
@@ -1220,7 +1469,8 @@ def main(argv=None):
             return 2
     steps = [s for s in STEPS if not (s.get("optional") and a.no_batched)
              and not (s.get("service") and a.no_lock_services)
-             and not (s.get("full_only") and a.quick)]
+             and not (s.get("full_only") and a.quick)
+             and not (s.get("failover") and a.no_failover)]
     if a.steps:
         want = {int(x) for x in a.steps.split(",") if x.strip()}
         steps = [s for s in steps if s["num"] in want]
@@ -1318,6 +1568,11 @@ def main(argv=None):
             elif lad.stack.started or os.path.exists(os.path.join(a.run_dir, "pids")):
                 lad.stack.stop()
             lad.stop_nodes()
+            for p in lad.spawned:                # Redis nodes started again, stopped by PID
+                try:
+                    p.wait(timeout=0 if a.keep_stack else 15)
+                except subprocess.TimeoutExpired:
+                    pass
         except Exception as e:      # noqa: BLE001
             print(f"ladder: error: cleaning up the stack: {e}", file=sys.stderr)
             rc = rc or 2

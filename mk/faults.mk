@@ -3,8 +3,10 @@
 #
 #   make faults                    kill -9 of an instance, Redis frozen and
 #                                  restarted, Postgres restarted, a lock holder
-#                                  paused past its lease, 1,000 slow clients,
-#                                  connection limits, RSS over a 60 s sale
+#                                  paused past its lease, the Redis master behind
+#                                  Sentinel killed and frozen (a second stack,
+#                                  REDIS_HA=1), 1,000 slow clients, connection
+#                                  limits, RSS over a 60 s sale
 #   FAULTS_SALE_S=60 FAULTS_OUTAGE_S=5 FAULTS_RATE=25   the knobs (make test: 12 s, 3 s)
 #
 # The figures are printed at the end and written to $(BUILD)/faults-figures.json.
@@ -26,7 +28,7 @@ GROWTH_HORIZON_MS   ?= 5000
 
 .PHONY: faults growth
 
-faults: $(BUILD)/seckill ## kill -9, Redis and Postgres outages, paused lock holders, slow clients under load (~5 min)
+faults: $(BUILD)/seckill ## kill -9, Redis and Postgres outages, Redis failover (Sentinel), paused lock holders, slow clients under load (~6 min)
 	FAULTS_SALE_S=$(FAULTS_SALE_S) FAULTS_OUTAGE_S=$(FAULTS_OUTAGE_S) FAULTS_RATE=$(FAULTS_RATE) \
 	FAULTS_FIGURES=$(abspath $(BUILD))/faults-figures.json BUILD=$(BUILD) tests/run.sh faults
 

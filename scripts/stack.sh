@@ -33,6 +33,17 @@
 #   PG_PORT, REDIS_PORT  ports of the throwaway Postgres and Redis (default 'auto')
 #   EXTERNAL_PG_DSN    use this Postgres instead of starting one (schema is loaded)
 #   EXTERNAL_REDIS_URL use this Redis instead of starting one
+#   REDIS_HA=1         Redis with Sentinel instead of one Redis: a master (redis-1),
+#                      two replicas (redis-2, redis-3) and three Sentinels
+#                      (sentinel-1..3, quorum 2), each under RUN_DIR with a
+#                      config file it may rewrite, all on free loopback ports
+#                      (REDIS_PORT is not used); the instances find the master
+#                      through the Sentinels (REDIS_SENTINELS, REDIS_MASTER_NAME)
+#   REDIS_MASTER_NAME  the master's name in the Sentinels (default seckill)
+#   SENTINEL_DOWN_AFTER_MS      a silent master is down after this long (default 2000)
+#   SENTINEL_FAILOVER_TIMEOUT_MS  Sentinel's failover-timeout (default 3000)
+#   INSTANCE_ENV_<i>   extra settings of instance i only, "NAME=value NAME=value"
+#                      (e.g. INSTANCE_ENV_1="DEMO_PAUSE_MS=8000")
 #   ADMIN_TOKEN        admin token (default: RUN_DIR/admin_token, random on first use)
 #   LOG_LEVEL          instances' log level (default warn: nginx logs every request)
 #   NGINX_ALLOW        client addresses nginx serves /admin, /metrics and /stats to
@@ -72,6 +83,11 @@ NGINX_PORT=${NGINX_PORT:-8080}
 APP_PORT_BASE=${APP_PORT_BASE:-8081}
 PG_PORT=${PG_PORT:-auto}
 REDIS_PORT=${REDIS_PORT:-auto}
+REDIS_HA=${REDIS_HA:-0}
+REDIS_MASTER_NAME=${REDIS_MASTER_NAME:-seckill}
+SENTINEL_DOWN_AFTER_MS=${SENTINEL_DOWN_AFTER_MS:-2000}
+SENTINEL_FAILOVER_TIMEOUT_MS=${SENTINEL_FAILOVER_TIMEOUT_MS:-3000}
+HA_NODES=3        # Redis servers (a master, two replicas) and Sentinels of REDIS_HA=1
 EXTERNAL_PG_DSN=${EXTERNAL_PG_DSN:-}
 EXTERNAL_REDIS_URL=${EXTERNAL_REDIS_URL:-}
 ZK_PORT=${ZK_PORT:-auto}
@@ -154,6 +170,9 @@ pid_names() {
         echo "$n"
     done | sort -t- -k2 -n
     [[ -f "$PIDS/zk.pid" ]] && echo zk
+    for f in "$PIDS"/sentinel-*.pid "$PIDS"/redis-*.pid; do
+        [[ -e "$f" ]] && basename "$f" .pid
+    done
     [[ -f "$PIDS/redis.pid" ]] && echo redis
     [[ -f "$PIDS/postgres.pid" ]] && echo postgres
     return 0
@@ -285,6 +304,13 @@ check_prereqs() {
         die "INSTANCES must be 1..64 (got '$INSTANCES')"
     fi
     [[ "$STACK_TIMEOUT" =~ ^[0-9]+$ ]] || die "STACK_TIMEOUT must be a number of seconds"
+    local v kv
+    for v in $(compgen -v INSTANCE_ENV_); do
+        [[ "$v" =~ ^INSTANCE_ENV_[0-9]+$ ]] || die "$v: expected INSTANCE_ENV_<instance number>"
+        for kv in ${!v}; do
+            [[ "$kv" =~ ^[A-Z][A-Z0-9_]*=[^\'\"]*$ ]] || die "$v: '$kv' is not NAME=value"
+        done
+    done
     if [[ -z "$EXTERNAL_PG_DSN" ]]; then
         command -v redis-server >/dev/null 2>&1 || [[ -n "$EXTERNAL_REDIS_URL" ]] ||
             die "redis-server not found (run 'make deps')"
@@ -302,11 +328,19 @@ choose_ports() {
     [[ "$APP_PORT_BASE" == auto ]] || is_port "$APP_PORT_BASE" || die "APP_PORT_BASE must be a port or 'auto'"
     [[ "$PG_PORT" == auto ]] || is_port "$PG_PORT" || die "PG_PORT must be a port or 'auto'"
     [[ "$REDIS_PORT" == auto ]] || is_port "$REDIS_PORT" || die "REDIS_PORT must be a port or 'auto'"
+    [[ "$REDIS_HA" == 0 || "$REDIS_HA" == 1 ]] || die "REDIS_HA must be 0 or 1"
+    if [[ "$REDIS_HA" == 1 ]]; then
+        [[ -z "$EXTERNAL_REDIS_URL" ]] || die "REDIS_HA=1 starts its own Redis servers: unset EXTERNAL_REDIS_URL"
+        [[ "$REDIS_MASTER_NAME" =~ ^[A-Za-z0-9._-]+$ ]] || die "REDIS_MASTER_NAME: letters, digits, '.', '_', '-'"
+        [[ "$SENTINEL_DOWN_AFTER_MS" =~ ^[0-9]+$ && "$SENTINEL_FAILOVER_TIMEOUT_MS" =~ ^[0-9]+$ ]] ||
+            die "SENTINEL_DOWN_AFTER_MS and SENTINEL_FAILOVER_TIMEOUT_MS must be numbers of ms"
+    fi
 
     [[ "$NGINX_PORT" == auto ]] && nfree=$((nfree + 1))
     [[ "$APP_PORT_BASE" == auto ]] && nfree=$((nfree + INSTANCES))
     [[ -z "$EXTERNAL_PG_DSN" && "$PG_PORT" == auto ]] && nfree=$((nfree + 1))
-    [[ -z "$EXTERNAL_REDIS_URL" && "$REDIS_PORT" == auto ]] && nfree=$((nfree + 1))
+    [[ -z "$EXTERNAL_REDIS_URL" && "$REDIS_PORT" == auto && "$REDIS_HA" == 0 ]] && nfree=$((nfree + 1))
+    [[ "$REDIS_HA" == 1 ]] && nfree=$((nfree + 2 * HA_NODES))
     [[ "$ZK_PORT" == auto ]] || is_port "$ZK_PORT" || die "ZK_PORT must be a port or 'auto'"
     lock_service zk && [[ "$ZK_PORT" == auto ]] && nfree=$((nfree + 1))
     local -a free=()
@@ -326,10 +360,14 @@ choose_ports() {
         fi
     done
     P_PG="" P_REDIS=""
+    P_HA_REDIS=() P_HA_SENTINEL=()
     if [[ -z "$EXTERNAL_PG_DSN" ]]; then
         if [[ "$PG_PORT" == auto ]]; then next_free; P_PG=$FREE_PORT; else P_PG=$PG_PORT; want+=("$P_PG"); names+=(postgres); vars+=(PG_PORT); fi
     fi
-    if [[ -z "$EXTERNAL_REDIS_URL" ]]; then
+    if [[ "$REDIS_HA" == 1 ]]; then
+        for ((i = 0; i < HA_NODES; i++)); do next_free; P_HA_REDIS+=("$FREE_PORT"); done
+        for ((i = 0; i < HA_NODES; i++)); do next_free; P_HA_SENTINEL+=("$FREE_PORT"); done
+    elif [[ -z "$EXTERNAL_REDIS_URL" ]]; then
         if [[ "$REDIS_PORT" == auto ]]; then next_free; P_REDIS=$FREE_PORT; else P_REDIS=$REDIS_PORT; want+=("$P_REDIS"); names+=(redis); vars+=(REDIS_PORT); fi
     fi
     P_ZK=""
@@ -337,7 +375,7 @@ choose_ports() {
         if [[ "$ZK_PORT" == auto ]]; then next_free; P_ZK=$FREE_PORT; else P_ZK=$ZK_PORT; want+=("$P_ZK"); names+=(zookeeper); vars+=(ZK_PORT); fi
     fi
     # Distinct, and free.
-    local all="$P_NGINX ${P_APP[*]} $P_PG $P_REDIS $P_ZK"
+    local all="$P_NGINX ${P_APP[*]} $P_PG $P_REDIS ${P_HA_REDIS[*]} ${P_HA_SENTINEL[*]} $P_ZK"
     local dup
     dup=$(tr ' ' '\n' <<<"$all" | sed '/^$/d' | sort | uniq -d | head -n 1)
     [[ -z "$dup" ]] || die "port $dup is configured twice (NGINX_PORT, APP_PORT_BASE, PG_PORT, REDIS_PORT)"
@@ -470,6 +508,80 @@ start_zk() {
     log "ZooKeeper pid $pid on $STACK_ZK_HOSTS"
 }
 
+# ---- REDIS_HA=1: a master, two replicas, three Sentinels
+
+# True when the Redis on PORT is a replica whose link to its master is up.
+replica_synced() { redis-cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null | grep -q '^master_link_status:up'; }
+
+# Starts Redis server I (redis-I) on PORT; a replica of MASTER_PORT when given.
+start_ha_redis() {
+    local i=$1 port=$2 master=${3:-} pid dir="$RUN_DIR/redis-$1"
+    local -a args=(--bind 127.0.0.1 --port "$port" --save '' --appendonly no --daemonize no
+        --dir "$dir" --logfile "$dir/redis.log" --protected-mode yes)
+    [[ -z "$master" ]] || args+=(--replicaof 127.0.0.1 "$master")
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    setsid redis-server "${args[@]}" </dev/null >/dev/null 2>&1 &
+    pid=$!
+    write_pidfile "redis-$i" "$pid" "redis-server 127.0.0.1:$port*"
+    wait_for "Redis $i" "$pid" redis_ping "$port" || {
+        tail_log "$dir/redis.log"; die "Redis $i did not start on 127.0.0.1:$port"; }
+    live_pid "redis-$i" >/dev/null || die "Redis $i pid $pid does not look like redis-server 127.0.0.1:$port"
+    log "Redis $i pid $pid on 127.0.0.1:$port${master:+ (replica of 127.0.0.1:$master)}"
+}
+
+# True when the Sentinel on PORT sees the master, both replicas and the other Sentinels.
+sentinel_complete() {
+    local out
+    out=$(redis-cli -h 127.0.0.1 -p "$1" sentinel master "$REDIS_MASTER_NAME" 2>/dev/null) || return 1
+    [[ "$(awk '/^num-slaves$/{getline; print}' <<<"$out")" == $((HA_NODES - 1)) &&
+        "$(awk '/^num-other-sentinels$/{getline; print}' <<<"$out")" == $((HA_NODES - 1)) ]]
+}
+
+# Sentinel I on PORT, watching the master on MASTER_PORT. Its config file is
+# its own, under RUN_DIR: Sentinel rewrites it with what it learns.
+start_sentinel() {
+    local i=$1 port=$2 master=$3 pid dir="$RUN_DIR/sentinel-$1"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    cat >"$dir/sentinel.conf" <<EOF
+# scripts/stack.sh (REDIS_HA=1): Sentinel $i. Rewritten by Sentinel itself.
+port $port
+bind 127.0.0.1
+daemonize no
+dir $dir
+logfile $dir/sentinel.log
+sentinel monitor $REDIS_MASTER_NAME 127.0.0.1 $master 2
+sentinel down-after-milliseconds $REDIS_MASTER_NAME $SENTINEL_DOWN_AFTER_MS
+sentinel failover-timeout $REDIS_MASTER_NAME $SENTINEL_FAILOVER_TIMEOUT_MS
+sentinel parallel-syncs $REDIS_MASTER_NAME 1
+EOF
+    setsid redis-server "$dir/sentinel.conf" --sentinel </dev/null >/dev/null 2>&1 &
+    pid=$!
+    write_pidfile "sentinel-$i" "$pid" "redis-server 127.0.0.1:$port*"
+    wait_for "Sentinel $i" "$pid" redis_ping "$port" || {
+        tail_log "$dir/sentinel.log"; die "Sentinel $i did not start on 127.0.0.1:$port"; }
+    live_pid "sentinel-$i" >/dev/null || die "Sentinel $i pid $pid does not look like redis-server 127.0.0.1:$port"
+    log "Sentinel $i pid $pid on 127.0.0.1:$port"
+}
+
+start_redis_ha() {
+    local i
+    start_ha_redis 1 "${P_HA_REDIS[0]}"
+    for ((i = 1; i < HA_NODES; i++)); do start_ha_redis $((i + 1)) "${P_HA_REDIS[$i]}" "${P_HA_REDIS[0]}"; done
+    for ((i = 1; i < HA_NODES; i++)); do
+        wait_for "replica $((i + 1)) in sync" "" replica_synced "${P_HA_REDIS[$i]}" ||
+            die "Redis $((i + 1)) did not sync with the master"
+    done
+    for ((i = 0; i < HA_NODES; i++)); do start_sentinel $((i + 1)) "${P_HA_SENTINEL[$i]}" "${P_HA_REDIS[0]}"; done
+    # A failover needs the Sentinels to know each other and the replicas
+    # (they meet through hello messages every 2 s).
+    for ((i = 0; i < HA_NODES; i++)); do
+        wait_for "Sentinel $((i + 1)) to see every node" "" sentinel_complete "${P_HA_SENTINEL[$i]}" || {
+            tail_log "$RUN_DIR/sentinel-$((i + 1))/sentinel.log"; die "Sentinel $((i + 1)) does not see the replicas and the other Sentinels"; }
+    done
+}
+
 # The environment of instance I (NAME=value lines) -- on top of the launcher's
 # own environment, which passes THREADS, DEMO_RANDOM_USER, SECKILL_*, ... through.
 instance_env() {
@@ -486,6 +598,16 @@ instance_env() {
     printf 'IO_THREADS=%s\n' "${IO_THREADS:-2}"
     printf 'DEMO_RANDOM_USER=%s\n' "${DEMO_RANDOM_USER:-0}"
     if [[ -n "${STACK_ZK_HOSTS:-}" ]]; then printf 'ZK_HOSTS=%s\n' "$STACK_ZK_HOSTS"; fi
+    if [[ -n "${STACK_SENTINELS:-}" ]]; then
+        printf 'REDIS_SENTINELS=%s\n' "$STACK_SENTINELS"
+        printf 'REDIS_MASTER_NAME=%s\n' "$REDIS_MASTER_NAME"
+    fi
+    # INSTANCE_ENV_<i>: this instance's own extra settings.
+    local extra="INSTANCE_ENV_$i" kv
+    for kv in ${!extra:-}; do
+        [[ "$kv" =~ ^[A-Z][A-Z0-9_]*= ]] || die "$extra: '$kv' is not NAME=value"
+        printf '%s\n' "$kv"
+    done
 }
 
 start_instance() {
@@ -496,6 +618,8 @@ start_instance() {
     : >"$logf"
     (
         cd "$RUN_DIR"
+        # The stack's Redis, not one the caller's environment names.
+        [[ -n "${STACK_SENTINELS:-}" ]] || unset REDIS_SENTINELS
         exec setsid env "${envs[@]}" "$SECKILL_BIN" "--port=$port" "--instance-id=seckill-$i" \
             </dev/null >>"$logf" 2>&1
     ) &
@@ -579,6 +703,16 @@ write_env_file() {
             REDIS_PORT "$P_REDIS" \
             ZK_HOSTS "${STACK_ZK_HOSTS:-}" \
             ADMIN_TOKEN "$ADMIN_TOKEN"
+        if [[ "$REDIS_HA" == 1 ]]; then
+            printf "export %s='%s'\n" \
+                REDIS_HA 1 \
+                REDIS_SENTINELS "$STACK_SENTINELS" \
+                REDIS_MASTER_NAME "$REDIS_MASTER_NAME" \
+                REDIS_PORTS "${P_HA_REDIS[*]}" \
+                SENTINEL_PORTS "${P_HA_SENTINEL[*]}" \
+                SENTINEL_DOWN_AFTER_MS "$SENTINEL_DOWN_AFTER_MS" \
+                SENTINEL_FAILOVER_TIMEOUT_MS "$SENTINEL_FAILOVER_TIMEOUT_MS"
+        fi
     } >"$ENV_FILE.tmp"
     chmod 600 "$ENV_FILE.tmp"
     mv -f "$ENV_FILE.tmp" "$ENV_FILE"
@@ -588,17 +722,17 @@ write_env_file() {
 # is: the launcher's own, every server setting the binary knows (its --help)
 # and SECKILL_*, and the binary itself (rebuilt: restart).
 CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
-    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW NGINX_EDGE LOCK_SERVICES
-    ZK_PORT)
+    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW NGINX_EDGE REDIS_HA
+    SENTINEL_DOWN_AFTER_MS SENTINEL_FAILOVER_TIMEOUT_MS LOCK_SERVICES ZK_PORT)
 config_signature() {
     local v
     {
         for v in "${CONFIG_VARS[@]}"; do printf '%s=%s\n' "$v" "${!v:-}"; done
         for v in $("$SECKILL_BIN" --help 2>&1 | awk '/^  [A-Z][A-Z0-9_]+ /{print $1}'); do
-            case "$v" in PORT | BIND | INSTANCE_ID | PG_DSN | REDIS_URL | ADMIN_TOKEN | LUA_DIR | ZK_HOSTS) continue ;; esac
+            case "$v" in PORT | BIND | INSTANCE_ID | PG_DSN | REDIS_URL | ADMIN_TOKEN | LUA_DIR | REDIS_SENTINELS | ZK_HOSTS) continue ;; esac
             printf '%s=%s\n' "$v" "${!v:-}"
         done
-        env | grep '^SECKILL_[A-Z_]*=' | grep -v '^SECKILL_BIN=' | sort || true
+        env | grep -E '^(SECKILL_[A-Z_]*|INSTANCE_ENV_[0-9]+)=' | grep -v '^SECKILL_BIN=' | sort || true
         stat -c '%Y %s' "$SECKILL_BIN"
     } | cksum | cut -d' ' -f1
 }
@@ -621,7 +755,14 @@ healthy() {
         live_pid "app-$i" >/dev/null || { WHY="instance $i is not running"; return 1; }
     done
     [[ -n "$(state_get EXTERNAL_PG_DSN)" ]] || live_pid postgres >/dev/null || { WHY="Postgres is not running"; return 1; }
-    [[ -n "$(state_get EXTERNAL_REDIS_URL)" ]] || live_pid redis >/dev/null || { WHY="Redis is not running"; return 1; }
+    if [[ "$(state_get REDIS_HA)" == 1 ]]; then
+        for ((i = 1; i <= HA_NODES; i++)); do
+            live_pid "redis-$i" >/dev/null || { WHY="Redis $i is not running"; return 1; }
+            live_pid "sentinel-$i" >/dev/null || { WHY="Sentinel $i is not running"; return 1; }
+        done
+    else
+        [[ -n "$(state_get EXTERNAL_REDIS_URL)" ]] || live_pid redis >/dev/null || { WHY="Redis is not running"; return 1; }
+    fi
     ! lock_service zk || live_pid zk >/dev/null || { WHY="ZooKeeper is not running"; return 1; }
     base=$(state_get BASE_URL)
     http_ok "$base/health" || { WHY="$base/health does not answer"; return 1; }
@@ -641,6 +782,7 @@ on_start_exit() {
 }
 
 cmd_start() {
+    local i
     check_prereqs
     mkdir -p "$RUN_DIR"
     scan
@@ -668,6 +810,12 @@ cmd_start() {
     else
         STACK_PG_DSN="host=127.0.0.1 port=$P_PG dbname=$DB_NAME user=postgres"
     fi
+    STACK_SENTINELS=""
+    if [[ "$REDIS_HA" == 1 ]]; then
+        # The first master; the instances follow it through the Sentinels.
+        P_REDIS=${P_HA_REDIS[0]}
+        for ((i = 0; i < HA_NODES; i++)); do STACK_SENTINELS+="${STACK_SENTINELS:+,}127.0.0.1:${P_HA_SENTINEL[$i]}"; done
+    fi
     if [[ -n "$EXTERNAL_REDIS_URL" ]]; then
         STACK_REDIS_URL=$EXTERNAL_REDIS_URL
     else
@@ -680,6 +828,7 @@ cmd_start() {
         echo "INSTANCE_PORTS=${P_APP[*]}"
         echo "EXTERNAL_PG_DSN=$EXTERNAL_PG_DSN"
         echo "EXTERNAL_REDIS_URL=$EXTERNAL_REDIS_URL"
+        echo "REDIS_HA=$REDIS_HA"
     } >"$STATE_FILE"
 
     STARTED_OK=0
@@ -689,7 +838,9 @@ cmd_start() {
 
     if [[ -z "$EXTERNAL_PG_DSN" ]]; then start_postgres "$P_PG"; fi
     load_schema "$STACK_PG_DSN"
-    if [[ -z "$EXTERNAL_REDIS_URL" ]]; then
+    if [[ "$REDIS_HA" == 1 ]]; then
+        start_redis_ha
+    elif [[ -z "$EXTERNAL_REDIS_URL" ]]; then
         start_redis "$P_REDIS"
     else
         redis-cli -u "$STACK_REDIS_URL" ping 2>/dev/null | grep -q PONG ||
@@ -723,6 +874,8 @@ load_running_instances() {
     STACK_PG_DSN=$(. "$ENV_FILE" && printf '%s' "$PG_DSN")
     STACK_REDIS_URL=$(. "$ENV_FILE" && printf '%s' "$REDIS_URL")
     STACK_ZK_HOSTS=$(. "$ENV_FILE" && printf '%s' "${ZK_HOSTS:-}")
+    STACK_SENTINELS=$(. "$ENV_FILE" && printf '%s' "${REDIS_SENTINELS:-}")
+    [[ -z "$STACK_SENTINELS" ]] || REDIS_MASTER_NAME=$(. "$ENV_FILE" && printf '%s' "$REDIS_MASTER_NAME")
     ADMIN_TOKEN=$(cat "$RUN_DIR/admin_token")
 }
 
@@ -782,7 +935,9 @@ stop_all() {
             case "$n" in
                 nginx) stop_pid nginx "$pid" QUIT 10 ;;
                 app-*) stop_pid "$n" "$pid" TERM "$APP_STOP_S" ;;
-                redis) stop_pid redis "$pid" TERM 10 ;;
+                redis | redis-* | sentinel-*)
+                    kill -CONT "$pid" 2>/dev/null || true   # a test may have paused it
+                    stop_pid "$n" "$pid" TERM 10 ;;
                 zk) stop_pid zk "$pid" TERM 10 ;;
                 postgres) stop_pid postgres "$pid" INT 30 ;;   # fast shutdown
             esac

@@ -2,10 +2,13 @@
  * redis-benchmark running the same acquire script on the same Redis.
  *
  *   bench_lock [--threads N] [--seconds S] [--handoffs N] [--requests N]
- *              [--json PATH]
+ *              [--replicas N] [--sync N] [--sync-timeout MS] [--json PATH]
  *
  * Uses REDIS_URL when set, else starts a throwaway redis-server on a free
- * loopback port (stopped at the end). Measures:
+ * loopback port (stopped at the end), with --replicas N replicas of it (what
+ * a Sentinel setup runs: every write is also sent to them). --sync N: every
+ * grant waits for N replicas' acknowledgement (LOCK_SYNC_REPLICAS, WAIT;
+ * timeout --sync-timeout, 500 ms). Measures:
  *   1. uncontended acquire+release pairs per second: N threads, each its
  *      own connection and key, for S seconds;
  *   2. contended hand-off: two threads pass one lock back and forth with
@@ -40,6 +43,7 @@
 #define LEASE_MS 30000L
 
 typedef struct bench_opts {
+    int replicas, sync, sync_timeout_ms;
     int threads;
     double seconds;
     int handoffs;
@@ -47,7 +51,8 @@ typedef struct bench_opts {
     const char *json;
 } bench_opts;
 
-static pid_t redis_pid = -1;
+#define MAX_REPLICAS 4
+static pid_t redis_pids[1 + MAX_REPLICAS] = { -1, -1, -1, -1, -1 };
 static char spawned_url[128];   /* our redis-server, if we started one */
 
 /*---- a throwaway redis-server ----*/
@@ -67,22 +72,46 @@ static int free_port(void)
     return port;
 }
 
-/* Starts redis-server on a free port and waits for PING. 0 or -1. */
-static int redis_start(void)
+/* 1 when the Redis on 'port' answers 'probe' (PING: PONG; otherwise an INFO
+ * section that must contain 'want'). */
+static int redis_answers(int port, const char *probe, const char *want)
 {
-    char port_s[16];
+    struct timeval tv = {0, 200000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    int ok = 0;
+
+    if (c != NULL && !c->err) {
+        redisReply *r = redisCommand(c, want == NULL ? "PING" : "INFO %s", probe);
+        ok = r != NULL && (want == NULL ? r->type == REDIS_REPLY_STATUS
+                                        : r->type == REDIS_REPLY_STRING && strstr(r->str, want));
+        freeReplyObject(r);
+    }
+    redisFree(c);
+    return ok;
+}
+
+/* Starts redis-server number i on a free port, a replica of 'master' when
+ * that is not 0, and waits for it (a replica: until its link is up).
+ * Returns its port, or -1. */
+static int redis_start(int i, int master)
+{
+    char port_s[16], master_s[16];
     int port = free_port();
 
     if (port < 0)
         return -1;
     snprintf(port_s, sizeof port_s, "%d", port);
-    redis_pid = fork();
-    if (redis_pid < 0)
+    snprintf(master_s, sizeof master_s, "%d", master);
+    redis_pids[i] = fork();
+    if (redis_pids[i] < 0)
         return -1;
-    if (redis_pid == 0) {
+    if (redis_pids[i] == 0) {
+        /* No file anywhere: a replica loads its first sync straight from
+         * the socket instead of writing dump.rdb into the current directory. */
         char *args[] = { "redis-server", "--port", port_s, "--bind", "127.0.0.1", "--save", "",
                          "--appendonly", "no", "--daemonize", "no", "--logfile", "",
-                         "--loglevel", "warning", NULL };
+                         "--loglevel", "warning", "--repl-diskless-load", "on-empty-db",
+                         master ? "--replicaof" : NULL, "127.0.0.1", master_s, NULL };
         int devnull = open("/dev/null", 0);
         if (devnull >= 0) {
             dup2(devnull, STDIN_FILENO);
@@ -91,19 +120,10 @@ static int redis_start(void)
         execvp("redis-server", args);
         _exit(127);
     }
-    snprintf(spawned_url, sizeof spawned_url, "redis://127.0.0.1:%d", port);
-    for (int i = 0; i < 100; i++) {
-        struct timeval tv = {0, 200000};
-        redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
-        int ok = 0;
-        if (c != NULL && !c->err) {
-            redisReply *r = redisCommand(c, "PING");
-            ok = r != NULL && r->type == REDIS_REPLY_STATUS;
-            freeReplyObject(r);
-        }
-        redisFree(c);
-        if (ok)
-            return 0;
+    for (int n = 0; n < 200; n++) {
+        if (master ? redis_answers(port, "replication", "master_link_status:up")
+                   : redis_answers(port, "", NULL))
+            return port;
         t_sleep_ms(50);
     }
     return -1;
@@ -113,11 +133,13 @@ static void redis_stop(void)
 {
     int status;
 
-    if (redis_pid <= 0)
-        return;
-    kill(redis_pid, SIGTERM);
-    waitpid(redis_pid, &status, 0);
-    redis_pid = -1;
+    for (int i = 0; i <= MAX_REPLICAS; i++) {
+        if (redis_pids[i] <= 0)
+            continue;
+        kill(redis_pids[i], SIGTERM);
+        waitpid(redis_pids[i], &status, 0);
+        redis_pids[i] = -1;
+    }
 }
 
 /*---- 1. uncontended pairs ----*/
@@ -358,7 +380,7 @@ static void cleanup_keys(redisContext *c, const bench_opts *o)
 static int parse_opts(int argc, char **argv, bench_opts *o)
 {
     *o = (bench_opts){ .threads = 4, .seconds = 3, .handoffs = 300, .requests = 100000,
-                       .json = NULL };
+                       .json = NULL, .sync_timeout_ms = 500 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (v == NULL)
@@ -373,12 +395,19 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
             o->requests = atol(v);
         else if (strcmp(a, "--json") == 0)
             o->json = v;
+        else if (strcmp(a, "--replicas") == 0)
+            o->replicas = atoi(v);
+        else if (strcmp(a, "--sync") == 0)
+            o->sync = atoi(v);
+        else if (strcmp(a, "--sync-timeout") == 0)
+            o->sync_timeout_ms = atoi(v);
         else
             return -1;
         i++;
     }
     return o->threads > 0 && o->threads <= 256 && o->seconds > 0 && o->handoffs > 0 &&
-                   o->requests > 0 ? 0 : -1;
+                   o->requests > 0 && o->replicas >= 0 && o->replicas <= MAX_REPLICAS &&
+                   o->sync >= 0 && o->sync_timeout_ms > 0 && o->sync_timeout_ms < 5000 ? 0 : -1;
 }
 
 static int write_json(const bench_opts *o, double pairs_s, double p50, double p99, double max,
@@ -390,6 +419,9 @@ static int write_json(const bench_opts *o, double pairs_s, double p50, double p9
     int rc = -1;
 
     cJSON_AddStringToObject(j, "redis", g_cfg.redis_url_text);
+    cJSON_AddNumberToObject(j, "replicas", o->replicas);
+    cJSON_AddNumberToObject(j, "syncReplicas", o->sync);
+    cJSON_AddNumberToObject(j, "syncTimeoutMs", o->sync_timeout_ms);
     cJSON_AddNumberToObject(j, "threads", o->threads);
     cJSON_AddNumberToObject(j, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
     cJSON_AddNumberToObject(j, "seconds", o->seconds);
@@ -426,21 +458,33 @@ int main(int argc, char **argv)
 
     if (parse_opts(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: bench_lock [--threads N] [--seconds S] [--handoffs N] "
-                        "[--requests N] [--json PATH]\n");
+                        "[--requests N] [--replicas N] [--sync N] [--sync-timeout MS] "
+                        "[--json PATH]\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
     if (getenv("REDIS_URL") == NULL || getenv("REDIS_URL")[0] == '\0') {
-        if (redis_start() != 0) {
-            fprintf(stderr, "bench_lock: cannot start redis-server\n");
+        int master = redis_start(0, 0);
+        for (int i = 1; master > 0 && i <= o.replicas; i++) {
+            if (redis_start(i, master) < 0)
+                master = -1;
+        }
+        if (master < 0) {
+            fprintf(stderr, "bench_lock: cannot start redis-server (and its replicas)\n");
             redis_stop();
             return 1;
         }
+        snprintf(spawned_url, sizeof spawned_url, "redis://127.0.0.1:%d", master);
         setenv("REDIS_URL", spawned_url, 1);
+    } else if (o.replicas > 0) {
+        fprintf(stderr, "bench_lock: --replicas starts a throwaway Redis: unset REDIS_URL\n");
+        return 2;
     }
     tl_setup(argv[0]);
+    lock_sync_set(o.sync, o.sync_timeout_ms);
     c = t_redis();
-    printf("bench_lock: Redis %s, %d threads, %ld CPUs\n", g_cfg.redis_url_text, o.threads,
+    printf("bench_lock: Redis %s with %d replica(s), grants wait for %d (WAIT), %d threads, "
+           "%ld CPUs\n", g_cfg.redis_url_text, o.replicas, o.sync, o.threads,
            sysconf(_SC_NPROCESSORS_ONLN));
 
     if (bench_pairs(&o, &pairs_s) != 0) {

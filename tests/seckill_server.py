@@ -11,7 +11,10 @@ errors into test failures:
 - raw_request(): sends arbitrary bytes on a socket, for malformed requests.
 - voucher_body() / new_voucher(): a voucher on sale now.
 - psql() / psql_value() / redis(): queries with the psql and redis-cli clients.
-- RedisServer: a dedicated redis-server (for outage tests).
+- RedisServer: a dedicated redis-server (for outage tests), optionally a replica.
+- RedisHA: a master, replicas and three Sentinels (redis-server --sentinel) of
+  the test's own, on free ports: sentinels_env() for a Server, master_port(),
+  wait_master() after a failover, pause()/resume() of a node.
 - register_pid() / unregister_pid(): tell tests/run.sh about a process to kill
   if the test dies; pid_alive(), stop_pid().
 - local_stack() / run_stack() / stack_run_env() / stack_pids() /
@@ -283,10 +286,12 @@ class Server:
 
 
 class RedisServer:
-    """A dedicated redis-server (no persistence) on a given or free port."""
+    """A dedicated redis-server (no persistence) on a given or free port;
+    replica_of: the port of its master."""
 
-    def __init__(self, port=None):
+    def __init__(self, port=None, replica_of=None):
         self.port = port or free_port()
+        self.replica_of = replica_of
         self.proc = None
         self.dir = os.path.join(TEST_TMP, f"redis-{self.port}")
         os.makedirs(self.dir, exist_ok=True)
@@ -296,11 +301,15 @@ class RedisServer:
     def url(self):
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def cli(self, *args, timeout=5):
+        return redis(list(args), url=self.url, timeout=timeout)
+
     def start(self, timeout=10):
+        extra = ["--replicaof", "127.0.0.1", str(self.replica_of)] if self.replica_of else []
         self.proc = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
              "--appendonly", "no", "--daemonize", "no", "--dir", self.dir,
-             "--logfile", self.log_path],
+             "--logfile", self.log_path] + extra,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _track(self.proc)
         deadline = time.monotonic() + timeout
@@ -318,10 +327,160 @@ class RedisServer:
     def kill(self):
         if self.proc is not None:
             if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGCONT)     # a paused one dies too
                 self.proc.kill()
                 self.proc.wait(timeout=5)
             _untrack(self.proc)
             self.proc = None
+
+
+class SentinelServer:
+    """redis-server --sentinel on a free port, watching master 'name' at
+    master_port with quorum 2; its config file (which Sentinel rewrites) is
+    its own, in TEST_TMP."""
+
+    def __init__(self, name, master_port, down_after_ms=2000, failover_timeout_ms=3000):
+        self.port = free_port()
+        self.dir = os.path.join(TEST_TMP, f"sentinel-{self.port}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.log_path = os.path.join(self.dir, "sentinel.log")
+        self.conf = os.path.join(self.dir, "sentinel.conf")
+        with open(self.conf, "w") as f:
+            f.write(f"port {self.port}\nbind 127.0.0.1\ndaemonize no\ndir {self.dir}\n"
+                    f"logfile {self.log_path}\n"
+                    f"sentinel monitor {name} 127.0.0.1 {master_port} 2\n"
+                    f"sentinel down-after-milliseconds {name} {down_after_ms}\n"
+                    f"sentinel failover-timeout {name} {failover_timeout_ms}\n"
+                    f"sentinel parallel-syncs {name} 1\n")
+        self.proc = None
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+    def cli(self, *args, timeout=5):
+        return redis(list(args), url=self.url, timeout=timeout)
+
+    def start(self, timeout=10):
+        self.proc = subprocess.Popen(["redis-server", self.conf, "--sentinel"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        _track(self.proc)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                fail(f"sentinel on {self.port} exited:\n{tail(self.log_path)}")
+            try:
+                if self.cli("PING", timeout=2) == "PONG":
+                    return self
+            except AssertionError:
+                pass
+            time.sleep(0.05)
+        fail(f"sentinel on {self.port} not ready within {timeout}s")
+
+    def kill(self):
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGCONT)
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+            _untrack(self.proc)
+            self.proc = None
+
+
+class RedisHA:
+    """A master, 'replicas' replicas and three Sentinels (quorum 2) of the
+    test's own. nodes[0] is the first master."""
+
+    def __init__(self, name="seckill", replicas=2, down_after_ms=2000, failover_timeout_ms=3000):
+        self.name = name
+        self.down_after_ms = down_after_ms
+        master = RedisServer().start()
+        self.nodes = [master] + [RedisServer(replica_of=master.port).start()
+                                 for _ in range(replicas)]
+        self.wait(lambda: all(self.role(n)[:1] == ["slave"] and self.link_up(n)
+                              for n in self.nodes[1:]), 15, "replicas in sync")
+        self.sentinels = [SentinelServer(name, master.port, down_after_ms,
+                                         failover_timeout_ms).start() for _ in range(3)]
+        # A failover needs every Sentinel to know the replicas and the others.
+        self.wait(self.complete, 20, "Sentinels to see every node")
+
+    @staticmethod
+    def wait(cond, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if cond():
+                    return
+            except AssertionError:
+                pass
+            time.sleep(0.05)
+        fail(f"timed out waiting for {what}")
+
+    def complete(self):
+        want = len(self.nodes) - 1
+        for s in self.sentinels:
+            info = s.cli("SENTINEL", "master", self.name).splitlines()
+            d = dict(zip(info[0::2], info[1::2]))
+            if d.get("num-slaves") != str(want) or d.get("num-other-sentinels") != "2":
+                return False
+        return True
+
+    @property
+    def sentinels_text(self):
+        return ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+
+    def sentinels_env(self):
+        """The environment of a Server that finds the master through these Sentinels."""
+        return {"REDIS_SENTINELS": self.sentinels_text, "REDIS_MASTER_NAME": self.name,
+                "REDIS_URL": self.nodes[0].url}
+
+    @staticmethod
+    def role(node, timeout=2):
+        return node.cli("ROLE", timeout=timeout).split()
+
+    @staticmethod
+    def link_up(node):
+        return "master_link_status:up" in node.cli("INFO", "replication")
+
+    def master_port(self):
+        """The master's port as the Sentinels name it."""
+        out = self.sentinels[0].cli("SENTINEL", "get-master-addr-by-name", self.name).split()
+        return int(out[1])
+
+    def node(self, port):
+        return next(n for n in self.nodes if n.port == port)
+
+    def wait_master(self, not_port, timeout=30):
+        """Waits until every Sentinel names a master other than not_port and
+        that server says it is the master; returns its port."""
+        out = {}
+
+        def moved():
+            ports = set()
+            for s in self.sentinels:
+                a = s.cli("SENTINEL", "get-master-addr-by-name", self.name).split()
+                ports.add(int(a[1]))
+            if len(ports) != 1 or not_port in ports:
+                return False
+            p = ports.pop()
+            out["port"] = p
+            return self.role(self.node(p))[:1] == ["master"]
+
+        self.wait(moved, timeout, f"a failover away from {not_port}")
+        return out["port"]
+
+    def pause(self, node):
+        os.kill(node.proc.pid, signal.SIGSTOP)
+
+    def resume(self, node):
+        os.kill(node.proc.pid, signal.SIGCONT)
+
+    def stop(self):
+        for s in self.sentinels:
+            s.kill()
+        for n in self.nodes:
+            n.kill()
 
 
 # ---------------------------------------------------------------- the local stack

@@ -17,6 +17,10 @@ with the local stack (scripts/stack.sh), without a Docker engine.
   the compose file's nginx is Debian's, built from the Dockerfile's stage
   'nginx' with the Lua module docker.conf loads (the sold-out edge, whose
   behaviour tests/test_edge.py checks on docker.conf itself).
+- docker-compose.ha.yml on top of it (Redis with Sentinel): valid; a master,
+  two replicas of it and three Sentinels watching it (quorum 2) with a config
+  file of their own; the instances wait for the Sentinels and name them in
+  REDIS_SENTINELS, the master's name as the Sentinels know it.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
@@ -26,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seckill_server as ss  # noqa: E402
@@ -33,6 +38,7 @@ from seckill_server import fail, test  # noqa: E402
 
 ROOT = ss.ROOT
 COMPOSE = os.path.join(ROOT, "docker-compose.yml")
+COMPOSE_HA = os.path.join(ROOT, "docker-compose.ha.yml")
 STACK = os.path.join(ROOT, "scripts", "stack.sh")
 
 # Variables that change what 'docker-compose config' and the launcher print.
@@ -572,6 +578,105 @@ def yaml_reader_self_check():
             "f": ["it's long and folded", "g"], "h": "x: y"}
     if doc != want:
         fail(f"parse_yaml: {doc!r} != {want!r}")
+
+
+# ---------------------------------------------------------------- Redis with Sentinel
+
+def compose_ha():
+    if "ha" not in _cache:
+        p = run(["docker-compose", "-f", COMPOSE, "-f", COMPOSE_HA, "config"])
+        if p.returncode != 0:
+            fail(f"docker-compose -f docker-compose.yml -f docker-compose.ha.yml config: "
+                 f"{p.stderr.strip()}")
+        _cache["ha"] = parse_yaml(p.stdout)
+    return _cache["ha"]
+
+
+@test
+def ha_override_is_valid_and_complete():
+    svcs = compose_ha().get("services") or {}
+    want = {"redis", "redis-replica-1", "redis-replica-2", "sentinel-1", "sentinel-2",
+            "sentinel-3", "app", "nginx", "postgres", "schema"}
+    if set(svcs) != want:
+        fail(f"services with the HA override: {sorted(svcs)}, want {sorted(want)}")
+    for r in ("redis-replica-1", "redis-replica-2"):
+        cmd = " ".join(str(x) for x in svcs[r].get("command") or [])
+        if "--replicaof redis 6379" not in cmd or "redis-server" not in cmd:
+            fail(f"{r} is not a replica of redis: {cmd}")
+        if not str(svcs[r].get("image", "")).startswith("redis:7"):
+            fail(f"{r}: image {svcs[r].get('image')}")
+    script = open(os.path.join(ROOT, "scripts", "compose-sentinel.sh")).read()
+    # Sentinel rewrites its config file: one of its own, written at start.
+    if not re.search(r'cat >"\$conf"', script) or \
+            'exec redis-server "$conf" --sentinel' not in script or \
+            "sentinel monitor $1 $2 $3 $4" not in script or "port ${SENTINEL_PORT:-26379}" not in script:
+        fail("scripts/compose-sentinel.sh does not write a config file of its own and run Sentinel on it")
+    monitor = None
+    for n in ("sentinel-1", "sentinel-2", "sentinel-3"):
+        cmd = [str(x) for x in svcs[n].get("command") or []]
+        if cmd[:2] != ["sh", "/seckill/compose-sentinel.sh"] or len(cmd) != 8 or \
+                cmd[3:6] != ["redis", "6379", "2"]:
+            fail(f"{n} does not watch redis:6379 with quorum 2: {cmd}")
+        vols = " ".join(str(v) for v in svcs[n].get("volumes") or [])
+        if "compose-sentinel.sh" not in vols:
+            fail(f"{n} does not mount scripts/compose-sentinel.sh: {vols}")
+        if "26379" not in health_test(svcs[n]):
+            fail(f"{n}: health check {health_test(svcs[n])!r}")
+        monitor = cmd[2]
+    app = svcs["app"]
+    env = app.get("environment") or {}
+    sentinels = sorted(x.strip() for x in str(env.get("REDIS_SENTINELS", "")).split(","))
+    if sentinels != ["sentinel-1:26379", "sentinel-2:26379", "sentinel-3:26379"]:
+        fail(f"app: REDIS_SENTINELS {env.get('REDIS_SENTINELS')!r}")
+    if env.get("REDIS_MASTER_NAME") != monitor:
+        fail(f"app: REDIS_MASTER_NAME {env.get('REDIS_MASTER_NAME')!r}, the Sentinels watch {monitor!r}")
+    deps = app.get("depends_on") or {}
+    for n in ("sentinel-1", "sentinel-2", "sentinel-3", "schema"):
+        if n not in deps:
+            fail(f"app does not wait for {n}: {sorted(deps)}")
+    known = server_env_names()
+    if known is not None and not set(env) <= known:
+        fail(f"app: names unknown to seckill --help: {sorted(set(env) - known)}")
+
+
+@test
+def compose_sentinel_script_runs_a_sentinel():
+    """scripts/compose-sentinel.sh for real (its port and file moved to free
+    ones): it watches a throwaway master and names it."""
+    if shutil.which("redis-server") is None:
+        fail("redis-server not found (make deps)")
+    master = ss.RedisServer().start()
+    port = ss.free_port()
+    conf = os.path.join(ss.TEST_TMP, f"compose-sentinel-{port}.conf")
+    env = clean_env()
+    env.update(SENTINEL_PORT=str(port), SENTINEL_CONF=conf)
+    p = subprocess.Popen(["sh", os.path.join(ROOT, "scripts", "compose-sentinel.sh"), "seckill",
+                          "127.0.0.1", str(master.port), "1", "5000", "10000"], env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    ss.register_pid(p.pid)
+    try:
+        deadline = time.monotonic() + 10
+        got = ""
+        while time.monotonic() < deadline:
+            try:
+                got = ss.redis(["SENTINEL", "get-master-addr-by-name", "seckill"],
+                               url=f"redis://127.0.0.1:{port}", timeout=2)
+                if got.split() == ["127.0.0.1", str(master.port)]:
+                    break
+            except AssertionError:
+                pass
+            time.sleep(0.1)
+        else:
+            fail(f"the Sentinel does not name the master: {got!r}")
+        text = open(conf).read()
+        if "sentinel monitor seckill 127.0.0.1" not in text or f"port {port}" not in text:
+            fail(f"its config file: {text[:300]!r}")
+    finally:
+        p.kill()
+        p.wait(timeout=5)
+        ss.unregister_pid(p.pid)
+        master.kill()
 
 
 if __name__ == "__main__":

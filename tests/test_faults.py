@@ -16,6 +16,14 @@ unknown outcome).
   lock holder SIGSTOPped     past its lease: a second instance sells to the same
                              user; the first one's write is refused (fencing),
                              one order, counted in /stats
+  Redis master SIGKILLed     (a second stack, REDIS_HA=1: a master, two replicas,
+                             three Sentinels) mid-sale through nginx: Sentinel
+                             promotes a replica, the instances follow it by
+                             themselves; 503 meanwhile, each within the Redis
+                             timeout; kill -> first 200 printed; invariants hold
+  Redis master SIGSTOPped    past Sentinel's down-after, then SIGCONT: a replica
+                             is promoted, the old master comes back as a
+                             replica, and none of our clients writes to it
   resources                  1,000 slow clients (nginx, and an instance itself),
                              MAX_CONNECTIONS / CONN_TIMEOUT_S with small values,
                              RSS of the instances over a sale
@@ -180,7 +188,7 @@ def stop_instance(st, name, sig=signal.SIGTERM):
 
 # ---------------------------------------------------------------- the load
 
-Rec = namedtuple("Rec", "via user t0 t1 status code instance order_id retry_after error")
+Rec = namedtuple("Rec", "via user t0 t1 status code instance order_id retry_after error message")
 
 
 class Load:
@@ -213,7 +221,7 @@ class Load:
         while not self.stop_event.is_set():
             user += 1
             t0 = time.monotonic()
-            status = code = inst = oid = ra = err = None
+            status = code = inst = oid = ra = err = msg = None
             try:
                 r = client.request("POST", f"/voucher/{self.voucher}/seckill",
                                    {"X-User-Id": str(user)})
@@ -224,13 +232,14 @@ class Load:
                     oid = body.get("orderId")
                 else:
                     code = body.get("error")
+                    msg = body.get("message")
             except ConnectionRefusedError:
                 err = "refused"
             except (OSError, http.client.HTTPException) as e:
                 err = type(e).__name__
             with self.lock:
                 self.records.append(Rec(label, user, t0, time.monotonic(), status, code, inst,
-                                        oid, ra, err))
+                                        oid, ra, err, msg))
             next_at = max(next_at + 1.0 / self.rate, time.monotonic() - 1.0 / self.rate)
             self.stop_event.wait(max(0.0, next_at - time.monotonic()))
         client.close()
@@ -664,6 +673,190 @@ def paused_holder(st, lease_ms):
     show("sigstop_lock_holder", figs)
 
 
+# ---------------------------------------------------------------- Redis failover
+
+HA_RUN_DIR = os.path.join(ss.TEST_TMP, "faults-ha-stack")
+FAILOVER_RUN_S = 8.0            # load after the master is killed
+FAILOVER_BOUND_S = 15.0         # kill -> first 200 must be within this
+
+
+class HAStack(Stack):
+    """The same stack with Redis under Sentinel (REDIS_HA=1); kit.Stack's
+    failover helpers, their errors as test failures."""
+
+    def __init__(self):
+        kit.Stack.__init__(self, HA_RUN_DIR, ss.stack_settings(
+            {"INSTANCES": 2, "DEMO_RANDOM_USER": 0, "THREADS": 4, "LOG_LEVEL": "warn",
+             "REDIS_HA": 1}), _SCRUB)
+        self.spawned = []
+        self.images = {}
+
+    def cli(self, port, *args, timeout=5):
+        try:
+            return kit.redis_cli(port, *args, timeout=timeout)
+        except kit.KitError as e:
+            fail(str(e))
+
+    def master(self):
+        try:
+            return self.redis_master()
+        except kit.KitError as e:
+            fail(str(e))
+
+    def wait_new_master(self, old_port, timeout=30):
+        try:
+            return self.wait_failover(old_port, timeout)
+        except kit.KitError as e:
+            fail(str(e))
+
+    def wait_replica(self, port, timeout=30):
+        try:
+            return kit.Stack.wait_replica(self, port, timeout)
+        except kit.KitError as e:
+            fail(str(e))
+
+    def restart_node(self, n, master_port):
+        try:
+            self.spawned.append(self.restart_redis_node(n, master_port))
+        except kit.KitError as e:
+            fail(str(e))
+
+
+def the_ha_stack():
+    if "ha" not in _state:
+        st = HAStack()
+        p = st.run("start", 180)
+        if p.returncode != 0:
+            st.run("stop")
+            fail(f"stack.sh start (REDIS_HA=1): exit {p.returncode}\n{p.stderr}")
+        st.read_env()
+        ss.register_stack_pids(HA_RUN_DIR)
+        _state["ha"] = st
+    return _state["ha"]
+
+
+def evalsha_calls(st, port):
+    return kit.redis_info_count(port, "commandstats", "cmdstat_evalsha:", "calls")
+
+
+def readonly_errors(st, port):
+    return kit.redis_info_count(port, "errorstats", "errorstat_READONLY:", "count")
+
+
+def failover_checks(st, v, recs, t_fault, label, new_port):
+    """What holds for both failovers: answers during the switch, recovery,
+    invariants, every instance on the new master. The figures."""
+    after = [r for r in recs if r.t0 >= t_fault]
+    first_ok = min((r.t1 for r in after if r.status == 200), default=None)
+    switch = [r for r in after if first_ok is None or r.t0 < first_ok]
+    wrong = Counter(outcome(r) for r in switch
+                    if not (r.status == 200 or (r.status == 503 and r.code == "unavailable")))
+    lat = [(r.t1 - r.t0) * 1000 for r in switch]
+    figs = {"faultToFirst200S": round(first_ok - t_fault, 2) if first_ok else None,
+            "duringSwitch": tally(switch),
+            "switchMaxLatencyMs": round(max(lat), 1) if lat else 0,
+            "after": tally([r for r in after if first_ok is not None and r.t0 >= first_ok])}
+    if first_ok is None or first_ok - t_fault > FAILOVER_BOUND_S:
+        fail(f"{label}: no sale within {FAILOVER_BOUND_S} s of the fault: {figs}")
+    if wrong:
+        fail(f"{label}: answers during the switch other than 200 and 503 unavailable: {dict(wrong)}")
+    if any(r.status == 503 and r.retry_after is None for r in switch):
+        fail(f"{label}: a 503 without Retry-After")
+    bound = REDIS_TIMEOUT_MS + 1000
+    if lat and max(lat) > bound:
+        fail(f"{label}: a request took {max(lat):.0f} ms during the switch (bound {bound} ms)")
+    odd = [r for r in after if first_ok is not None and r.t0 >= first_ok and r.status != 200]
+    for r in odd[:10]:
+        print(f"    after recovery: user {r.user} via {r.instance}: {outcome(r)}: {r.message} "
+              f"(+{r.t0 - t_fault:.2f} s)", flush=True)
+    tail = [r for r in recs if r.t0 >= recs[-1].t0 - 2.0]
+    if any(r.status != 200 for r in tail):
+        fail(f"{label}: the last 2 s of the run are not all 200: {tally(tail)}")
+    figs.update(check_invariants(st, v, recs, label))
+    seen = []
+    for port in st.app_ports:
+        red = st.stats(port).get("redis") or {}
+        if red.get("master") != f"127.0.0.1:{new_port}" or red.get("failovers", 0) < 1:
+            fail(f"{label}: instance {port} /stats redis: {red}, want master 127.0.0.1:{new_port}")
+        seen.append(red["failovers"])
+    figs["instanceFailoversSoFar"] = seen     # more than one per fault: Sentinel failed over twice
+    return figs
+
+
+@test
+def redis_master_sigkilled_mid_sale_sentinel_promotes_a_replica():
+    st = the_ha_stack()
+    v = st.new_voucher()
+    load = Load(v, nginx_workers(st, 8)).start()
+    time.sleep(2.0)
+    n, old = st.master()
+    pid = st.pid(f"redis-{n}")
+    t_kill = time.monotonic()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_gone(pid)
+        promoted_s, new = st.wait_new_master(old)
+        time.sleep(max(0.0, t_kill + FAILOVER_RUN_S - time.monotonic()))
+    finally:
+        recs = load.stop()
+    figs = failover_checks(st, v, recs, t_kill, "failover-kill", new)
+    figs["sentinelPromotedAfterS"] = round(promoted_s, 2)
+    # The killed master comes back as a replica of the new one.
+    st.restart_node(n, new)
+    show("redis_failover_sigkill", figs)
+    print(f"    SIGKILL of the Redis master -> first 200 after {figs['faultToFirst200S']} s "
+          f"(Sentinel named the new master after {figs['sentinelPromotedAfterS']} s)", flush=True)
+
+
+@test
+def redis_master_sigstopped_comes_back_as_a_replica_nobody_writes_to():
+    st = the_ha_stack()
+    v = st.new_voucher()
+    load = Load(v, nginx_workers(st, 8)).start()
+    time.sleep(2.0)
+    n, old = st.master()
+    pid = st.pid(f"redis-{n}")
+    readonly_before = readonly_errors(st, old)
+    t_stop = time.monotonic()
+    stopped = True
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        promoted_s, new = st.wait_new_master(old)
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        t_cont = time.monotonic()
+        st.wait_replica(old)
+        demoted_s = time.monotonic() - t_cont
+        # Commands sent before the failover and queued while it was stopped
+        # ran when it resumed: what ran from then on must be replication only.
+        time.sleep(1.0)
+        evalsha_replica = evalsha_calls(st, old)
+        readonly_replica = readonly_errors(st, old)
+        time.sleep(3.0)
+        evalsha_end = evalsha_calls(st, old)
+        readonly_end = readonly_errors(st, old)
+        # Every kind: the workers' and threads' connections, the reset
+        # subscriber's (pub/sub) too.
+        ours = [l for l in st.cli(old, "CLIENT", "LIST").splitlines() if "name=seckill:" in l]
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+        recs = load.stop()
+    figs = failover_checks(st, v, recs, t_stop, "failover-stop", new)
+    figs.update({"sentinelPromotedAfterS": round(promoted_s, 2),
+                 "oldMasterReplicaAfterContS": round(demoted_s, 2),
+                 "readonlyRepliesOnOldMaster": readonly_end - readonly_before})
+    show("redis_failover_sigstop", figs)
+    if evalsha_end != evalsha_replica or readonly_end != readonly_replica:
+        fail(f"scripts ran on the old master after it became a replica: EVALSHA "
+             f"{evalsha_replica} -> {evalsha_end}, READONLY answers {readonly_replica} -> {readonly_end}")
+    if ours:
+        fail(f"connections of the instances on the old master (now a replica): {ours}")
+    print(f"    SIGSTOP of the Redis master -> first 200 after {figs['faultToFirst200S']} s; "
+          f"back as a replica {figs['oldMasterReplicaAfterContS']} s after SIGCONT", flush=True)
+
+
 # ---------------------------------------------------------------- resources
 
 @test
@@ -916,6 +1109,13 @@ def no_lock_outlives_its_lease():
 
 
 def teardown():
+    ha = _state.get("ha")
+    if ha is not None or os.path.isdir(os.path.join(HA_RUN_DIR, "pids")):
+        p = (ha or HAStack()).run("stop")
+        if p.returncode != 0:
+            print(p.stderr)
+        for proc in (ha.spawned if ha else []):
+            proc.wait(timeout=10)
     st = _state.get("stack")
     p = (st or Stack()).run("stop")
     if p.returncode != 0:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The demo ladder end to end, as CI runs it: loadtest/ladder.py --quick.
+"""The demo ladder end to end, as CI runs it: loadtest/ladder.py --quick
+--no-failover (the failover steps 12-15 run in make ladder).
 
 The ladder starts a stack of its own (scripts/stack.sh in $TEST_TMP/ladder, free
 ports: Postgres, Redis, two instances, nginx), walks every step with real load
@@ -72,7 +73,11 @@ atexit.register(cleanup)
 
 @test
 def ladder_runs_and_every_step_shows_its_outcome():
-    args = [sys.executable, LADDER, "--quick", "--keep-stack", "--run-dir", RUN_DIR, "--out", OUT]
+    # The failover steps (12-15: a stack with Redis under Sentinel, two minutes
+    # more) are left to make ladder; the failover itself is in CI through
+    # test_faults.py and test_sentinel.py.
+    args = [sys.executable, LADDER, "--quick", "--no-failover", "--keep-stack", "--run-dir",
+            RUN_DIR, "--out", OUT]
     t0 = time.monotonic()
     log_path = os.path.join(ss.TEST_TMP, "ladder-output.txt")
     with open(log_path, "w") as log:

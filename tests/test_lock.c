@@ -866,6 +866,102 @@ static void test_acquire_many(void)
     freeReplyObject(r);
 }
 
+
+/* LOCK_SYNC_REPLICAS against a Redis with no replica: WAIT answers 0, so
+ * every grant is undone. A new hold leaves no key; a reentrant one goes
+ * back to its earlier count with its lease; a busy answer changes nothing
+ * (its pipelined WAIT is read and ignored); in a pipelined batch one WAIT
+ * covers every attempt. The counters say so. */
+static void test_sync_undoes_unacknowledged_grants(void)
+{
+    char k1[256], k2[256];
+    lock_acquire_op ops[2];
+    lock_grant g[2];
+    lock_status st[2];
+    lock_counters before, after;
+    double t0;
+    key_for("sync1", k1, sizeof k1);
+    key_for("sync2", k2, sizeof k2);
+
+    T_EQ_I64(lock_try_acquire(rc, k1, OWNER_A, LEASE, NULL), LOCK_OK);   /* before sync */
+    lock_counters_get(&before);
+    lock_sync_set(1, 50);
+    t0 = t_now_ms();
+    T_EQ_I64(lock_try_acquire(rc, k2, OWNER_A, LEASE, NULL), LOCK_UNSYNCED);
+    T_ASSERT(t_now_ms() - t0 >= 45);                       /* WAIT waited its timeout */
+    T_EQ_I64(exists(k2), 0);                               /* undone: no lock left */
+    T_EQ_I64(lock_try_acquire(rc, k1, OWNER_A, LEASE, NULL), LOCK_UNSYNCED);   /* reentry */
+    T_EQ_I64(hget_count(k1, OWNER_A), 1);                  /* the earlier hold stays */
+    T_ASSERT(pttl(k1) > 0);
+    T_EQ_I64(lock_try_acquire(rc, k1, OWNER_B, LEASE, NULL), LOCK_BUSY);
+    /* A batch: one grant (k2) and one busy (k1), one WAIT for both. */
+    T_EQ_I64(lock_acquire_send(rc, &ops[0], k2, OWNER_B, LEASE), LOCK_OK);
+    T_EQ_I64(lock_acquire_send(rc, &ops[1], k1, OWNER_B, LEASE), LOCK_OK);
+    lock_sync_send(rc, ops, 2);
+    T_ASSERT(ops[1].wait_follows && !ops[0].wait_follows);
+    lock_acquire_recv_many(rc, ops, 2, g, st);
+    T_EQ_I64(st[0], LOCK_UNSYNCED);
+    T_EQ_I64(st[1], LOCK_BUSY);
+    T_EQ_I64(exists(k2), 0);
+    redisReply *r = T_CMD(rc, "PING");                     /* the connection is in step */
+    T_ASSERT(r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0);
+    freeReplyObject(r);
+    lock_counters_get(&after);
+    T_EQ_I64(after.unsynced - before.unsynced, 3);
+    T_EQ_I64(after.sync_waits - before.sync_waits, 4);     /* one per attempt or batch */
+    T_EQ_I64(after.acquired - before.acquired, 0);
+    /* WAIT 0 (no replica needed) grants at once. */
+    lock_sync_set(0, 0);
+    T_EQ_I64(lock_try_acquire(rc, k2, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_release(rc, k2, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_release(rc, k1, OWNER_A, LEASE, NULL), LOCK_OK);
+    del_lock(k1);
+    del_lock(k2);
+}
+
+/* A NOSCRIPT answer with a WAIT behind it: the WAIT's reply is read first,
+ * the acquire re-sent with EVAL, and a WAIT of its own counts that grant. */
+static void test_sync_after_noscript(void)
+{
+    char k[256];
+    key_for("syncnoscript", k, sizeof k);
+    redisReply *r = T_CMD(rc, "SCRIPT FLUSH");
+    freeReplyObject(r);
+    lock_sync_set(1, 30);
+    T_EQ_I64(lock_try_acquire(rc, k, OWNER_A, LEASE, NULL), LOCK_UNSYNCED);
+    lock_sync_set(0, 0);
+    T_EQ_I64(exists(k), 0);
+    r = T_CMD(rc, "PING");
+    T_ASSERT(r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0);
+    freeReplyObject(r);
+    del_lock(k);
+}
+
+/* A READONLY reply (the server became a replica while the connection was
+ * open) is a failed connection: NULL, c->err set, the caller reconnects. */
+static void test_readonly_is_a_failed_connection(void)
+{
+    redisContext *c = t_redis();
+    redisReply *r = malloc(sizeof *r);
+    char *msg = strdup("READONLY You can't write against a read only replica.");
+
+    if (!T_ASSERT(c != NULL && r != NULL && msg != NULL))
+        return;
+    memset(r, 0, sizeof *r);
+    r->type = REDIS_REPLY_ERROR;
+    r->str = msg;
+    r->len = strlen(msg);
+    T_ASSERT(script_demoted(c, r) == NULL);                 /* freed */
+    T_EQ_I64(c->err, REDIS_ERR_OTHER);
+    T_ASSERT(strncmp(c->errstr, "READONLY", 8) == 0);
+    redisFree(c);
+    c = t_redis();
+    r = T_CMD(c, "GET nonexistent:%d", 1);                  /* other replies pass */
+    T_ASSERT(script_demoted(c, r) == r && c->err == 0);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
 int main(void)
 {
     char err[256];
@@ -895,6 +991,9 @@ int main(void)
     T_RUN(test_pipelined_acquire_with_id);
     T_RUN(test_release_many);
     T_RUN(test_acquire_many);
+    T_RUN(test_sync_undoes_unacknowledged_grants);
+    T_RUN(test_sync_after_noscript);
+    T_RUN(test_readonly_is_a_failed_connection);
     redisFree(rc);
     return t_done();
 }

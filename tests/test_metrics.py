@@ -121,7 +121,10 @@ def check_histograms(name, samples):
 # Label names a series may carry: each has a small, known set of values.
 # A new label is a new dimension of every scrape: add it here knowingly.
 ALLOWED_LABELS = {"route", "status", "code", "backend", "voucher", "invariant", "le",
-                  "version", "revision", "instance_id", "lock_strategy", "stock_strategy"}
+                  "version", "revision", "instance_id", "lock_strategy", "stock_strategy",
+                  # seckill_redis_master: the master's host:port (one series at a
+                  # time, a new one after a failover) and whether Sentinel named it
+                  "address", "sentinel"}
 # Labels a target must not set itself: Prometheus attaches "instance" and
 # "job" at the scrape (and renames a clash to exported_instance).
 TARGET_LABELS = {"instance", "job", "exported_instance", "exported_job"}

@@ -177,6 +177,45 @@ static void test_refusals_name_the_setting(void)
     refuses(NULL, ARGS("--port"), "--port");
     refuses(NULL, ARGS("stray"), "stray");
     refuses(NULL, ARGS("--threads=x"), "--threads");
+    refuses(ENV1("REDIS_SENTINELS=127.0.0.1"), NULL, "REDIS_SENTINELS");
+    refuses(ENV1("REDIS_SENTINELS=h:1,"), NULL, "REDIS_SENTINELS");
+    refuses(ENV1("REDIS_MASTER_NAME="), NULL, "REDIS_MASTER_NAME");
+    refuses(ENV1("LOCK_SYNC_REPLICAS=-1"), NULL, "LOCK_SYNC_REPLICAS");
+    refuses(ENV1("FENCING=2"), NULL, "FENCING");
+    refuses(((const char *const[]){ "LOCK_SYNC_REPLICAS=1", "LOCK_SYNC_TIMEOUT_MS=1000", NULL }),
+            NULL, "LOCK_SYNC_TIMEOUT_MS");
+}
+
+/* REDIS_SENTINELS: host:port pairs, each checked; FENCING=0 is a demo
+ * setting, announced as unsafe. */
+static void test_sentinels_and_fencing(void)
+{
+    sentinel_addr a[CONFIG_MAX_SENTINELS];
+
+    T_EQ_I64(config_parse_sentinels("127.0.0.1:26379", a, CONFIG_MAX_SENTINELS), 1);
+    T_EQ_STR(a[0].host, "127.0.0.1");
+    T_EQ_I64(a[0].port, 26379);
+    T_EQ_I64(config_parse_sentinels("s1:1,s-2.example:65535,10.0.0.3:26379", a, 3), 3);
+    T_EQ_STR(a[1].host, "s-2.example");
+    T_EQ_I64(a[1].port, 65535);
+    T_EQ_I64(a[2].port, 26379);
+    T_EQ_I64(config_parse_sentinels("s1:1,s2:2", a, 1), -1);          /* too many */
+    static const char *const bad[] = { "", "h", "h:", ":1", "h:0", "h:65536", "h:+1", "h:-1",
+                                       "h: 1", "h:1x", "h:1,", ",h:1", "h:1,,h:2", "a b:1",
+                                       "h:1:2", "[::1]:1" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (!T_ASSERT(config_parse_sentinels(bad[i], a, CONFIG_MAX_SENTINELS) == -1))
+            printf("  accepted '%s'\n", bad[i]);
+
+    T_EQ_I64(load(ENV1("REDIS_SENTINELS=127.0.0.1:1,127.0.0.1:2"), NULL, NULL, 0), 0);
+    T_EQ_I64(g_cfg.n_sentinels, 2);
+    T_EQ_STR(g_cfg.master_name, "seckill");
+    T_EQ_I64(g_cfg.fencing, 1);
+    T_EQ_I64(g_cfg.lock_sync_replicas, 0);
+    T_EQ_I64(config_unsafe(), 0);
+    T_EQ_I64(load(ENV1("FENCING=0"), NULL, NULL, 0), 0);
+    T_EQ_I64(g_cfg.n_sentinels, 0);
+    T_EQ_I64(config_unsafe(), 1);
 }
 
 static void test_redis_url(void)
@@ -348,6 +387,7 @@ int main(void)
     T_RUN(test_environment_and_flags);
     T_RUN(test_help_returns_one);
     T_RUN(test_refusals_name_the_setting);
+    T_RUN(test_sentinels_and_fencing);
     T_RUN(test_redis_url);
     T_RUN(test_admin_token_file);
     T_RUN(test_masks);
