@@ -15,7 +15,8 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-protot
              -Wpointer-arith -Wformat=2 -Wno-missing-field-initializers
 CFLAGS    += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -pthread -MMD -MP \
              $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
-LDLIBS    += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -pthread -lm
+# The ZooKeeper C client ships no pkg-config file: named here, checked by pkg-check.
+LDLIBS    += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lzookeeper_mt -pthread -lm
 LDFLAGS   += $(EXTRA_LDFLAGS)
 
 BUILD     ?= build
@@ -39,12 +40,14 @@ SECKILL_VERSION := $(VERSION_TEXT)$(if $(GIT_DESCRIBE), (git $(GIT_DESCRIBE)))
 # libraries, the servers the tests start (Postgres, Redis, nginx), the load
 # tools, the browser test's Chromium and Node.js, docker-compose (validates
 # the compose file), clang with its runtime libraries (make fuzz: libFuzzer
-# lives in libclang-rt-14-dev), GCC's ThreadSanitizer runtime (make tsan) and
-# nginx's Lua module (the sold-out edge, nginx/nginx.conf.tmpl).
+# lives in libclang-rt-14-dev), GCC's ThreadSanitizer runtime (make tsan),
+# nginx's Lua module (the sold-out edge, nginx/nginx.conf.tmpl) and ZooKeeper
+# (SECKILL_LOCK=zk: the C client; the server, with Java, for the tests).
 DEB_PKGS  := build-essential pkg-config libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev \
              postgresql redis-server nginx libnginx-mod-http-lua apache2-utils wrk python3 curl \
              procps docker-compose \
-             chromium nodejs gnuplot-nox clang libclang-rt-14-dev libtsan2
+             chromium nodejs gnuplot-nox clang libclang-rt-14-dev libtsan2 \
+             libzookeeper-mt-dev zookeeperd
 
 # The Debian package that ships each pkg-config name (for pkg-check's message).
 PKG_DEBS  := libmicrohttpd=libmicrohttpd-dev hiredis=libhiredis-dev libpq=libpq-dev \
@@ -107,11 +110,13 @@ test: deps-check ## every test against a throwaway Postgres and Redis (~6-8 min;
 
 # The fast tier: no Postgres, no nginx, no load. A throwaway redis-server
 # (started in a few milliseconds) serves the C tests of the lock and the
-# order ids; the unit tests need nothing. 35 s on 2 cores with the binaries
-# built, 23 s of it test_watchdog's lease timing; the unit tests take under
-# a second.
+# order ids, test_zkl starts a ZooKeeper of its own (about a second) and
+# test_mlock five redis-servers; the unit tests need nothing. About 55 s on
+# 2 cores with the binaries built, 23 s of it test_watchdog's lease timing,
+# 10 s test_zkl's session timeouts and 10 s test_mlock's leases; the unit
+# tests take under a second.
 # (mk/*.mk may add prerequisites: 'check: something'.)
-check: deps-check ## fast tier, about 35 s: C unit tests (tests/unit_*.c) and the C tests, Redis only
+check: deps-check ## fast tier, about 55 s: C unit tests (tests/unit_*.c) and the C tests (Redis, ZooKeeper)
 	@$(MAKE) --no-print-directory $(BUILD)/seckill $(TEST_BINS)
 	BUILD=$(BUILD) tests/run.sh --check $(TESTS)
 
@@ -178,6 +183,8 @@ pkg-check: ## check the build's libraries with pkg-config (every compile runs it
 	        missing="$$missing $$p ($$d)"; debs="$$debs $$d"; \
 	    done; \
 	fi; \
+	if ! printf '#include <zookeeper/zookeeper.h>\n' | $(CC) -E -x c - >/dev/null 2>&1; then \
+	    missing="$$missing zookeeper_mt (libzookeeper-mt-dev)"; debs="$$debs libzookeeper-mt-dev"; fi; \
 	if [ -n "$$missing" ]; then \
 	    echo "seckill: cannot build: missing:$$missing" >&2; \
 	    echo "run \`make deps\` (as root; it installs every package the project needs)," >&2; \

@@ -15,7 +15,9 @@ config g_cfg;
 
 enum opt_type { OPT_INT, OPT_LONG, OPT_STR, OPT_BOOL, OPT_LEVEL, OPT_LOCK, OPT_STOCK, OPT_LEASE };
 
-static const char *const lock_names[] = { "none", "local", "setnx", "owner", "reentrant" };
+static const char *const lock_names[] = { "none", "local", "setnx", "owner", "reentrant",
+                                          "zk", "pg-table", "pg-advisory",
+                                          "multilock", "redlock" };
 static const char *const stock_names[] = { "naive", "cas", "optimistic", "pessimistic",
                                            "batched", "redis" };
 
@@ -105,7 +107,24 @@ static const option_def options[] = {
     { "DEMO_RANDOM_USER", "demo-random-user", OPT_BOOL, F(demo_random_user), 0, 1, "0",
       "1: a seckill request without X-User-Id is a new random user (load tests only)" },
     { "SECKILL_LOCK", "lock", OPT_LOCK, F(lock_strategy), 0, 0, "reentrant",
-      "per-user lock: none, local, setnx, owner or reentrant (only reentrant is safe)" },
+      "per-user lock: reentrant (Redis), multilock or redlock (several Redis masters), zk "
+      "(ZooKeeper), pg-table or pg-advisory (Postgres); "
+      "none, local, setnx and owner are the demo ladder's unsafe steps" },
+    { "ZK_HOSTS", "zk-hosts", OPT_STR, F(zk_hosts), 0, 0, "",
+      "SECKILL_LOCK=zk: the ZooKeeper servers, host:port[,host:port...]" },
+    { "ZK_SESSION_TIMEOUT_MS", "zk-session-timeout-ms", OPT_INT, F(zk_session_timeout_ms), 500,
+      600000, "6000", "SECKILL_LOCK=zk: session timeout asked of ZooKeeper (ms); the locks of "
+      "a process that died go after it" },
+    { "LOCK_REDIS_NODES", "lock-redis-nodes", OPT_STR, F(lock_redis_nodes), 0, 0, "",
+      "SECKILL_LOCK=multilock or redlock: the independent Redis masters, "
+      "redis://host:port[,redis://host:port...] (redlock: at least 3)" },
+    { "LOCK_REDIS_NODE_TIMEOUT_MS", "lock-redis-node-timeout-ms", OPT_INT,
+      F(lock_redis_node_timeout_ms), 1, 10000, "50",
+      "multilock, redlock: each node's connect and command timeout (ms), at most a tenth of "
+      "LOCK_LEASE_MS" },
+    { "LOCK_PG_SWEEP_MS", "lock-pg-sweep-ms", OPT_INT, F(lock_pg_sweep_ms), 0, 3600000, "0",
+      "SECKILL_LOCK=pg-table: delete expired lock rows this often (ms; 0: never, the next "
+      "acquire takes an expired row over)" },
     { "SECKILL_STOCK", "stock", OPT_STOCK, F(stock_strategy), 0, 0, "optimistic",
       "stock deduction: naive, cas, optimistic, pessimistic, batched or redis (Redis-first "
       "admission, orders persisted by a consumer; naive oversells)" },
@@ -251,9 +270,16 @@ const char *config_stock_name(int s)
     return s >= 0 && (size_t)s < NELEM(stock_names) ? stock_names[s] : "unknown";
 }
 
+/* The lock strategies that keep one order per user. */
+static int lock_safe(int s)
+{
+    return s == LOCKS_REENTRANT || s == LOCKS_ZK || s == LOCKS_PG_TABLE || s == LOCKS_PG_ADVISORY ||
+           s == LOCKS_MULTILOCK || s == LOCKS_REDLOCK;
+}
+
 int config_unsafe(void)
 {
-    return g_cfg.lock_strategy != LOCKS_REENTRANT || g_cfg.stock_strategy == STOCKS_NAIVE ||
+    return !lock_safe(g_cfg.lock_strategy) || g_cfg.stock_strategy == STOCKS_NAIVE ||
            g_cfg.demo_delay_ms > 0 || g_cfg.demo_pause_ms > 0 || !g_cfg.fencing;
 }
 
@@ -688,6 +714,42 @@ static void default_lua_dir(void)
     snprintf(g_cfg.lua_dir, sizeof g_cfg.lua_dir, "lua");
 }
 
+/* ZK_HOSTS: host:port[,host:port...], required by SECKILL_LOCK=zk. */
+static int check_zk_hosts(void)
+{
+    const char *p = g_cfg.zk_hosts;
+
+    if (p[0] == '\0') {
+        if (g_cfg.lock_strategy != LOCKS_ZK)
+            return 0;
+        fprintf(stderr, "seckill: SECKILL_LOCK=zk needs ZK_HOSTS=host:port[,host:port...]\n");
+        return -1;
+    }
+    while (*p != '\0') {
+        const char *comma = strchr(p, ',');
+        const char *end = comma != NULL ? comma : p + strlen(p);
+        const char *colon = NULL;
+        for (const char *q = p; q < end; q++)
+            if (*q == ':')
+                colon = q;
+        char *num_end;
+        long port = colon != NULL ? strtol(colon + 1, &num_end, 10) : 0;
+        if (colon == NULL || colon == p || colon + 1 == end || num_end != end || port < 1 ||
+            port > 65535 || memchr(p, ' ', (size_t)(end - p)) != NULL ||
+            memchr(p, '/', (size_t)(end - p)) != NULL) {
+            fprintf(stderr, "seckill: invalid ZK_HOSTS '%s': expected host:port[,host:port...]\n",
+                    g_cfg.zk_hosts);
+            return -1;
+        }
+        p = comma != NULL ? comma + 1 : end;
+        if (comma != NULL && *p == '\0') {
+            fprintf(stderr, "seckill: invalid ZK_HOSTS '%s': trailing comma\n", g_cfg.zk_hosts);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int config_load(int argc, char **argv)
 {
     memset(&g_cfg, 0, sizeof g_cfg);
@@ -797,6 +859,8 @@ int config_load(int argc, char **argv)
                 g_cfg.log_format);
         return -1;
     }
+    if (check_zk_hosts() != 0)
+        return -1;
     if (g_cfg.fence_horizon_ms > 0 && g_cfg.fence_horizon_ms < 1000) {
         fprintf(stderr, "seckill: invalid FENCE_HORIZON_MS=%ld: expected 0 (no horizon) or at "
                         "least 1000 ms\n", g_cfg.fence_horizon_ms);

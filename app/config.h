@@ -14,9 +14,12 @@ typedef struct redis_url {
     int db;
 } redis_url;
 
-/* The demo ladder. Only the last of each is safe; the others
- * exist to be measured. */
-enum lock_strategy { LOCKS_NONE, LOCKS_LOCAL, LOCKS_SETNX, LOCKS_OWNER, LOCKS_REENTRANT };
+/* The demo ladder: none, local, setnx and owner exist to be measured;
+ * reentrant (the default) and the other lock services' backends are safe.
+ * Of the stock strategies, naive oversells. */
+enum lock_strategy { LOCKS_NONE, LOCKS_LOCAL, LOCKS_SETNX, LOCKS_OWNER, LOCKS_REENTRANT,
+                     LOCKS_ZK, LOCKS_PG_TABLE, LOCKS_PG_ADVISORY,
+                     LOCKS_MULTILOCK, LOCKS_REDLOCK };
 enum stock_strategy { STOCKS_NAIVE, STOCKS_CAS, STOCKS_OPTIMISTIC, STOCKS_PESSIMISTIC,
                       STOCKS_BATCHED, STOCKS_REDIS };
 
@@ -66,6 +69,11 @@ typedef struct config {
     int retry_after_s;
     int request_deadline_ms;    /* work not started by then: 503, not done (0: none) */
     int lock_strategy;          /* enum lock_strategy (SECKILL_LOCK) */
+    char zk_hosts[1024];        /* SECKILL_LOCK=zk: "host:port[,host:port...]" */
+    int zk_session_timeout_ms;  /* asked of ZooKeeper; a dead holder's lock goes after it */
+    char lock_redis_nodes[2048]; /* multilock, redlock: redis://h:p,redis://h:p,... */
+    int lock_redis_node_timeout_ms; /* each node's connect and command timeout */
+    int lock_pg_sweep_ms;       /* pg-table: delete expired rows this often (0: never) */
     int stock_strategy;         /* enum stock_strategy (SECKILL_STOCK) */
     int demo_delay_ms;          /* sleep between the reads and the writes (demo only) */
     int demo_pause_ms;          /* sleep after taking the lock, before the transaction */

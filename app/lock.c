@@ -157,6 +157,14 @@ static int lock_args_ok(const char *fn, const char *key, const char *owner, long
 lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *key,
                               const char *owner, long lease_ms)
 {
+    return lock_acquire_send_within(c, op, key, owner, lease_ms,
+                                    atomic_load_explicit(&command_timeout_ms,
+                                                         memory_order_relaxed));
+}
+
+lock_status lock_acquire_send_within(redisContext *c, lock_acquire_op *op, const char *key,
+                                     const char *owner, long lease_ms, int timeout_ms)
+{
     memset(op, 0, sizeof *op);
     if (!lock_args_ok("lock_try_acquire", key, owner, lease_ms))
         return LOCK_ERR;
@@ -184,7 +192,6 @@ lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *
     /* The deadline makes a late execution (Redis stalled past our command
      * timeout, we answered 503 and moved on) refuse instead of granting a
      * hold nobody will release. A little slack absorbs clock differences. */
-    int timeout_ms = atomic_load_explicit(&command_timeout_ms, memory_order_relaxed);
     if (timeout_ms > 0) {
         snprintf(op->deadline, sizeof op->deadline, "%lld",
                  (long long)(util_wall_ms() + timeout_ms + DEADLINE_SLACK_MS));

@@ -140,6 +140,12 @@ lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *
                               const char *owner, long lease_ms);
 lock_status lock_acquire_recv(redisContext *c, lock_acquire_op *op, lock_grant *g);
 
+/* lock_acquire_send with the deadline 'timeout_ms' (> 0) ahead instead of
+ * the caller's command timeout: for a connection with a shorter timeout of
+ * its own (mlock's nodes), so that a late execution refuses. */
+lock_status lock_acquire_send_within(redisContext *c, lock_acquire_op *op, const char *key,
+                                     const char *owner, long lease_ms, int timeout_ms);
+
 /* After lock_acquire_send of ops[0..n-1] (and nothing else after them):
  * appends one WAIT that covers them all, when replica acknowledgement is
  * on; a no-op otherwise. Then read them with lock_acquire_recv (n = 1) or

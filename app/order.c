@@ -74,7 +74,7 @@ static order_job *job_new(conn_set *cs, int64_t voucher_id, int64_t user_id,
      * clock reading; FENCING=0 (a demo of a lost lock, unsafe) lets a
      * holder whose lock was lost write anyway. */
     if (ulock_tokens() && g_cfg.fencing) {
-        j->buyer.order.fence_key = j->hold.key;
+        j->buyer.order.fence_key = j->hold.fence_key;
         if (ulock_token_clock())
             j->buyer.order.fence_horizon_ms = g_cfg.fence_horizon_ms;
     }

@@ -17,6 +17,11 @@ static const ulock_backend *const backends[] = {
     [LOCKS_SETNX] = &ulock_setnx,
     [LOCKS_OWNER] = &ulock_owner,
     [LOCKS_REENTRANT] = &ulock_reentrant,
+    [LOCKS_ZK] = &ulock_zk,
+    [LOCKS_PG_TABLE] = &ulock_pg_table,
+    [LOCKS_PG_ADVISORY] = &ulock_pg_advisory,
+    [LOCKS_MULTILOCK] = &ulock_multilock,
+    [LOCKS_REDLOCK] = &ulock_redlock,
 };
 #define NBACKENDS (sizeof backends / sizeof backends[0])
 
@@ -74,6 +79,8 @@ void ulock_hold_init(ulock_hold *h, int64_t user_id, const char *owner)
     h->state = ULOCK_FREE;
     h->taken = ULOCK_ERR;
     h->token = -1;
+    snprintf(h->fence_key, sizeof h->fence_key, "%s%s",
+             be->fence_prefix != NULL ? be->fence_prefix : "", h->key);
 }
 
 /* A hold is taken once: a second attempt on it is a bug in the caller. */

@@ -7,6 +7,11 @@
  *                     lock (lock.h), the safe default
  *   ulock_demo.c      none, local, setnx, owner: the demo ladder's broken
  *                     steps, which the default never reaches
+ *   ulock_zk.c        zk: ZooKeeper's lock recipe (zkl.h)
+ *   ulock_pg.c        pg-table and pg-advisory: a lock table and advisory
+ *                     locks in Postgres (pgl.h)
+ *   ulock_multi.c     multilock and redlock: one lock over several
+ *                     independent Redis masters (mlock.h)
  *
  * A strategy is a ulock_backend: acquire one attempt with the configured
  * lease, release once after the transaction, and optionally both for a
@@ -67,6 +72,9 @@ typedef struct ulock_hold {
     ulock_state state;
     ulock_status taken;       /* the last attempt's outcome */
     int64_t token;            /* fencing token of the grant (ulock_tokens()) */
+    char fence_key[80];       /* the fence's row for this lock: the backend's
+                                 fence_prefix, then 'key' (tokens of two services
+                                 are not comparable, so each has its own rows) */
     _Alignas(16) unsigned char priv[ULOCK_PRIV_BYTES];
 } ulock_hold;
 
@@ -82,6 +90,8 @@ typedef struct ulock_backend {
     int token_clock;
     int thread_bound;         /* a hold may be released only by the thread that took it */
     const char *unavailable;  /* the 503's message when its service fails */
+    const char *fence_prefix; /* NULL or "" for Redis's tokens; "<name>:" for another
+                                 service's (ulock_hold.fence_key) */
     /* Process start and end (may be NULL): open what the backend keeps for
      * itself, check its configuration. 'start' returns 0, or -1 with the
      * reason in 'err' (the server then refuses to start). */
@@ -137,5 +147,8 @@ void ulock_release_many(conn_set *cs, ulock_hold *const *h, size_t n);
 /* The strategies (their modules). */
 extern const ulock_backend ulock_reentrant;
 extern const ulock_backend ulock_none, ulock_local, ulock_setnx, ulock_owner;
+extern const ulock_backend ulock_zk;
+extern const ulock_backend ulock_pg_table, ulock_pg_advisory;
+extern const ulock_backend ulock_multilock, ulock_redlock;
 
 #endif

@@ -60,8 +60,21 @@ from the ladder's client in 0.25 s buckets, the sales per second from nginx's
 access log), ladder.json (every figure), steps/ (raw
 load output, the access-log slice and /stats of every step; run-N/ with --runs).
 
+  lock services  after those, per lock backend of another service (zk,
+               pg-table, pg-advisory) the storm, then for every backend (Redis's
+               too) a holder killed with SIGKILL while it holds a user's lock
+               (time until the other instance gets it) and the lock's service
+               stopped mid-sale (what buyers see): LOCK_BACKENDS below; the
+               stack then runs a ZooKeeper too (LOCK_SERVICES=zk). multilock and
+               redlock run on five redis-server processes of the ladder's own
+               (scripts/redis-nodes.sh, RUN_DIR-nodes); their storm, crash and
+               outage steps are left out with --quick. Last, the nodes' failures:
+               RedLock with a node restarted empty (two holders), the same with
+               a delayed restart (one holder), MultiLock with a node down (no sale)
+
   loadtest/ladder.py [--quick] [--runs N] [--steps 1,2,8] [--no-batched]
-                     [--no-failover] [--keep-stack] [--run-dir DIR] [--out DIR]
+                     [--no-lock-services] [--no-failover]
+                     [--keep-stack] [--run-dir DIR] [--out DIR]
 
 --quick: 500 buyers instead of 1000 in the stock steps and the failover steps'
 sales (CI); every assertion stays. --no-failover: without steps 12-15. --runs N: the whole ladder N times on the same stack, then how often
@@ -97,17 +110,19 @@ UNIQUE = "uq_voucher_order_user_voucher"
 STEP_VARS = ("SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS",
              "LOCK_LEASE_MS", "WATCHDOG_TIMEOUT_MS", "DEMO_RANDOM_USER", "INSTANCES",
              "LOG_LEVEL", "FENCING", "LOCK_SYNC_REPLICAS", "LOCK_SYNC_TIMEOUT_MS", "REDIS_HA",
-             "INSTANCE_ENV_1", "INSTANCE_ENV_2", "REDIS_ORDER_DURABILITY", "CONSUMERS")
+             "INSTANCE_ENV_1", "INSTANCE_ENV_2", "REDIS_ORDER_DURABILITY", "CONSUMERS",
+             "ZK_SESSION_TIMEOUT_MS", "LOCK_PG_SWEEP_MS", "LOCK_REDIS_NODES")
 # The caller's variables that must not leak into the stack or the loads.
 SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
-                     "LOADTEST_OUT", "ADMIN_TOKEN", "REDIS_SENTINELS", "REDIS_MASTER_NAME")
+                     "LOADTEST_OUT", "ADMIN_TOKEN", "REDIS_SENTINELS", "REDIS_MASTER_NAME",
+                     "ZK_HOSTS", "LOCK_SERVICES", "LOCK_REDIS_NODE_TIMEOUT_MS")
 
 # ------------------------------------------------------------------ the steps
 
 SALE = {"kind": "sale", "requests": 1000, "concurrency": 50, "stock": 100}
 STORM = {"kind": "storm", "connections": 8, "seconds": 3.0, "gap": 0.05, "stock": 100}
 STORM_BUCKET = 0.25                          # s: the storms' latency timeline
-CRASH = {"kind": "crash", "requests": 300, "concurrency": 20, "stock": 1000}
+CRASH = {"kind": "redis-crash", "requests": 300, "concurrency": 20, "stock": 1000}
 STOCK_ENV = {"DEMO_DELAY_MS": 20}
 LOCK_ENV = {"DEMO_DELAY_MS": 2000}           # the user's lock is held 2 s
 # The failover steps: the price sale, then the lost lock (see the module doc).
@@ -204,6 +219,106 @@ STEPS = [
 ]
 
 
+# The lock backends of the lock-service steps: the single-user storm on each
+# backend of another service, then, per backend, its holder killed and its
+# service stopped mid-sale. A backend is one entry: its settings for these
+# steps, the stack service it needs (scripts/stack.sh service-stop/-start),
+# and when a killed holder's lock must be free again (seconds after the kill).
+HOLD_S = 3                                   # leases and session timeouts of these steps
+LOCK_BACKENDS = [
+    dict(lock="reentrant", service="redis", storm=False,
+         env={"LOCK_LEASE_MS": -1, "WATCHDOG_TIMEOUT_MS": HOLD_S * 1000},
+         frees="watchdog lease ends", free_s=(HOLD_S * 2 / 3 - 0.4, HOLD_S + 0.6)),
+    dict(lock="zk", service="zk", storm=True,
+         env={"ZK_SESSION_TIMEOUT_MS": HOLD_S * 1000},
+         frees="session timeout", free_s=(HOLD_S * 2 / 3 - 0.4, HOLD_S + 1.5)),
+    dict(lock="pg-table", service="postgres", storm=True,
+         env={"LOCK_LEASE_MS": HOLD_S * 1000},
+         frees="row expires", free_s=(HOLD_S - 1.0, HOLD_S + 0.6)),
+    dict(lock="pg-advisory", service="postgres", storm=True, env={},
+         frees="session ends", free_s=(0.0, 1.0)),
+    # independent Redis masters the ladder starts itself (scripts/redis-nodes.sh):
+    # "@nodes3" / "@nodes5" stand for the first three / all five
+    dict(lock="multilock", service="nodes", storm=True,
+         env={"LOCK_LEASE_MS": HOLD_S * 1000, "LOCK_REDIS_NODES": "@nodes3"},
+         frees="lease ends", free_s=(HOLD_S - 1.0, HOLD_S + 0.6)),
+    dict(lock="redlock", service="nodes", storm=True,
+         env={"LOCK_LEASE_MS": HOLD_S * 1000, "LOCK_REDIS_NODES": "@nodes5"},
+         frees="lease ends", free_s=(HOLD_S - 1.0, HOLD_S + 0.6)),
+]
+NODES = 5                    # redis-server processes of the multilock and redlock steps
+CRASH_PAUSE_MS = 5000        # the holder stalls this long after taking the lock: killed meanwhile
+OUTAGE = {"kind": "outage", "connections": 8, "seconds": 7.0, "stop_at": 2.0, "start_at": 4.5,
+          "stock": 100000}
+
+
+def lock_steps(first):
+    """The lock-service steps, numbered from 'first'."""
+    out = []
+    for b in LOCK_BACKENDS:
+        if b["storm"]:
+            out.append(dict(key=f"storm-{b['lock']}", title=f"{b['lock']}: one user",
+                            lock=b["lock"], stock="optimistic", instances=2,
+                            env=dict(LOCK_ENV, **{k: v for k, v in b["env"].items()
+                                                  if k == "LOCK_REDIS_NODES"}),
+                            load=STORM, service=b["service"], expect="exactly 1 order",
+                            story=f"the single-user storm with SECKILL_LOCK={b['lock']}",
+                            full_only=b["service"] == "nodes"))
+    for b in LOCK_BACKENDS:
+        out.append(dict(key=f"crash-{b['lock']}", title=f"{b['lock']}: holder killed",
+                        lock=b["lock"], stock="optimistic", instances=2, backend=b,
+                        env=dict(b["env"], DEMO_PAUSE_MS=CRASH_PAUSE_MS),
+                        load={"kind": "crash", "stock": 100}, service=b["service"],
+                        full_only=b["service"] == "nodes",
+                        expect=f"free in {b['free_s'][0]:g}-{b['free_s'][1]:g} s, 1 order",
+                        story=f"instance 1 takes the user's lock and is killed (SIGKILL) while "
+                              f"it holds it; instance 2 asks every 25 ms: the lock is free when "
+                              f"the {b['frees']}"))
+    for b in LOCK_BACKENDS:
+        out.append(dict(key=f"outage-{b['lock']}", title=f"{b['lock']}: {b['service']} down",
+                        lock=b["lock"], stock="optimistic", instances=2, backend=b,
+                        env=dict(b["env"]), load=OUTAGE, service=b["service"],
+                        full_only=b["service"] == "nodes",
+                        expect="503 while down, no hang, no wrong order",
+                        story=f"distinct buyers for {OUTAGE['seconds']:g} s; {b['service']} "
+                              f"stopped at {OUTAGE['stop_at']:g} s, started at "
+                              f"{OUTAGE['start_at']:g} s"))
+    # What the independent nodes do when one of them fails (load "nodes").
+    # the holder keeps the lock 4 s between its "has this user an order?" and
+    # its insert (DEMO_DELAY_MS; the nodes' signals take about 2 s), within
+    # a 6 s lease, so two holders' transactions overlap
+    nodes_env = {"LOCK_LEASE_MS": 6000, "DEMO_DELAY_MS": 4000}
+    out += [
+        dict(key="redlock-restart", title="redlock: node restarts empty", lock="redlock",
+             stock="optimistic", instances=2, service="nodes",
+             env=dict(nodes_env, LOCK_REDIS_NODES="@nodes5"),
+             load={"kind": "nodes", "scenario": "restart", "stock": 100},
+             expect="two holders, 2 orders (no fence)",
+             story="instance 1 holds nodes A, B, C (D, E paused); C is killed and started "
+                   "again at once without persistence; A, B paused: instance 2 takes C, D, E "
+                   "while instance 1 still holds its lease"),
+        dict(key="redlock-delayed", title="redlock: delayed restart", lock="redlock",
+             stock="optimistic", instances=2, service="nodes",
+             env=dict(nodes_env, LOCK_REDIS_NODES="@nodes5"),
+             load={"kind": "nodes", "scenario": "delayed", "stock": 100},
+             expect="one holder, 1 order",
+             story="the same, but C rejoins only after the longest lease: instance 2 reaches "
+                   "D and E only, no majority (503)"),
+        dict(key="multilock-node-down", title="multilock: a node down", lock="multilock",
+             stock="optimistic", instances=2, service="nodes",
+             env={"LOCK_REDIS_NODES": "@nodes3"},
+             load={"kind": "nodes", "scenario": "down", "stock": 100},
+             expect="no one buys (503), no oversell",
+             story="one of the three nodes killed; 40 distinct buyers through nginx"),
+    ]
+    for i, st in enumerate(out):
+        st["num"] = first + i
+    return out
+
+
+STEPS += lock_steps(len(STEPS) + 1)
+
+
 def check_step(step, r, results):
     """[(ok, text)] for the step's expected outcome; r: the step's figures."""
     k = step["key"]
@@ -258,6 +373,67 @@ def check_step(step, r, results):
         out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
                     f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
         out.append((r["renewals"] >= 1, f"watchdog renewals {r['renewals']} >= 1"))
+    elif k.startswith("storm-"):
+        out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
+                    f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
+    elif k == "redlock-restart":
+        n = r["nodes"]
+        out.append((n["firstAnswer"] == 200 and n["secondAnswer"] == 200,
+                    f"both instances answered 200 ({n['firstAnswer']}, {n['secondAnswer']})"))
+        out.append((r["orders"] == 2 and r["duplicateUsers"] == 1,
+                    f"orders {r['orders']} = 2 of one user (duplicate users {r['duplicateUsers']})"))
+        return out
+    elif k == "redlock-delayed":
+        n = r["nodes"]
+        out.append((n["firstAnswer"] == 200 and n["secondAnswer"] == 503,
+                    f"instance 1 answered {n['firstAnswer']} = 200, instance 2 "
+                    f"{n['secondAnswer']} = 503 (no majority)"))
+        out.append((r["orders"] == 1 and r["duplicateUsers"] == 0,
+                    f"orders {r['orders']} = 1, duplicate users {r['duplicateUsers']} = 0"))
+        return out
+    elif k == "multilock-node-down":
+        out.append((r["statuses"] == {"503": r["requests"]},
+                    f"every answer 503 while a node is down: {r['statuses']}"))
+        n = r["nodes"]
+        out.append((n["ordersWhileDown"] == 0 and r["oversold"] == 0,
+                    f"orders while down {n['ordersWhileDown']} = 0, oversold {r['oversold']} = 0"))
+        out.append((r["nodes"]["afterOk"] >= 1,
+                    f"the node back: {r['nodes']['afterOk']} x 200"))
+        return out
+    elif k.startswith("crash-"):
+        lo, hi = step["backend"]["free_s"]
+        c = r["crash"]
+        out.append((c["heldBeforeKill"], "instance 2 was refused (409) while instance 1 held it"))
+        free = c["freeAfterS"]
+        out.append((free is not None and lo <= free <= hi,
+                    f"lock free {'never' if free is None else f'{free:.2f} s'} after the kill "
+                    f"(expected {lo:g}-{hi:g} s: {step['backend']['frees']})"))
+        out.append((r["orders"] == 1 and c["winner"] == 200,
+                    f"orders {r['orders']} = 1, instance 2's order answered {c['winner']}"))
+        return out + [(r["strategiesSeen"] == [f"{step['lock']}/{step['stock']}"],
+                       f"instance 2 ran {', '.join(r['strategiesSeen']) or '?'}"),
+                      (r["status5xx"] == 0, f"5xx answers of instance 2: {r['status5xx']}")]
+    elif k.startswith("outage-"):
+        o = r["outage"]
+        bad = {s: n for s, n in r["statuses"].items() if s not in ("200", "409", "503")}
+        out.append((not bad and r["transportErrors"] == 0,
+                    f"answers only 200/409/503 (others {bad or 0}, transport errors "
+                    f"{r['transportErrors']})"))
+        out.append((o["unavailable"] >= 1, f"503 unavailable while down: {o['unavailable']} >= 1"))
+        out.append((o["maxMs"] < 5000, f"slowest answer {o['maxMs']:.0f} ms < 5000 (no hang)"))
+        # An order is a 200, or a 503 whose request was under way while the
+        # service was being stopped (its commit went through, the stop cut off
+        # its answer: the buyer's retry gets 409 already_ordered). Never two
+        # per user, never beyond the stock.
+        lost = r["orders"] - r["ok"]
+        out.append((0 <= lost <= o["inFlight503"] and r["duplicateUsers"] == 0
+                    and r["oversold"] == 0,
+                    f"orders {r['orders']} = 200 answers {r['ok']} + {lost} whose answer the stop "
+                    f"cut off (at most the {o['inFlight503']} 503s under way while it stopped), duplicate "
+                    f"users {r['duplicateUsers']}, oversold {r['oversold']}"))
+        out.append((o["okAfter"] >= 1, f"sales resumed after the restart: {o['okAfter']} x 200"))
+        return out + [(r["strategiesSeen"] == [f"{step['lock']}/{step['stock']}"] * step["instances"],
+                       f"instances ran {', '.join(r['strategiesSeen']) or '?'}")]
     elif step.get("failover"):
         out.extend(check_failover(step, r))
     # Every step: the instances ran what the step says, and no answer was lost
@@ -315,16 +491,18 @@ class Stack(kit.Stack):
     """The ladder's stack: every step sets the instances' strategies and knobs
     afresh (STEP_VARS not named by a step are unset)."""
 
-    def __init__(self, run_dir):
+    def __init__(self, run_dir, services=""):
         super().__init__(run_dir, scrub=SCRUB)
         self.instances = None
+        self.services = services             # LOCK_SERVICES: the steps' lock services
         self.ha = None
 
     def configure(self, instances, step_env):
         """The instances run with step_env. True when the database is new
         (a full start), so the caller sets it up again."""
         settings = {k: None for k in STEP_VARS}
-        settings.update({"INSTANCES": instances, "DEMO_RANDOM_USER": 1, "LOG_LEVEL": "warn"})
+        settings.update({"INSTANCES": instances, "DEMO_RANDOM_USER": 1, "LOG_LEVEL": "warn",
+                         "LOCK_SERVICES": self.services})
         settings.update(step_env)
         ha = str(step_env.get("REDIS_HA", 0)) == "1"
         fresh = not (self.started and self.instances == instances and self.ha == ha)
@@ -335,6 +513,13 @@ class Stack(kit.Stack):
         self.instances = instances
         self.ha = ha
         return fresh
+
+    def service(self, what, name, timeout=90):
+        """scripts/stack.sh service-stop|service-start NAME."""
+        p = subprocess.run([kit.STACK_SH, f"service-{what}", name], capture_output=True, text=True,
+                           timeout=timeout, env=self.run_env(), cwd=ROOT)
+        if p.returncode != 0:
+            raise LadderError(f"stack.sh service-{what} {name}: {p.stderr.strip()[-800:]}")
 
     def stop(self):
         p = self.run("stop")
@@ -349,12 +534,51 @@ class Ladder:
     def __init__(self, args):
         self.args = args
         self.out = args.out
-        self.stack = Stack(args.run_dir)
+        services = sorted({s["service"] for s in args.selected if s.get("service") == "zk"})
+        self.stack = Stack(args.run_dir, " ".join(services))
+        self.nodes_dir = os.path.join(args.run_dir + "-nodes")
+        self.node_urls = None
+        self.extra = {}
         self.voucher = None
         self.lost_voucher = None     # the failover steps' scenario
         self.spawned = []            # Redis nodes the failover steps started again
         self.constraint_dropped = False
         self.user_base = 8_000_000_000 + random.randrange(1_000_000) * 1000
+
+    def nodes(self, what, *args):
+        """scripts/redis-nodes.sh WHAT <the ladder's nodes dir> ARGS; its stdout."""
+        p = subprocess.run([os.path.join(ROOT, "scripts", "redis-nodes.sh"), what,
+                            self.nodes_dir, *map(str, args)],
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            raise LadderError(f"redis-nodes.sh {what} {args}: {p.stderr.strip()[-500:]}")
+        return p.stdout.strip()
+
+    def node_env(self, env):
+        """The step's env with "@nodesN" replaced by the first N nodes' URLs
+        (the nodes are started at the first step that needs them)."""
+        v = env.get("LOCK_REDIS_NODES", "")
+        if not v.startswith("@nodes"):
+            return env
+        if self.node_urls is None:
+            out = self.nodes("start", NODES)
+            self.node_urls = out.split("=", 1)[1].split(",")
+        return dict(env, LOCK_REDIS_NODES=",".join(self.node_urls[:int(v[len("@nodes"):])]))
+
+    def stop_nodes(self):
+        if self.node_urls is not None:
+            self.nodes("stop")
+            self.node_urls = None
+
+    def service(self, what, name):
+        """Stops or starts a step's lock service: every node for "nodes"."""
+        if name != "nodes":
+            self.stack.service(what, name)
+        elif what == "stop":
+            self.nodes("stop")
+        else:
+            for i in range(1, NODES + 1):
+                self.nodes("start-node", i)
 
     @property
     def dsn(self):
@@ -466,7 +690,7 @@ class Ladder:
                 raise LadderError(f"the stream did not drain ({backlog} left)")
             time.sleep(0.1)
 
-    def crash(self, step, step_dir):
+    def redis_crash(self, step, step_dir):
         """A burst of buyers (their order ids kept), Redis killed right after
         it while the consumers are behind (off: CONSUMERS=0), Redis back, the
         consumers on, the drain; then which acknowledged orders are rows."""
@@ -520,7 +744,7 @@ class Ladder:
 
     def step_env(self, step):
         env = {"SECKILL_LOCK": step["lock"], "SECKILL_STOCK": step["stock"]}
-        env.update(step["env"])
+        env.update(self.node_env(step["env"]))
         if step.get("failover"):
             env["REDIS_HA"] = 1
         return env
@@ -531,8 +755,10 @@ class Ladder:
         url = f"{self.base_url}/voucher/{self.voucher}/seckill"
         if load["kind"] == "sale":
             return self.sale(load, url, step_dir)
-        if load["kind"] == "crash":
-            return self.crash(step, step_dir)
+        if load["kind"] == "redis-crash":
+            return self.redis_crash(step, step_dir)
+        if load["kind"] == "outage":
+            return self.outage(step, load, url, step_dir)
         return self.storm(load, url, user, step_dir)
 
     def sale(self, load, url, step_dir):
@@ -616,6 +842,255 @@ class Ladder:
         errors = sum(1 for x in lines if x[1] == 0)
         return len(lines), seconds, errors, [x[2] for x in lines]
 
+    def outage(self, step, load, url, step_dir):
+        """Distinct buyers (DEMO_RANDOM_USER: no X-User-Id) on CONNECTIONS
+        keep-alive connections for SECONDS; the step's service is stopped at
+        STOP_AT and started again at START_AT. Every answer's start, status
+        and time go to outage.tsv; the figures of the outage to self.extra."""
+        u = urllib.parse.urlsplit(url)
+        lines, lock = [], threading.Lock()
+        t0 = time.monotonic()
+        deadline = t0 + load["seconds"]
+
+        def buyer():
+            client = kit.Client(f"{u.scheme}://{u.netloc}", timeout=30)
+            while time.monotonic() < deadline:
+                t = time.monotonic()
+                try:
+                    rsp = client.request("POST", u.path, {})
+                    status = rsp.status
+                    code = rsp.body.get("error", "") if isinstance(rsp.body, dict) else ""
+                except (OSError, http.client.HTTPException):
+                    status, code = 0, "transport"
+                with lock:
+                    lines.append((t - t0, status, (time.monotonic() - t) * 1000.0, code))
+                time.sleep(0.01)
+            client.close()
+
+        threads = [threading.Thread(target=buyer, daemon=True) for _ in range(load["connections"])]
+        for t in threads:
+            t.start()
+        marks = {}
+        try:
+            time.sleep(max(0.0, t0 + load["stop_at"] - time.monotonic()))
+            marks["stopping"] = time.monotonic() - t0
+            self.service("stop", step["service"])
+            marks["stopped"] = time.monotonic() - t0
+            time.sleep(max(0.0, t0 + load["start_at"] - time.monotonic()))
+            self.service("start", step["service"])
+            marks["started"] = time.monotonic() - t0
+        finally:
+            for t in threads:
+                t.join(timeout=max(1.0, deadline + 60 - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            raise LadderError("the outage's buyers did not finish within 60 s of its end")
+        seconds = time.monotonic() - t0
+        lines.sort()
+        with open(os.path.join(step_dir, "outage.tsv"), "w", encoding="utf-8") as f:
+            f.write(f"# stopped at {marks['stopped']:.3f} s, started at {marks['started']:.3f} s\n")
+            f.write("start_s\tstatus\tms\terror\n")
+            for start, status, ms, code in lines:
+                f.write(f"{start:.3f}\t{status}\t{ms:.1f}\t{code}\n")
+        self.extra = {"outage": {
+            "stoppedAtS": round(marks["stopped"], 3), "startedAtS": round(marks["started"], 3),
+            "unavailable": sum(1 for x in lines if x[1] == 503 and x[3] == "unavailable"),
+            "maxMs": max((x[2] for x in lines), default=0.0),
+            "okAfter": sum(1 for x in lines if x[1] == 200 and x[0] > marks["started"]),
+            # under way while the service was being stopped: a commit whose
+            # answer the stop cut off is one of these
+            "inFlight503": sum(1 for x in lines if x[1] == 503 and x[0] < marks["stopped"]
+                               and x[0] + x[2] / 1000 > marks["stopping"]),
+            "backAfterS": min((round(x[0] + x[2] / 1000 - marks["started"], 3) for x in lines
+                               if x[1] == 200 and x[0] > marks["started"]), default=None),
+            "okDuring": sum(1 for x in lines if x[1] == 200
+                            and marks["stopped"] < x[0] and x[0] + x[2] / 1000 < marks["started"]),
+        }}
+        errors = sum(1 for x in lines if x[1] == 0)
+        return len(lines), seconds, errors, [x[2] for x in lines]
+
+    def crash(self, step, step_dir, user):
+        """Instance 1 takes the user's lock and stalls (DEMO_PAUSE_MS); it is
+        killed with SIGKILL while it holds it. Instance 2 asks for the same
+        user every 25 ms: 409 while the lock is held; the request that takes
+        it stalls too, then answers 200. Returns the step's figures."""
+        urls = self.stack.instance_urls
+        path = f"/voucher/{self.voucher}/seckill"
+        hdr = {"X-User-Id": str(user)}
+        first = {}
+
+        def holder():
+            try:
+                first["r"] = kit.request(urls[0], "POST", path, hdr, None, 30).status
+            except (OSError, http.client.HTTPException) as e:
+                first["r"] = type(e).__name__
+        th = threading.Thread(target=holder, daemon=True)
+        th.start()
+        time.sleep(0.5)
+        lines = []
+        t = time.monotonic()
+        probe = kit.request(urls[1], "POST", path, hdr, None, 30).status
+        lines.append((-0.0, probe, (time.monotonic() - t) * 1000.0))
+        pid = self.stack.pid("app-1")
+        if pid is None:
+            raise LadderError("no pid of instance 1")
+        os.kill(pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        free_after, winner = None, None
+        while time.monotonic() < t_kill + 20:
+            t = time.monotonic()
+            try:
+                st = kit.request(urls[1], "POST", path, hdr, None, 30).status
+            except (OSError, http.client.HTTPException):
+                st = 0
+            lines.append((t - t_kill, st, (time.monotonic() - t) * 1000.0))
+            if st != 409:
+                free_after, winner = t - t_kill, st
+                break
+            time.sleep(0.025)
+        th.join(5)
+        with open(os.path.join(step_dir, "crash.tsv"), "w", encoding="utf-8") as f:
+            f.write("since_kill_s\tstatus\tms\n")
+            for a, b, c in lines:
+                f.write(f"{a:.3f}\t{b}\t{c:.1f}\n")
+        facts = check_invariants.voucher_facts(self.dsn, self.voucher)
+        stats = kit.call(urls[1], "GET", "/stats", want=200).body
+        with open(os.path.join(step_dir, "stats.json"), "w", encoding="utf-8") as f:
+            json.dump([stats], f, indent=1)
+        statuses = {}
+        for _a, b, _c in lines:
+            statuses[str(b)] = statuses.get(str(b), 0) + 1
+        ok = statuses.get("200", 0)
+        return {
+            "initialStock": facts["initialStock"], "stockLeft": facts["stock"],
+            "orders": facts["orders"], "oversold": facts["oversold"],
+            "duplicateUsers": facts["duplicateUsers"], "duplicateOrders": 0,
+            "stockDrift": facts["stockDrift"], "requests": len(lines), "ok": ok,
+            "statuses": statuses, "successRate": 100.0 * ok / len(lines),
+            "rps": 0.0, "seconds": (lines[-1][0] if lines else 0.0),
+            "p50ms": kit.percentile([x[2] for x in lines], 50),
+            "p99ms": kit.percentile([x[2] for x in lines], 99),
+            "transportErrors": statuses.get("0", 0),
+            "status5xx": sum(v for k2, v in statuses.items() if k2.startswith("5")),
+            "okByInstance": {"seckill-2": ok}, "requestsByInstance": {"seckill-2": len(lines)},
+            "notOwnerReleases": int(stats.get("lock", {}).get("notOwnerReleases", 0)),
+            "renewals": int(stats.get("lock", {}).get("renewals", 0)),
+            "lockAcquired": int(stats.get("lock", {}).get("acquired", 0)),
+            "staleTokenRejections": int(stats.get("lock", {}).get("staleTokenRejections", 0)),
+            "strategiesSeen": [f"{stats.get('lockStrategy')}/{stats.get('stockStrategy')}"],
+            "timeline": [], "timelineSource": "",
+            "crash": {"heldBeforeKill": probe == 409, "freeAfterS": free_after, "winner": winner,
+                      "holderAnswer": first.get("r")},
+            "measured": "never free" if free_after is None else f"free after {free_after:.2f} s",
+        }
+
+    def node_failure(self, step, step_dir, user):
+        """The RedLock and MultiLock failures, with signals to the nodes
+        (A..E = nodes 1..5). restart/delayed: instance 1 asks for the user's
+        lock while D and E are paused (it gets A, B, C) and holds it 4 s inside
+        its transaction (DEMO_DELAY_MS); meanwhile D and E resume, C is killed and started
+        empty at once (restart) or only after the lease (delayed), A and B are
+        paused, and instance 2 asks for the same user. down: node 3 of
+        multilock's three killed, distinct buyers through nginx, then the node
+        back. Returns the step's figures."""
+        urls = self.stack.instance_urls
+        path = f"/voucher/{self.voucher}/seckill"
+        hdr = {"X-User-Id": str(user)}
+        scen = step["load"]["scenario"]
+        lines, first, facts_extra = [], {}, {}
+
+        def ask(url, headers):
+            t = time.monotonic()
+            try:
+                st = kit.request(url, "POST", path, headers, None, 30).status
+            except (OSError, http.client.HTTPException):
+                st = 0
+            lines.append((t - t0, st, (time.monotonic() - t) * 1000.0))
+            return st
+
+        t0 = time.monotonic()
+        if scen == "down":
+            self.nodes("kill", 3)
+            try:
+                for i in range(40):
+                    ask(self.base_url, {"X-User-Id": str(user * 100 + i)})
+                down_orders = check_invariants.voucher_facts(self.dsn, self.voucher)["orders"]
+            finally:
+                self.nodes("start-node", 3)
+            time.sleep(0.4)                     # the instances retry a failed node after 250 ms
+            after = [ask(self.base_url, {"X-User-Id": str(user * 100 + 50 + i)}) for i in range(3)]
+            facts_extra = {"afterOk": after.count(200), "ordersWhileDown": down_orders}
+            lines = lines[:40]
+        else:
+            self.nodes("pause", 4)
+            self.nodes("pause", 5)
+            th = threading.Thread(target=lambda: first.update(r=ask(urls[0], hdr)), daemon=True)
+            th.start()
+            time.sleep(0.4)                     # granted by A, B, C; D and E past the deadline
+            self.nodes("resume", 4)
+            self.nodes("resume", 5)
+            self.nodes("kill", 3)
+            if scen == "restart":
+                self.nodes("start-node", 3)
+            self.nodes("pause", 1)
+            self.nodes("pause", 2)
+            time.sleep(0.3)
+            try:
+                second = ask(urls[1], hdr)
+            finally:
+                self.nodes("resume", 1)
+                self.nodes("resume", 2)
+            th.join(30)
+            if scen == "delayed":
+                # C rejoins after the longest lease (and its drift) since the kill
+                lease = step["env"]["LOCK_LEASE_MS"]
+                time.sleep(max(0.0, (lease + lease / 100 + 2) / 1000 - (time.monotonic() - t0)))
+                self.nodes("start-node", 3)
+            facts_extra = {"firstAnswer": first.get("r"), "secondAnswer": second}
+        time.sleep(0.3)
+        with open(os.path.join(step_dir, "nodes.tsv"), "w", encoding="utf-8") as f:
+            f.write("start_s\tstatus\tms\n")
+            for a, b, c in sorted(lines):
+                f.write(f"{a:.3f}\t{b}\t{c:.1f}\n")
+        facts = check_invariants.voucher_facts(self.dsn, self.voucher)
+        stats = self.instance_stats()
+        with open(os.path.join(step_dir, "stats.json"), "w", encoding="utf-8") as f:
+            json.dump(stats, f, indent=1)
+        statuses = {}
+        for _a, b, _c in lines:
+            statuses[str(b)] = statuses.get(str(b), 0) + 1
+        ok = statuses.get("200", 0)
+        lock = {}
+        for s in stats:
+            for k2, v in (s.get("lock") or {}).items():
+                if isinstance(v, (int, float)):
+                    lock[k2] = lock.get(k2, 0) + v
+        measured = {"restart": "two holders", "delayed": "one holder"}.get(scen, "")
+        if scen != "down":
+            measured = (f"instance 1 {facts_extra['firstAnswer']}, instance 2 "
+                        f"{facts_extra['secondAnswer']}: {facts['orders']} order(s) of the user")
+        else:
+            measured = (f"{statuses.get('503', 0)} x 503 of {len(lines)}, "
+                        f"{facts_extra['ordersWhileDown']} orders while down, "
+                        f"{facts_extra['afterOk']} of 3 sold with the node back")
+        return {
+            "initialStock": facts["initialStock"], "stockLeft": facts["stock"],
+            "orders": facts["orders"], "oversold": facts["oversold"],
+            "duplicateUsers": facts["duplicateUsers"], "duplicateOrders": 0,
+            "stockDrift": facts["stockDrift"], "requests": len(lines), "ok": ok,
+            "statuses": statuses, "successRate": 100.0 * ok / len(lines) if lines else 0.0,
+            "rps": 0.0, "seconds": round(time.monotonic() - t0, 2),
+            "p50ms": kit.percentile([x[2] for x in lines], 50),
+            "p99ms": kit.percentile([x[2] for x in lines], 99),
+            "transportErrors": statuses.get("0", 0),
+            "status5xx": sum(v for k2, v in statuses.items() if k2.startswith("5")),
+            "okByInstance": {}, "requestsByInstance": {},
+            "notOwnerReleases": int(lock.get("notOwnerReleases", 0)),
+            "renewals": 0, "lockAcquired": int(lock.get("acquired", 0)),
+            "staleTokenRejections": int(lock.get("staleTokenRejections", 0)),
+            "strategiesSeen": [f"{s.get('lockStrategy')}/{s.get('stockStrategy')}" for s in stats],
+            "timeline": [], "timelineSource": "", "nodes": facts_extra, "measured": measured,
+        }
+
     def access_log_slice(self, offset, step_dir):
         """(statuses, {instance: 200s}, {instance: requests}) of the step's seckill requests."""
         path = self.stack.info.get("NGINX_ACCESS_LOG", "")
@@ -689,6 +1164,16 @@ class Ladder:
         log_path = self.stack.info.get("NGINX_ACCESS_LOG", "")
         offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
 
+        if step["load"]["kind"] in ("crash", "nodes"):
+            r = {"step": num, "key": key, "title": step["title"], "lock": step["lock"],
+                 "stock": step["stock"], "instances": step["instances"], "env": env,
+                 "load": self.load_text(step), "expect": step["expect"], "story": step["story"]}
+            r.update(self.crash(step, step_dir, user) if step["load"]["kind"] == "crash"
+                     else self.node_failure(step, step_dir, user))
+            r["checks"] = [{"ok": c_ok, "text": c_text} for c_ok, c_text in check_step(step, r, results)]
+            r["pass"] = all(c["ok"] for c in r["checks"])
+            return r
+        self.extra = {}
         if step.get("failover"):
             url = f"{self.base_url}/voucher/{self.voucher}/seckill"
             requests, seconds, errors, times = self.sale(
@@ -742,6 +1227,14 @@ class Ladder:
             "ackedLost": self.crash_facts.get("lost", 0),
             "reconciled": self.crash_facts.get("reconciled", True),
         }
+        r.update(self.extra)
+        if "outage" in r:
+            o = r["outage"]
+            back = "never" if o["backAfterS"] is None else f"{o['backAfterS']:.2f} s"
+            r["measured"] = (f"{o['unavailable']} x 503, max {o['maxMs'] / 1000:.2f} s, "
+                             f"200 again {back} after the restart"
+                             + (f", {r['orders'] - r['ok']} answer(s) cut off"
+                                if r["orders"] != r["ok"] else ""))
         if lost is not None:
             r["lost"] = lost
             r["sale"] = {"orders": sale_facts["orders"], "oversold": sale_facts["oversold"],
@@ -879,9 +1372,15 @@ class Ladder:
         if load["kind"] == "sale":
             n = load["requests"] if not self.args.quick else load["requests"] // 2
             return f"sale {n}x{load['concurrency']}"
+        if load["kind"] == "crash":
+            return "holder killed"
+        if load["kind"] == "nodes":
+            return f"nodes: {load['scenario']}"
+        if load["kind"] == "outage":
+            return f"buyers {load['connections']}x{load['seconds']:g}s"
         if load["kind"] == "failover":
             return f"sale {self.sale_size()}x{load['concurrency']}, failover"
-        if load["kind"] == "crash":
+        if load["kind"] == "redis-crash":
             return f"burst {load['requests']}x{load['concurrency']}, kill"
         return f"storm {load['connections']}x{load['seconds']:g}s"
 
@@ -898,7 +1397,7 @@ COLS = [kit.Col(t, a) for t, a in (
     ("#", "r"), ("step", "l"), ("lock", "l"), ("stock", "l"), ("inst", "r"),
     ("load", "l"), ("req", "r"), ("req/s", "r"), ("p99ms", "r"), ("200", "r"),
     ("orders", "r"), ("oversold", "r"), ("dupUsers", "r"), ("drift", "r"),
-    ("notOwner", "r"), ("expected", "l"), ("result", "l"))]
+    ("notOwner", "r"), ("measured", "l"), ("expected", "l"), ("result", "l"))]
 
 
 def table_rows(results):
@@ -907,7 +1406,7 @@ def table_rows(results):
         rows.append([r["step"], r["title"], r["lock"], r["stock"], r["instances"], r["load"],
                      r["requests"], kit.fmt_ms(r["rps"]), kit.fmt_ms(r["p99ms"]), r["ok"], r["orders"],
                      r["oversold"], r["duplicateUsers"], r["stockDrift"], r["notOwnerReleases"],
-                     r["expect"], "ok" if r["pass"] else "MISS"])
+                     r.get("measured", ""), r["expect"], "ok" if r["pass"] else "MISS"])
     return rows
 
 
@@ -1109,6 +1608,8 @@ def parse_args(argv):
     ap.add_argument("--steps", default="", help="only these step numbers (e.g. 1,2,8)")
     ap.add_argument("--no-batched", action="store_true",
                     help="without the comparison rows (batched, redis-first)")
+    ap.add_argument("--no-lock-services", action="store_true",
+                    help="without the lock-service steps (storms, killed holders, outages)")
     ap.add_argument("--no-failover", action="store_true",
                     help="without the failover steps (12-15)")
     ap.add_argument("--keep-stack", action="store_true",
@@ -1132,6 +1633,8 @@ def main(argv=None):
             print(f"ladder: error: '{tool}' not found (make deps)", file=sys.stderr)
             return 2
     steps = [s for s in STEPS if not (s.get("optional") and a.no_batched)
+             and not (s.get("service") and a.no_lock_services)
+             and not (s.get("full_only") and a.quick)
              and not (s.get("failover") and a.no_failover)]
     if a.steps:
         want = {int(x) for x in a.steps.split(",") if x.strip()}
@@ -1146,6 +1649,7 @@ def main(argv=None):
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, on_term)
 
+    a.selected = steps
     lad = Ladder(a)
     all_runs = []
     rc = 0
@@ -1228,6 +1732,7 @@ def main(argv=None):
                     f"(RUN_DIR={a.run_dir} scripts/stack.sh stop)")
             elif lad.stack.started or os.path.exists(os.path.join(a.run_dir, "pids")):
                 lad.stack.stop()
+            lad.stop_nodes()
             for p in lad.spawned:                # Redis nodes started again, stopped by PID
                 try:
                     p.wait(timeout=0 if a.keep_stack else 15)

@@ -19,6 +19,11 @@
 #   env           print the env file (BASE_URL, PG_DSN, REDIS_URL, ADMIN_TOKEN, ...)
 #   instance-env  print the environment an instance gets (NAME=value, instance 1)
 #   describe      print the default ports, schema files and instance env names
+#   service-stop NAME | service-start NAME
+#                 stop or start again one service of a running stack, on the
+#                 same port: postgres (fast shutdown; same data), redis (empty
+#                 again: it keeps no data), zk (same data: sessions survive a
+#                 restart shorter than their timeout). For outage tests.
 #
 # Environment:
 #   RUN_DIR            run directory (default: <repo>/.run)
@@ -57,6 +62,10 @@
 #                      at least 100; raise it when instances will restart with
 #                      more THREADS or other clients such as pgbench connect)
 #   STACK_TIMEOUT      seconds to wait for each component to be ready (default 30)
+#   LOCK_SERVICES      the lock services to run beside Redis and Postgres, space
+#                      separated (default: what SECKILL_LOCK needs): zk, a
+#                      standalone ZooKeeper (scripts/zk.sh; the instances get
+#                      ZK_HOSTS). ZK_PORT: its port (default 'auto').
 #   ROLLING_PAUSE_S    rolling-restart: seconds between an instance being ready
 #                      and the next one stopping, and after the last one
 #                      (default 4: nginx keeps an instance that refused
@@ -87,6 +96,14 @@ EXTERNAL_REDIS_URL=${EXTERNAL_REDIS_URL:-}
 REDIS_APPENDFSYNC=${REDIS_APPENDFSYNC:-}
 if [[ -z "$REDIS_APPENDFSYNC" && "${SECKILL_STOCK:-}" == redis ]]; then
     REDIS_APPENDFSYNC=always
+fi
+ZK_PORT=${ZK_PORT:-auto}
+# The lock services a lock strategy needs besides Redis and Postgres.
+if [[ -z "${LOCK_SERVICES+x}" ]]; then
+    case "${SECKILL_LOCK:-}" in
+        zk) LOCK_SERVICES=zk ;;
+        *) LOCK_SERVICES="" ;;
+    esac
 fi
 SECKILL_BIN=${SECKILL_BIN:-$ROOT/build/seckill}
 case "$SECKILL_BIN" in /*) ;; *) SECKILL_BIN="$PWD/$SECKILL_BIN" ;; esac
@@ -159,6 +176,7 @@ pid_names() {
         n=$(basename "$f" .pid)
         echo "$n"
     done | sort -t- -k2 -n
+    [[ -f "$PIDS/zk.pid" ]] && echo zk
     for f in "$PIDS"/sentinel-*.pid "$PIDS"/redis-*.pid; do
         [[ -e "$f" ]] && basename "$f" .pid
     done
@@ -330,6 +348,8 @@ choose_ports() {
     [[ -z "$EXTERNAL_PG_DSN" && "$PG_PORT" == auto ]] && nfree=$((nfree + 1))
     [[ -z "$EXTERNAL_REDIS_URL" && "$REDIS_PORT" == auto && "$REDIS_HA" == 0 ]] && nfree=$((nfree + 1))
     [[ "$REDIS_HA" == 1 ]] && nfree=$((nfree + 2 * HA_NODES))
+    [[ "$ZK_PORT" == auto ]] || is_port "$ZK_PORT" || die "ZK_PORT must be a port or 'auto'"
+    lock_service zk && [[ "$ZK_PORT" == auto ]] && nfree=$((nfree + 1))
     local -a free=()
     if ((nfree > 0)); then mapfile -t free < <(free_ports "$nfree"); fi
     local k=0
@@ -357,8 +377,12 @@ choose_ports() {
     elif [[ -z "$EXTERNAL_REDIS_URL" ]]; then
         if [[ "$REDIS_PORT" == auto ]]; then next_free; P_REDIS=$FREE_PORT; else P_REDIS=$REDIS_PORT; want+=("$P_REDIS"); names+=(redis); vars+=(REDIS_PORT); fi
     fi
+    P_ZK=""
+    if lock_service zk; then
+        if [[ "$ZK_PORT" == auto ]]; then next_free; P_ZK=$FREE_PORT; else P_ZK=$ZK_PORT; want+=("$P_ZK"); names+=(zookeeper); vars+=(ZK_PORT); fi
+    fi
     # Distinct, and free.
-    local all="$P_NGINX ${P_APP[*]} $P_PG $P_REDIS ${P_HA_REDIS[*]} ${P_HA_SENTINEL[*]}"
+    local all="$P_NGINX ${P_APP[*]} $P_PG $P_REDIS ${P_HA_REDIS[*]} ${P_HA_SENTINEL[*]} $P_ZK"
     local dup
     dup=$(tr ' ' '\n' <<<"$all" | sed '/^$/d' | sort | uniq -d | head -n 1)
     [[ -z "$dup" ]] || die "port $dup is configured twice (NGINX_PORT, APP_PORT_BASE, PG_PORT, REDIS_PORT)"
@@ -482,6 +506,20 @@ start_redis() {
     log "Redis pid $pid on 127.0.0.1:$port"
 }
 
+# Is NAME one of LOCK_SERVICES?
+lock_service() { [[ " $LOCK_SERVICES " == *" $1 "* ]]; }
+
+# ZooKeeper for SECKILL_LOCK=zk: scripts/zk.sh under RUN_DIR/zk.
+start_zk() {
+    local port=$1 out pid
+    out=$(ZK_TIMEOUT=$STACK_TIMEOUT "$ROOT/scripts/zk.sh" start "$RUN_DIR/zk" "$port") ||
+        die "ZooKeeper did not start on 127.0.0.1:$port (log: $RUN_DIR/zk/zk.log)"
+    pid=$("$ROOT/scripts/zk.sh" pid "$RUN_DIR/zk") || die "ZooKeeper is not running after start"
+    write_pidfile zk "$pid" "*ZooKeeperServerMain $RUN_DIR/zk/zoo.cfg*"
+    STACK_ZK_HOSTS=${out#ZK_HOSTS=}
+    log "ZooKeeper pid $pid on $STACK_ZK_HOSTS"
+}
+
 # ---- REDIS_HA=1: a master, two replicas, three Sentinels
 
 # True when the Redis on PORT is a replica whose link to its master is up.
@@ -571,6 +609,7 @@ instance_env() {
     printf 'THREADS=%s\n' "${THREADS:-8}"
     printf 'IO_THREADS=%s\n' "${IO_THREADS:-2}"
     printf 'DEMO_RANDOM_USER=%s\n' "${DEMO_RANDOM_USER:-0}"
+    if [[ -n "${STACK_ZK_HOSTS:-}" ]]; then printf 'ZK_HOSTS=%s\n' "$STACK_ZK_HOSTS"; fi
     if [[ -n "${STACK_SENTINELS:-}" ]]; then
         printf 'REDIS_SENTINELS=%s\n' "$STACK_SENTINELS"
         printf 'REDIS_MASTER_NAME=%s\n' "$REDIS_MASTER_NAME"
@@ -674,6 +713,7 @@ write_env_file() {
             PG_PORT "$P_PG" \
             REDIS_URL "$STACK_REDIS_URL" \
             REDIS_PORT "$P_REDIS" \
+            ZK_HOSTS "${STACK_ZK_HOSTS:-}" \
             ADMIN_TOKEN "$ADMIN_TOKEN"
         if [[ "$REDIS_HA" == 1 ]]; then
             printf "export %s='%s'\n" \
@@ -695,13 +735,13 @@ write_env_file() {
 # and SECKILL_*, and the binary itself (rebuilt: restart).
 CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
     SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW NGINX_EDGE REDIS_HA
-    SENTINEL_DOWN_AFTER_MS SENTINEL_FAILOVER_TIMEOUT_MS)
+    SENTINEL_DOWN_AFTER_MS SENTINEL_FAILOVER_TIMEOUT_MS LOCK_SERVICES ZK_PORT)
 config_signature() {
     local v
     {
         for v in "${CONFIG_VARS[@]}"; do printf '%s=%s\n' "$v" "${!v:-}"; done
         for v in $("$SECKILL_BIN" --help 2>&1 | awk '/^  [A-Z][A-Z0-9_]+ /{print $1}'); do
-            case "$v" in PORT | BIND | INSTANCE_ID | PG_DSN | REDIS_URL | ADMIN_TOKEN | LUA_DIR | REDIS_SENTINELS) continue ;; esac
+            case "$v" in PORT | BIND | INSTANCE_ID | PG_DSN | REDIS_URL | ADMIN_TOKEN | LUA_DIR | REDIS_SENTINELS | ZK_HOSTS) continue ;; esac
             printf '%s=%s\n' "$v" "${!v:-}"
         done
         env | grep -E '^(SECKILL_[A-Z_]*|INSTANCE_ENV_[0-9]+)=' | grep -v '^SECKILL_BIN=' | sort || true
@@ -735,6 +775,7 @@ healthy() {
     else
         [[ -n "$(state_get EXTERNAL_REDIS_URL)" ]] || live_pid redis >/dev/null || { WHY="Redis is not running"; return 1; }
     fi
+    ! lock_service zk || live_pid zk >/dev/null || { WHY="ZooKeeper is not running"; return 1; }
     base=$(state_get BASE_URL)
     http_ok "$base/health" || { WHY="$base/health does not answer"; return 1; }
     for port in $(state_get INSTANCE_PORTS); do
@@ -817,6 +858,9 @@ cmd_start() {
         redis-cli -u "$STACK_REDIS_URL" ping 2>/dev/null | grep -q PONG ||
             die "EXTERNAL_REDIS_URL $STACK_REDIS_URL does not answer PING"
     fi
+    STACK_ZK_HOSTS=""
+    if lock_service zk; then start_zk "$P_ZK"; fi
+    local i
     for ((i = 1; i <= INSTANCES; i++)); do start_instance "$i" "${P_APP[$((i - 1))]}"; done
     for ((i = 1; i <= INSTANCES; i++)); do wait_instance "$i" "${P_APP[$((i - 1))]}"; done
     start_nginx "$P_NGINX"
@@ -841,6 +885,7 @@ load_running_instances() {
     ((${#P_APP[@]} == n)) || die "$STATE_FILE lists ${#P_APP[@]} instance ports for $n instances"
     STACK_PG_DSN=$(. "$ENV_FILE" && printf '%s' "$PG_DSN")
     STACK_REDIS_URL=$(. "$ENV_FILE" && printf '%s' "$REDIS_URL")
+    STACK_ZK_HOSTS=$(. "$ENV_FILE" && printf '%s' "${ZK_HOSTS:-}")
     STACK_SENTINELS=$(. "$ENV_FILE" && printf '%s' "${REDIS_SENTINELS:-}")
     [[ -z "$STACK_SENTINELS" ]] || REDIS_MASTER_NAME=$(. "$ENV_FILE" && printf '%s' "$REDIS_MASTER_NAME")
     ADMIN_TOKEN=$(cat "$RUN_DIR/admin_token")
@@ -905,6 +950,7 @@ stop_all() {
                 redis | redis-* | sentinel-*)
                     kill -CONT "$pid" 2>/dev/null || true   # a test may have paused it
                     stop_pid "$n" "$pid" TERM 10 ;;
+                zk) stop_pid zk "$pid" TERM 10 ;;
                 postgres) stop_pid postgres "$pid" INT 30 ;;   # fast shutdown
             esac
             stopped+=("$n($pid)")
@@ -965,6 +1011,49 @@ cmd_status() {
     fi
 }
 
+# Stops or starts one service of a running stack on the same port.
+cmd_service() {
+    local what=$1 name=$2 pid port bin data
+    [[ -f "$ENV_FILE" ]] || die "no stack runs in $RUN_DIR (no env file)"
+    case "$name" in
+        postgres)
+            [[ -z "$(state_get EXTERNAL_PG_DSN)" ]] || die "Postgres is external: not ours to stop"
+            bin=$(find_pg_bin)
+            data="$RUN_DIR/pg/data"
+            local -a ctl=("$bin/pg_ctl" -D "$data" -w -t "$STACK_TIMEOUT")
+            [[ $(id -u) -ne 0 ]] || ctl=(runuser -u postgres -- "${ctl[@]}")
+            if [[ "$what" == stop ]]; then
+                "${ctl[@]}" -m fast stop >/dev/null || die "pg_ctl stop failed"
+                rm -f "$PIDS/postgres.pid"
+            else
+                live_pid postgres >/dev/null && return 0
+                setsid -w "${ctl[@]}" -l "$RUN_DIR/pg/postgres.log" start >/dev/null ||
+                    die "pg_ctl start failed"
+                pid=$(head -n 1 "$data/postmaster.pid")
+                write_pidfile postgres "$pid" "*/postgres -D $data*"
+            fi ;;
+        redis)
+            [[ -z "$(state_get EXTERNAL_REDIS_URL)" ]] || die "Redis is external: not ours to stop"
+            port=$(. "$ENV_FILE" && printf '%s' "$REDIS_PORT")
+            if [[ "$what" == stop ]]; then
+                if pid=$(live_pid redis); then stop_pid redis "$pid" TERM 10; fi
+                rm -f "$PIDS/redis.pid"
+            else
+                live_pid redis >/dev/null || start_redis "$port"
+            fi ;;
+        zk)
+            [[ -d "$RUN_DIR/zk" ]] || die "this stack runs no ZooKeeper (LOCK_SERVICES=zk)"
+            if [[ "$what" == stop ]]; then
+                if pid=$(live_pid zk); then stop_pid zk "$pid" TERM 10; fi
+                rm -f "$PIDS/zk.pid"
+            else
+                live_pid zk >/dev/null || start_zk ""
+            fi ;;
+        *) die "service-$what: unknown service '$name' (postgres, redis, zk)" ;;
+    esac
+    if [[ "$what" == stop ]]; then log "$name stopped"; else log "$name started"; fi
+}
+
 cmd_env() {
     [[ -f "$ENV_FILE" ]] || { log "no env file: the stack is not running in $RUN_DIR"; return 1; }
     cat "$ENV_FILE"
@@ -1000,6 +1089,7 @@ main() {
         env) cmd_env ;;
         instance-env) cmd_instance_env ;;
         describe) cmd_describe ;;
+        service-stop | service-start) [[ -n "${2:-}" ]] || die "usage: $0 $cmd NAME"; cmd_service "${cmd#service-}" "$2" ;;
         -h | --help | help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
         *) die "usage: $0 start|stop|restart|restart-instances|rolling-restart|status|env|instance-env|describe (see --help)" ;;
     esac

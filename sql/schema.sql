@@ -45,3 +45,18 @@ CREATE TABLE IF NOT EXISTS tb_lock_fence (
     lock_key text   PRIMARY KEY,
     token    bigint NOT NULL
 );
+
+-- The per-user lock as a row (SECKILL_LOCK=pg-table; app/pgl.c): one row per
+-- held key. Taking it is one INSERT ... ON CONFLICT DO UPDATE that succeeds
+-- when the row is absent, expired, or the same owner's (reentry counts
+-- 'holds' up); release deletes or counts down the owner's row only. Fencing
+-- tokens come from the sequence, so they only grow. An expired row is taken
+-- over by the next acquire; LOCK_PG_SWEEP_MS > 0 also deletes them on a timer.
+CREATE SEQUENCE IF NOT EXISTS tb_lock_token_seq;
+CREATE TABLE IF NOT EXISTS tb_lock (
+    lock_key   text        PRIMARY KEY,
+    owner      text        NOT NULL,
+    holds      integer     NOT NULL CHECK (holds > 0),
+    token      bigint      NOT NULL,
+    expires_at timestamptz NOT NULL
+);

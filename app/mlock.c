@@ -1,0 +1,238 @@
+/* mlock: MultiLock and RedLock over independent Redis masters (mlock.h). */
+#include "mlock.h"
+#include "lock.h"
+#include "log.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+/* A node whose connection failed is not tried again before this: a dead
+ * node must not cost every attempt a connect timeout. */
+#define RETRY_MS 250
+
+typedef struct node_conn {
+    mlock_node node;
+    redisContext *c;
+    int64_t retry_at_us;     /* monotonic; 0: may connect now */
+} node_conn;
+
+struct mlock_set {
+    size_t n;
+    int timeout_ms;
+    node_conn conns[MLOCK_MAX_NODES];
+};
+
+mlock_set *mlock_set_new(const mlock_node *nodes, size_t n, int timeout_ms)
+{
+    mlock_set *s;
+
+    if (n == 0 || n > MLOCK_MAX_NODES || timeout_ms <= 0)
+        return NULL;
+    s = xcalloc(1, sizeof *s);
+    s->n = n;
+    s->timeout_ms = timeout_ms;
+    for (size_t i = 0; i < n; i++)
+        s->conns[i].node = nodes[i];
+    return s;
+}
+
+void mlock_set_free(mlock_set *s)
+{
+    if (s == NULL)
+        return;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->conns[i].c != NULL)
+            redisFree(s->conns[i].c);
+    free(s);
+}
+
+size_t mlock_needed(mlock_quorum q, size_t n)
+{
+    return q == MLOCK_ALL ? n : n / 2 + 1;
+}
+
+long mlock_drift_ms(long lease_ms)
+{
+    return lease_ms / 100 + 2;
+}
+
+static void drop(mlock_set *s, size_t i)
+{
+    node_conn *nc = &s->conns[i];
+
+    if (nc->c != NULL)
+        redisFree(nc->c);
+    nc->c = NULL;
+    nc->retry_at_us = util_mono_us() + (int64_t)RETRY_MS * 1000;
+}
+
+static int reply_ok(redisContext *c, redisReply *r, char *err, size_t errlen, const char *what)
+{
+    int ok = r != NULL && r->type != REDIS_REPLY_ERROR;
+
+    if (!ok)
+        snprintf(err, errlen, "%s: %s", what,
+                 r != NULL ? r->str : c->err ? c->errstr : "no reply");
+    if (r != NULL)
+        freeReplyObject(r);
+    return ok;
+}
+
+/* Node i's connection, opened if need be; NULL while it is down (err says why). */
+static redisContext *conn(mlock_set *s, size_t i, char *err, size_t errlen)
+{
+    node_conn *nc = &s->conns[i];
+    struct timeval tv = { s->timeout_ms / 1000, (s->timeout_ms % 1000) * 1000 };
+    redisContext *c;
+
+    if (nc->c != NULL && nc->c->err == 0)
+        return nc->c;
+    if (nc->c != NULL)
+        drop(s, i);
+    if (util_mono_us() < nc->retry_at_us) {
+        snprintf(err, errlen, "not retried yet after a failure");
+        return NULL;
+    }
+    c = redisConnectWithTimeout(nc->node.host, nc->node.port, tv);
+    if (c == NULL || c->err) {
+        snprintf(err, errlen, "connect: %s", c != NULL ? c->errstr : "out of memory");
+        goto fail;
+    }
+    if (redisSetTimeout(c, tv) != REDIS_OK) {
+        snprintf(err, errlen, "cannot set the timeout");
+        goto fail;
+    }
+    if (nc->node.password[0] != '\0') {
+        redisReply *r = nc->node.username[0] != '\0'
+                            ? redisCommand(c, "AUTH %s %s", nc->node.username, nc->node.password)
+                            : redisCommand(c, "AUTH %s", nc->node.password);
+        if (!reply_ok(c, r, err, errlen, "AUTH"))
+            goto fail;
+    }
+    if (nc->node.db != 0 && !reply_ok(c, redisCommand(c, "SELECT %d", nc->node.db), err, errlen,
+                                      "SELECT"))
+        goto fail;
+    nc->c = c;
+    nc->retry_at_us = 0;
+    return c;
+fail:
+    if (c != NULL)
+        redisFree(c);
+    nc->retry_at_us = util_mono_us() + (int64_t)RETRY_MS * 1000;
+    return NULL;
+}
+
+/* Sends what is buffered on c (a blocking context: writes it all, or fails). */
+static int flush(redisContext *c)
+{
+    int done = 0;
+
+    while (!done)
+        if (redisBufferWrite(c, &done) != REDIS_OK)
+            return -1;
+    return 0;
+}
+
+mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const char *owner,
+                           long lease_ms, mlock_grant *g)
+{
+    lock_acquire_op ops[MLOCK_MAX_NODES];
+    unsigned char sent[MLOCK_MAX_NODES] = { 0 };
+    char why[256];
+    size_t ngranted = 0, i;
+    int64_t t0 = util_mono_us();
+    mlock_status st;
+
+    memset(g, 0, sizeof *g);
+    if (lease_ms <= 0) {
+        log_warn("mlock %s: a fixed lease is required", key);
+        return MLOCK_ERR;
+    }
+    /* Every node's attempt goes out before any reply is read. */
+    for (i = 0; i < s->n; i++) {
+        redisContext *c = conn(s, i, why, sizeof why);
+        if (c == NULL) {
+            g->failed |= 1u << i;
+            continue;
+        }
+        sent[i] = 1;
+        if (lock_acquire_send_within(c, &ops[i], key, owner, lease_ms, s->timeout_ms) != LOCK_OK ||
+            flush(c) != 0)
+            g->failed |= 1u << i;        /* recv below still frees the op */
+    }
+    for (i = 0; i < s->n; i++) {
+        lock_status ls;
+        if (!sent[i])
+            continue;
+        ls = lock_acquire_recv(s->conns[i].c, &ops[i], NULL);
+        if (g->failed & (1u << i))
+            ls = LOCK_ERR;
+        if (ls == LOCK_OK) {
+            g->granted |= 1u << i;
+            ngranted++;
+        } else if (ls == LOCK_BUSY) {
+            g->busy |= 1u << i;
+        } else {
+            g->failed |= 1u << i;
+        }
+        if (s->conns[i].c->err)
+            drop(s, i);
+    }
+    g->elapsed_us = util_mono_us() - t0;
+    g->validity_ms = lease_ms - (g->elapsed_us + 999) / 1000 - mlock_drift_ms(lease_ms);
+    if (ngranted >= mlock_needed(q, s->n) && g->validity_ms > 0)
+        return MLOCK_OK;
+    st = g->busy != 0 && ngranted + (size_t)__builtin_popcount(g->busy) >= mlock_needed(q, s->n)
+             ? MLOCK_BUSY : MLOCK_ERR;
+    if (ngranted >= mlock_needed(q, s->n))
+        log_warn("mlock %s: granted by %zu nodes but no validity left (%lld ms after %lld us)",
+                 key, ngranted, (long long)g->validity_ms, (long long)g->elapsed_us);
+    /* A failed attempt: undone wherever it may have been granted. */
+    mlock_release(s, key, owner, lease_ms, g->granted | g->failed, NULL);
+    return st;
+}
+
+int mlock_release(mlock_set *s, const char *key, const char *owner, long lease_ms,
+                  unsigned mask, int *not_owner)
+{
+    char why[256];
+    int released = 0, refused = 0;
+
+    for (size_t i = 0; i < s->n; i++) {
+        redisContext *c;
+        lock_status ls;
+        if (!(mask & (1u << i)) || (c = conn(s, i, why, sizeof why)) == NULL)
+            continue;
+        ls = lock_release(c, key, owner, lease_ms, NULL);
+        if (ls == LOCK_OK)
+            released++;
+        else if (ls == LOCK_NOT_OWNER)
+            refused++;
+        if (c->err)
+            drop(s, i);
+    }
+    if (not_owner != NULL)
+        *not_owner = refused;
+    return released;
+}
+
+int mlock_check(mlock_set *s, char *err, size_t errlen)
+{
+    char why[256];
+
+    for (size_t i = 0; i < s->n; i++) {
+        const mlock_node *nd = &s->conns[i].node;
+        redisContext *c = conn(s, i, why, sizeof why);
+        if (c == NULL || !reply_ok(c, redisCommand(c, "PING"), why, sizeof why, "PING")) {
+            snprintf(err, errlen, "node %zu (%s:%d): %s", i + 1, nd->host, nd->port, why);
+            if (c != NULL)
+                drop(s, i);
+            s->conns[i].retry_at_us = 0;
+            return -1;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,99 @@
+/* mlock: one lock over several independent Redis masters (no replication
+ * between them), two ways, as Redisson's RedissonMultiLock and
+ * RedissonRedLock combine single locks:
+ *
+ *   MLOCK_ALL       MultiLock: held only when every node granted it. Safe
+ *                   while any one node keeps its data; unavailable while
+ *                   any one node is down.
+ *   MLOCK_MAJORITY  RedLock (redis.io/docs/manual/patterns/distributed-locks):
+ *                   held when a majority (n/2 + 1) granted it and time is
+ *                   left: validity = lease - elapsed - drift, where elapsed
+ *                   is the attempt's own time on the monotonic clock and
+ *                   drift = lease / 100 + 2 ms (the algorithm's allowance for
+ *                   clock rate differences between the nodes).
+ *
+ * On each node the lock is the lock library's reentrant hash (lock.h) under
+ * the same key and owner id, so reentry works as with the single lock: the
+ * same owner's second grant counts up on every node it reaches, and a
+ * release counts down. The attempt is sent to every node at once
+ * (pipelined: one node timeout at most, not one per node); each node gets a
+ * connect and command timeout far below the lease, so a dead node costs a
+ * bounded part of the validity, and the attempt carries a deadline that far
+ * ahead (lock.h), so a node that stalled and runs it later refuses it. A failed attempt (too few grants, or no
+ * validity left) is released on every node that granted it or did not
+ * answer, at once, so a loser does not keep a minority for a whole lease.
+ *
+ * Fencing: neither gives a token that only grows. Each node's counter of
+ * grants restarts from nothing when the node restarts without persistence,
+ * and no node's counter is shared by every grant (a majority need not
+ * include it), so no function of the nodes' counters is monotonic. A fence
+ * needs a counter that survives: a consensus service's (ZooKeeper's zxid)
+ * or a database sequence.
+ *
+ * An mlock_set is one thread's connections to the nodes: not thread-safe;
+ * every thread that locks makes its own. It reconnects lazily: a node whose
+ * connection failed is tried again at the next call after RETRY_MS
+ * (mlock.c), so a node that is down costs little. */
+#ifndef SECKILL_MLOCK_H
+#define SECKILL_MLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MLOCK_MAX_NODES 16
+
+typedef struct mlock_node {
+    char host[256];
+    int port;
+    char username[128];    /* empty: no ACL user */
+    char password[256];    /* empty: no AUTH */
+    int db;
+} mlock_node;
+
+typedef enum mlock_quorum { MLOCK_ALL, MLOCK_MAJORITY } mlock_quorum;
+
+typedef enum mlock_status {
+    MLOCK_OK = 0,          /* held: the quorum granted it within its validity */
+    MLOCK_BUSY,            /* not held: another owner holds it on some node */
+    MLOCK_ERR              /* not held: too many nodes failed, or no validity left */
+} mlock_status;
+
+/* What an attempt saw, node i being bit i. */
+typedef struct mlock_grant {
+    unsigned granted;      /* nodes that granted it (released again when it failed) */
+    unsigned busy;         /* nodes where another owner holds it */
+    unsigned failed;       /* nodes that failed, were down or did not answer in time */
+    int64_t elapsed_us;    /* the attempt's time, first send to last reply */
+    int64_t validity_ms;   /* lease - elapsed - drift (may be <= 0) */
+} mlock_grant;
+
+typedef struct mlock_set mlock_set;
+
+/* Connections to 'n' (1..MLOCK_MAX_NODES) nodes, copied; none opened yet.
+ * 'timeout_ms': each node's connect and command timeout. */
+mlock_set *mlock_set_new(const mlock_node *nodes, size_t n, int timeout_ms);
+void mlock_set_free(mlock_set *s);
+
+/* Grants needed of 'n' nodes: n (ALL) or n / 2 + 1 (MAJORITY). */
+size_t mlock_needed(mlock_quorum q, size_t n);
+
+/* RedLock's clock drift allowance for a lease: lease / 100 + 2 ms. */
+long mlock_drift_ms(long lease_ms);
+
+/* One attempt, no waiting, with a fixed lease ('lease_ms' > 0). 'g' gets
+ * what each node answered (required). Not held: released already. */
+mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const char *owner,
+                           long lease_ms, mlock_grant *g);
+
+/* Releases the hold on every node of 'mask' (the nodes that did not answer
+ * "busy" at the acquire). Returns how many counted it down; a node that is
+ * down keeps it until the lease ends, one that no longer knows the owner
+ * (expired, restarted) counts as 'not_owner' (may be NULL). */
+int mlock_release(mlock_set *s, const char *key, const char *owner, long lease_ms,
+                  unsigned mask, int *not_owner);
+
+/* Connects to every node once (PING); 0, or -1 with the first node that
+ * failed and why in 'err'. For a start-up check. */
+int mlock_check(mlock_set *s, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,62 @@
+/* pgl: per-key locks in Postgres, two ways.
+ *
+ * The lock table (tb_lock in sql/schema.sql): one row per held key with
+ * its owner, hold count, fencing token and expiry. Taking it is one
+ * statement, an INSERT ... ON CONFLICT DO UPDATE that succeeds when the key
+ * is free, expired (expiry on acquire: no sweeper needed for safety) or
+ * already the same owner's (reentry: the count goes up); it returns the
+ * grant's token, a fresh value of the sequence tb_lock_token_seq, which
+ * only grows. Release deletes or counts down the owner's row only. Every
+ * time is the database's clock (clock_timestamp()): one clock for every
+ * client, so no client's clock drift matters.
+ *
+ * Advisory locks (pg_try_advisory_lock): held by the database session that
+ * took them, reentrant within it, released by pg_advisory_unlock on that
+ * same session or when the session ends (a dropped connection frees them:
+ * the server ends the backend as soon as it reads the end of the socket).
+ * They have no expiry and no token.
+ *
+ * Each function runs one statement on the caller's connection, outside any
+ * transaction block of its own. PGL_ERR: the statement failed; the caller
+ * checks PQstatus() to tell a broken connection. */
+#ifndef SECKILL_PGL_H
+#define SECKILL_PGL_H
+
+#include <stdint.h>
+#include <libpq-fe.h>
+
+typedef enum pgl_status {
+    PGL_OK = 0,
+    PGL_BUSY,         /* another owner (or session) holds it */
+    PGL_ERR,
+    PGL_NOT_OWNER     /* release: not held by this owner (or session) */
+} pgl_status;
+
+/* The statements, with their parameters ($1 key, $2 owner, $3 lease in
+ * ms; advisory: $1 the bigint key), for tools that run them elsewhere
+ * (pgbench scripts). */
+extern const char pgl_sql_acquire[];
+extern const char pgl_sql_release[];
+extern const char pgl_sql_sweep[];
+extern const char pgl_sql_advisory_try[];
+extern const char pgl_sql_advisory_unlock[];
+
+/* Lock table. 'token' and 'holds' may be NULL. */
+pgl_status pgl_table_acquire(PGconn *pg, const char *key, const char *owner, long lease_ms,
+                             int64_t *token, int *holds);
+
+/* Counts the owner's hold down (the lease starts again while held) or
+ * deletes the row. PGL_NOT_OWNER: no row of this owner, or its lease had
+ * ended (the row, if still there, is deleted all the same). 'left' may be
+ * NULL. */
+pgl_status pgl_table_release(PGconn *pg, const char *key, const char *owner, long lease_ms,
+                             int *left);
+
+/* Deletes expired rows; their count, or -1. */
+long pgl_table_sweep(PGconn *pg);
+
+/* Advisory lock on 'key' for this session. */
+pgl_status pgl_advisory_try(PGconn *pg, int64_t key);
+pgl_status pgl_advisory_release(PGconn *pg, int64_t key);
+
+#endif

@@ -1,0 +1,244 @@
+/* ulock_multi: the "multilock" and "redlock" strategies, one lock over the
+ * independent Redis masters of LOCK_REDIS_NODES (mlock.h): MultiLock needs
+ * every node, RedLock a majority within the validity time.
+ *
+ * Each thread that takes or releases a hold has its own connections to the
+ * nodes (hiredis contexts are not thread-safe), made at its first call and
+ * kept in a list for the process so that 'stop' closes them all. The
+ * nodes that did not answer "busy" are kept in the hold's 'priv' and the
+ * release goes to them. No fencing token (mlock.h says why): a stale
+ * holder's write is stopped only by the unique constraint. */
+#include "ulock.h"
+#include "config.h"
+#include "log.h"
+#include "mlock.h"
+#include "rec.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct priv {
+    unsigned mask;           /* nodes to release on */
+} priv;
+
+_Static_assert(sizeof(priv) <= ULOCK_PRIV_BYTES, "ulock_hold.priv too small");
+
+/* Set by 'start' before any worker runs; read-only after. */
+static mlock_node nodes[MLOCK_MAX_NODES];
+static size_t nnodes;
+
+static pthread_mutex_t sets_mu = PTHREAD_MUTEX_INITIALIZER;
+static mlock_set *sets[1024];           /* sets_mu: every thread's, for 'stop' */
+static size_t nsets;                    /* sets_mu */
+static _Thread_local mlock_set *my_set;
+
+static mlock_set *thread_set(void)
+{
+    if (my_set != NULL)
+        return my_set;
+    pthread_mutex_lock(&sets_mu);
+    if (nsets < sizeof sets / sizeof sets[0]) {
+        my_set = mlock_set_new(nodes, nnodes, g_cfg.lock_redis_node_timeout_ms);
+        sets[nsets++] = my_set;
+    }
+    pthread_mutex_unlock(&sets_mu);
+    if (my_set == NULL)
+        log_error("lock nodes: more than %zu threads", sizeof sets / sizeof sets[0]);
+    return my_set;
+}
+
+/* LOCK_REDIS_NODES: redis://host:port[,redis://host:port...], no node twice. */
+static int parse_nodes(char *err, size_t errlen)
+{
+    const char *p = g_cfg.lock_redis_nodes;
+
+    nnodes = 0;
+    if (p[0] == '\0') {
+        snprintf(err, errlen, "SECKILL_LOCK=%s needs LOCK_REDIS_NODES=redis://host:port,...",
+                 config_lock_name(g_cfg.lock_strategy));
+        return -1;
+    }
+    while (*p != '\0') {
+        const char *comma = strchr(p, ',');
+        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        char one[512];
+        redis_url u;
+        if (len == 0 || len >= sizeof one) {
+            snprintf(err, errlen, "invalid LOCK_REDIS_NODES: an empty or too long entry");
+            return -1;
+        }
+        memcpy(one, p, len);
+        one[len] = '\0';
+        if (config_parse_redis_url(one, &u) != 0) {
+            snprintf(err, errlen, "invalid LOCK_REDIS_NODES entry '%s': expected "
+                     "redis://[[user]:password@]host[:port][/db]", one);
+            return -1;
+        }
+        if (nnodes == MLOCK_MAX_NODES) {
+            snprintf(err, errlen, "LOCK_REDIS_NODES: more than %d nodes", MLOCK_MAX_NODES);
+            return -1;
+        }
+        for (size_t i = 0; i < nnodes; i++)
+            if (strcmp(nodes[i].host, u.host) == 0 && nodes[i].port == u.port &&
+                nodes[i].db == u.db) {
+                snprintf(err, errlen, "LOCK_REDIS_NODES: %s:%d is listed twice (it would "
+                         "count twice towards the quorum)", u.host, u.port);
+                return -1;
+            }
+        mlock_node *nd = &nodes[nnodes++];
+        memset(nd, 0, sizeof *nd);
+        snprintf(nd->host, sizeof nd->host, "%s", u.host);
+        nd->port = u.port;
+        snprintf(nd->username, sizeof nd->username, "%s", u.username);
+        snprintf(nd->password, sizeof nd->password, "%s", u.password);
+        nd->db = u.db;
+        p += len;
+        if (*p == ',' && *++p == '\0') {
+            snprintf(err, errlen, "invalid LOCK_REDIS_NODES: trailing comma");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int start(size_t min_nodes, char *err, size_t errlen)
+{
+    mlock_set *probe;
+    char why[512];
+    const char *name = config_lock_name(g_cfg.lock_strategy);
+
+    if (parse_nodes(err, errlen) != 0)
+        return -1;
+    if (nnodes < min_nodes) {
+        snprintf(err, errlen, "SECKILL_LOCK=%s needs at least %zu nodes in LOCK_REDIS_NODES "
+                 "(got %zu)", name, min_nodes, nnodes);
+        return -1;
+    }
+    if (g_cfg.lock_lease_ms <= 0) {
+        snprintf(err, errlen, "SECKILL_LOCK=%s needs a fixed lease (LOCK_LEASE_MS > 0), "
+                 "not the watchdog", name);
+        return -1;
+    }
+    if (g_cfg.lock_sync_replicas > 0) {
+        /* WAIT would count replicas of independent masters, which have none */
+        snprintf(err, errlen, "SECKILL_LOCK=%s: LOCK_SYNC_REPLICAS is for the single lock's "
+                 "replicas; the nodes of LOCK_REDIS_NODES have none", name);
+        return -1;
+    }
+    if ((long)g_cfg.lock_redis_node_timeout_ms * 10 > g_cfg.lock_lease_ms) {
+        snprintf(err, errlen, "LOCK_REDIS_NODE_TIMEOUT_MS=%d must be at most a tenth of "
+                 "LOCK_LEASE_MS=%ld", g_cfg.lock_redis_node_timeout_ms, g_cfg.lock_lease_ms);
+        return -1;
+    }
+    probe = mlock_set_new(nodes, nnodes, g_cfg.lock_redis_node_timeout_ms);
+    if (probe == NULL || mlock_check(probe, why, sizeof why) != 0) {
+        snprintf(err, errlen, "LOCK_REDIS_NODES: %s", probe != NULL ? why : "no nodes");
+        mlock_set_free(probe);
+        return -1;
+    }
+    mlock_set_free(probe);
+    log_info("%s: %zu Redis nodes, %zu needed, node timeout %d ms, lease %ld ms (drift %ld ms)",
+             name, nnodes,
+             mlock_needed(g_cfg.lock_strategy == LOCKS_MULTILOCK ? MLOCK_ALL : MLOCK_MAJORITY,
+                          nnodes),
+             g_cfg.lock_redis_node_timeout_ms, g_cfg.lock_lease_ms,
+             mlock_drift_ms(g_cfg.lock_lease_ms));
+    return 0;
+}
+
+static int multilock_start(char *err, size_t errlen)
+{
+    return start(1, err, errlen);
+}
+
+static int redlock_start(char *err, size_t errlen)
+{
+    return start(3, err, errlen);
+}
+
+static void multi_stop(void)
+{
+    pthread_mutex_lock(&sets_mu);
+    for (size_t i = 0; i < nsets; i++)
+        mlock_set_free(sets[i]);
+    nsets = 0;
+    pthread_mutex_unlock(&sets_mu);
+    my_set = NULL;
+}
+
+static ulock_status acquire(mlock_quorum q, ulock_hold *h)
+{
+    mlock_set *s = thread_set();
+    mlock_grant g;
+
+    if (s == NULL)
+        return ULOCK_ERR;
+    switch (mlock_acquire(s, q, h->key, h->owner, h->lease_ms, &g)) {
+    case MLOCK_OK:
+        ((priv *)(void *)h->priv)->mask = ~g.busy;
+        rec_note(REC_DEMO_LOCK_ACQUIRED);
+        if (g.failed != 0)
+            log_debug("%s: held without %d node(s), %lld ms of validity left", h->key,
+                      __builtin_popcount(g.failed), (long long)g.validity_ms);
+        return ULOCK_OK;
+    case MLOCK_BUSY:
+        rec_note(REC_DEMO_LOCK_CONTENDED);
+        return ULOCK_BUSY;
+    default:
+        return ULOCK_ERR;
+    }
+}
+
+static ulock_status multilock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+{
+    (void)cs;
+    (void)id;
+    return acquire(MLOCK_ALL, h);
+}
+
+static ulock_status redlock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+{
+    (void)cs;
+    (void)id;
+    return acquire(MLOCK_MAJORITY, h);
+}
+
+static void multi_release(conn_set *cs, ulock_hold *h)
+{
+    mlock_set *s = thread_set();
+    int not_owner = 0, released;
+
+    (void)cs;
+    if (s == NULL)
+        return;
+    released = mlock_release(s, h->key, h->owner, h->lease_ms,
+                             ((priv *)(void *)h->priv)->mask, &not_owner);
+    if (released > 0)
+        rec_note(REC_DEMO_LOCK_RELEASED);
+    if (not_owner > 0) {
+        rec_note(REC_DEMO_LOCK_NOT_OWNER);
+        log_warn("%s: %d node(s) no longer knew the hold (lease ended, or the node restarted)",
+                 h->key, not_owner);
+    }
+}
+
+const ulock_backend ulock_multilock = {
+    .name = "multilock",
+    .unavailable = "lock service (redis nodes) unavailable, retry later",
+    .start = multilock_start,
+    .stop = multi_stop,
+    .acquire = multilock_acquire,
+    .release = multi_release,
+};
+
+const ulock_backend ulock_redlock = {
+    .name = "redlock",
+    .unavailable = "lock service (redis nodes) unavailable, retry later",
+    .start = redlock_start,
+    .stop = multi_stop,
+    .acquire = redlock_acquire,
+    .release = multi_release,
+};

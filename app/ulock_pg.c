@@ -1,0 +1,234 @@
+/* ulock_pg: the "pg-table" and "pg-advisory" strategies, per-user locks in
+ * Postgres (pgl.h), on the worker's own Postgres session (cs->pg, the one
+ * its order transaction runs on; the caller has just checked it).
+ *
+ * pg-table: a row of tb_lock with an owner, a hold count, an expiry (the
+ * lease; in watchdog mode WATCHDOG_TIMEOUT_MS, not renewed) and a token
+ * from a sequence. The statement commits on its own, before the order's
+ * transaction: the lock outlives a failed transaction and a dropped
+ * connection, until its release or its expiry. LOCK_PG_SWEEP_MS > 0 adds a
+ * thread that deletes expired rows (tidiness only: the next acquire takes
+ * an expired row over anyway).
+ *
+ * pg-advisory: pg_try_advisory_lock(user id) on the worker's session, so
+ * the lock is the session's: released by the same worker after the commit
+ * ('thread_bound'), and freed by the server when that connection drops.
+ * The order's transaction runs on the same session, so it cannot commit
+ * once the lock is gone (a dropped session rolls its transaction back):
+ * the lock needs no fencing token. Its cost is the other side of that:
+ * no expiry, so a hung holder whose connection stays open keeps the lock,
+ * and each holder pins a database connection. The key is the user id
+ * itself (a bigint advisory key: no two users share one; the key space is
+ * shared with anything else that takes bigint advisory locks in this
+ * database). */
+#include "ulock.h"
+#include "config.h"
+#include "log.h"
+#include "pgl.h"
+#include "rec.h"
+#include "util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define UNAVAILABLE "database unavailable, retry later"
+
+static void broken_if_bad(conn_set *cs)
+{
+    if (cs->pg != NULL && PQstatus(cs->pg) == CONNECTION_BAD)
+        conn_pg_broken(cs);
+}
+
+/*---- pg-table ----*/
+
+/* No watchdog renews a row: watchdog mode gets its lease once. */
+static long table_lease_ms(const ulock_hold *h)
+{
+    return h->lease_ms > 0 ? h->lease_ms : g_cfg.watchdog_timeout_ms;
+}
+
+static struct {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    int running, stop;
+} sweeper = { .mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static void *sweep_main(void *arg)
+{
+    PGconn *pg = NULL;
+    char err[256];
+
+    (void)arg;
+    pthread_mutex_lock(&sweeper.mu);
+    while (!sweeper.stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += g_cfg.lock_pg_sweep_ms / 1000;
+        ts.tv_nsec += (long)(g_cfg.lock_pg_sweep_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        if (pthread_cond_timedwait(&sweeper.cond, &sweeper.mu, &ts) != ETIMEDOUT)
+            continue;
+        pthread_mutex_unlock(&sweeper.mu);
+        if (pg == NULL && (pg = conn_pg_open(err, sizeof err)) == NULL)
+            log_warn("lock sweeper: %s", err);
+        if (pg != NULL) {
+            long n = pgl_table_sweep(pg);
+            if (n > 0)
+                log_info("lock sweeper: %ld expired lock row(s) deleted", n);
+            if (n < 0 && PQstatus(pg) == CONNECTION_BAD) {
+                PQfinish(pg);
+                pg = NULL;
+            }
+        }
+        pthread_mutex_lock(&sweeper.mu);
+    }
+    pthread_mutex_unlock(&sweeper.mu);
+    if (pg != NULL)
+        PQfinish(pg);
+    return NULL;
+}
+
+static int table_start(char *err, size_t errlen)
+{
+    if (g_cfg.lock_pg_sweep_ms <= 0)
+        return 0;
+    sweeper.stop = 0;
+    if (pthread_create(&sweeper.thread, NULL, sweep_main, NULL) != 0) {
+        snprintf(err, errlen, "cannot start the lock sweeper thread");
+        return -1;
+    }
+    sweeper.running = 1;
+    return 0;
+}
+
+static void table_stop(void)
+{
+    if (!sweeper.running)
+        return;
+    pthread_mutex_lock(&sweeper.mu);
+    sweeper.stop = 1;
+    pthread_cond_signal(&sweeper.cond);
+    pthread_mutex_unlock(&sweeper.mu);
+    pthread_join(sweeper.thread, NULL);
+    sweeper.running = 0;
+}
+
+static ulock_status table_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+{
+    (void)id;
+    switch (pgl_table_acquire(cs->pg, h->key, h->owner, table_lease_ms(h), &h->token, NULL)) {
+    case PGL_OK:
+        rec_note(REC_DEMO_LOCK_ACQUIRED);
+        return ULOCK_OK;
+    case PGL_BUSY:
+        rec_note(REC_DEMO_LOCK_CONTENDED);
+        return ULOCK_BUSY;
+    default:
+        broken_if_bad(cs);
+        return ULOCK_ERR;
+    }
+}
+
+/* On the worker's session, or a new one when it broke meanwhile; a row
+ * that cannot be deleted now expires by itself. */
+static void table_release(conn_set *cs, ulock_hold *h)
+{
+    PGconn *pg = conn_pg(cs);
+    pgl_status st;
+
+    if (pg == NULL) {
+        log_warn("lock %s not released (database unreachable): it expires by itself", h->key);
+        return;
+    }
+    st = pgl_table_release(pg, h->key, h->owner, table_lease_ms(h), NULL);
+    if (st == PGL_OK) {
+        rec_note(REC_DEMO_LOCK_RELEASED);
+    } else if (st == PGL_NOT_OWNER) {
+        rec_note(REC_DEMO_LOCK_NOT_OWNER);
+        log_warn("lock %s expired during the order (lease %ld ms too short?)", h->key,
+                 table_lease_ms(h));
+    } else {
+        broken_if_bad(cs);
+        log_warn("lock %s not released (database error): it expires by itself", h->key);
+    }
+}
+
+const ulock_backend ulock_pg_table = {
+    .name = "pg-table",
+    .tokens = 1,
+    .unavailable = UNAVAILABLE,
+    .fence_prefix = "pg:",
+    .start = table_start,
+    .stop = table_stop,
+    .acquire = table_acquire,
+    .release = table_release,
+};
+
+/*---- pg-advisory ----*/
+
+/* What a hold keeps: the backend (server process) of the session that
+ * took it, to release on that session only. */
+typedef struct adv_priv {
+    int backend_pid;
+} adv_priv;
+
+_Static_assert(sizeof(adv_priv) <= ULOCK_PRIV_BYTES, "ulock_hold.priv too small");
+
+static ulock_status adv_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+{
+    adv_priv *p = (adv_priv *)(void *)h->priv;
+
+    (void)id;
+    p->backend_pid = PQbackendPID(cs->pg);
+    switch (pgl_advisory_try(cs->pg, h->user_id)) {
+    case PGL_OK:
+        rec_note(REC_DEMO_LOCK_ACQUIRED);
+        return ULOCK_OK;
+    case PGL_BUSY:
+        rec_note(REC_DEMO_LOCK_CONTENDED);
+        return ULOCK_BUSY;
+    default:
+        broken_if_bad(cs);
+        return ULOCK_ERR;
+    }
+}
+
+/* The session that took it, or nothing: once that session has ended, the
+ * server has freed the lock already. */
+static void adv_release(conn_set *cs, ulock_hold *h)
+{
+    adv_priv *p = (adv_priv *)(void *)h->priv;
+    pgl_status st;
+
+    if (cs->pg == NULL || PQstatus(cs->pg) != CONNECTION_OK ||
+        PQbackendPID(cs->pg) != p->backend_pid) {
+        log_warn("lock %s: its session ended, which released it", h->key);
+        return;
+    }
+    st = pgl_advisory_release(cs->pg, h->user_id);
+    if (st == PGL_OK) {
+        rec_note(REC_DEMO_LOCK_RELEASED);
+    } else if (st == PGL_NOT_OWNER) {
+        rec_note(REC_DEMO_LOCK_NOT_OWNER);
+        log_warn("lock %s was not held by this session", h->key);
+    } else {
+        /* A session that cannot run the unlock must not live on holding it. */
+        log_warn("lock %s: unlock failed: closing the session frees it", h->key);
+        conn_pg_broken(cs);
+    }
+}
+
+const ulock_backend ulock_pg_advisory = {
+    .name = "pg-advisory",
+    .thread_bound = 1,
+    .unavailable = UNAVAILABLE,
+    .acquire = adv_acquire,
+    .release = adv_release,
+};

@@ -1,0 +1,388 @@
+/* test_mlock: MultiLock and RedLock (app/mlock.c) against five real,
+ * independent redis-server processes (scripts/redis-nodes.sh, started for
+ * this program under $TEST_TMP), crashed, restarted empty and paused with
+ * signals.
+ *
+ * Quorums (all nodes / a majority) with a rival holding some nodes, the
+ * release of a failed attempt on every node, a node down, a node that
+ * stopped answering (per-node timeout, validity), reentry, release by a
+ * non-owner, lease expiry, and the RedLock failure with a node that restarts
+ * without persistence (two holders) next to its "delayed restart" fix (one
+ * holder). */
+#include "t.h"
+#include "t_lock.h"
+#include "mlock.h"
+#include "util.h"
+
+#include <unistd.h>
+
+#define N 5
+#define NODE_TIMEOUT_MS 50
+
+static char dir[512];
+static char script[600];
+static mlock_node nodes[N];
+static redisContext *raw[N];          /* the test's own look at each node */
+
+static void nodes_cmd(const char *what, int i)
+{
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "%s %s '%s' %d >/dev/null", script, what, dir, i + 1);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "failed: %s\n", cmd);
+        exit(2);
+    }
+}
+
+static redisContext *raw_conn(int i)
+{
+    struct timeval tv = { 1, 0 };
+    if (raw[i] != NULL && raw[i]->err == 0)
+        return raw[i];
+    if (raw[i] != NULL)
+        redisFree(raw[i]);
+    raw[i] = redisConnectWithTimeout(nodes[i].host, nodes[i].port, tv);
+    if (raw[i] != NULL && !raw[i]->err)
+        redisSetTimeout(raw[i], tv);
+    return raw[i];
+}
+
+/* The hold count of 'owner' on node i (0: none). */
+static long count_on(int i, const char *key, const char *owner)
+{
+    redisContext *c = raw_conn(i);
+    redisReply *r;
+    long v = -1;
+    if (c == NULL || c->err)
+        return -1;
+    r = redisCommand(c, "HGET %s %s", key, owner);
+    if (r != NULL && r->type == REDIS_REPLY_NIL)
+        v = 0;
+    else if (r != NULL && r->type == REDIS_REPLY_STRING)
+        v = atol(r->str);
+    if (r != NULL)
+        freeReplyObject(r);
+    return v;
+}
+
+/* Bit i set when node i has 'key' at all. */
+static unsigned present(const char *key)
+{
+    unsigned m = 0;
+    for (int i = 0; i < N; i++) {
+        redisContext *c = raw_conn(i);
+        redisReply *r = c != NULL && !c->err ? redisCommand(c, "EXISTS %s", key) : NULL;
+        if (r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1)
+            m |= 1u << i;
+        if (r != NULL)
+            freeReplyObject(r);
+    }
+    return m;
+}
+
+/* A rival's single lock on the nodes of 'mask' (the lock library's, as mlock uses). */
+static void hold_on(unsigned mask, const char *key, const char *owner, long lease_ms)
+{
+    for (int i = 0; i < N; i++)
+        if (mask & (1u << i))
+            T_EQ_I64(lock_try_acquire(raw_conn(i), key, owner, lease_ms, NULL), LOCK_OK);
+}
+
+static const char *fresh_key(char *buf, size_t n)
+{
+    static int k;
+    snprintf(buf, n, "lock:order:%d%03d", (int)getpid(), ++k);
+    return buf;
+}
+
+static mlock_set *new_set(void)
+{
+    return mlock_set_new(nodes, N, NODE_TIMEOUT_MS);
+}
+
+/* Waits until a restarted node's connection would be retried. */
+static void after_retry(void)
+{
+    usleep(300 * 1000);
+}
+
+static void test_quorums_and_release_of_a_failed_attempt(void)
+{
+    mlock_set *a = new_set(), *b = new_set();
+    char key[64];
+    mlock_grant g;
+
+    fresh_key(key, sizeof key);
+    /* free: both take all five nodes */
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(g.granted, 0x1f);
+    T_EQ_I64(mlock_acquire(b, MLOCK_MAJORITY, key, "B", 10000, &g), MLOCK_BUSY);
+    T_EQ_I64(g.busy, 0x1f);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), 5);
+    T_EQ_I64(present(key), 0);
+
+    /* a rival holds nodes 1 and 2: a majority (3, 4, 5) is still free */
+    hold_on(0x03, key, "R", 10000);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(g.granted, 0x1c);
+    T_EQ_I64(g.busy, 0x03);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, ~g.busy, NULL), 3);
+    /* ... but not all of them: MultiLock refuses and leaves nothing of A's */
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_BUSY);
+    T_EQ_I64(g.granted, 0x1c);          /* granted on 3 nodes, then released there */
+    for (int i = 0; i < N; i++)
+        T_EQ_I64(count_on(i, key, "A"), 0);
+    T_EQ_I64(present(key), 0x03);
+
+    /* the rival holds a majority: RedLock refuses, A's minority is released */
+    hold_on(0x04, key, "R", 10000);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_BUSY);
+    T_EQ_I64(g.granted, 0x18);
+    T_EQ_I64(present(key), 0x07);
+    T_EQ_I64(count_on(3, key, "A") + count_on(4, key, "A"), 0);
+    mlock_set_free(a);
+    mlock_set_free(b);
+}
+
+static void test_reentry_and_not_owner(void)
+{
+    mlock_set *a = new_set(), *b = new_set();
+    char key[64];
+    mlock_grant g;
+    int not_owner = -1;
+
+    fresh_key(key, sizeof key);
+    for (int q = 0; q < 2; q++) {
+        mlock_quorum quorum = q == 0 ? MLOCK_ALL : MLOCK_MAJORITY;
+        T_EQ_I64(mlock_acquire(a, quorum, key, "A", 10000, &g), MLOCK_OK);
+        T_EQ_I64(mlock_acquire(a, quorum, key, "A", 10000, &g), MLOCK_OK);   /* reentry */
+        for (int i = 0; i < N; i++)
+            T_EQ_I64(count_on(i, key, "A"), 2);
+        /* a non-owner's release changes nothing */
+        T_EQ_I64(mlock_release(b, key, "B", 10000, 0x1f, &not_owner), 0);
+        T_EQ_I64(not_owner, 5);
+        T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), 5);
+        T_EQ_I64(mlock_acquire(b, quorum, key, "B", 10000, &g), MLOCK_BUSY);  /* still held once */
+        T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), 5);
+        T_EQ_I64(present(key), 0);
+        T_EQ_I64(mlock_acquire(b, quorum, key, "B", 10000, &g), MLOCK_OK);
+        T_EQ_I64(mlock_release(b, key, "B", 10000, 0x1f, NULL), 5);
+    }
+    mlock_set_free(a);
+    mlock_set_free(b);
+}
+
+static void test_validity_and_lease_expiry(void)
+{
+    mlock_set *a = new_set(), *b = new_set();
+    char key[64];
+    mlock_grant g;
+    int64_t t0;
+
+    fresh_key(key, sizeof key);
+    T_EQ_I64(mlock_drift_ms(10000), 102);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(g.validity_ms, 10000 - (g.elapsed_us + 999) / 1000 - 102);
+    T_ASSERT(g.validity_ms > 9800 && g.validity_ms <= 9897);
+    mlock_release(a, key, "A", 10000, 0x1f, NULL);
+    /* a 300 ms lease: another owner gets it once the lease is over */
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 300, &g), MLOCK_OK);
+    t0 = util_mono_us();
+    T_EQ_I64(mlock_acquire(b, MLOCK_MAJORITY, key, "B", 300, &g), MLOCK_BUSY);
+    while (mlock_acquire(b, MLOCK_MAJORITY, key, "B", 300, &g) != MLOCK_OK &&
+           util_mono_us() - t0 < 2000000)
+        usleep(10 * 1000);
+    T_ASSERT(util_mono_us() - t0 >= 250000 && util_mono_us() - t0 < 600000);
+    mlock_release(b, key, "B", 300, 0x1f, NULL);
+    mlock_set_free(a);
+    mlock_set_free(b);
+}
+
+static void test_a_node_down(void)
+{
+    mlock_set *a = new_set();
+    char key[64];
+    mlock_grant g;
+
+    fresh_key(key, sizeof key);
+    nodes_cmd("kill", 4);
+    /* MultiLock: unavailable (an error, not busy), and nothing left behind */
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+    T_EQ_I64(g.failed, 0x10);
+    T_EQ_I64(present(key) & 0x0f, 0);
+    /* RedLock: four of five */
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(g.granted, 0x0f);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, ~g.busy, NULL), 4);
+    /* three down: no majority, an error; the two grants undone */
+    nodes_cmd("kill", 3);
+    nodes_cmd("kill", 2);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_ERR);
+    T_EQ_I64(g.granted, 0x03);
+    T_EQ_I64(present(key) & 0x03, 0);
+    for (int i = 2; i < N; i++)
+        nodes_cmd("start-node", i);
+    after_retry();
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(g.granted, 0x1f);
+    mlock_release(a, key, "A", 10000, 0x1f, NULL);
+    mlock_set_free(a);
+}
+
+static void test_a_silent_node_costs_one_node_timeout(void)
+{
+    mlock_set *a = new_set();
+    char key[64];
+    mlock_grant g;
+
+    fresh_key(key, sizeof key);
+    nodes_cmd("pause", 0);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(g.failed, 0x01);
+    printf("# one node silent: attempt took %lld us, validity %lld ms\n",
+           (long long)g.elapsed_us, (long long)g.validity_ms);
+    T_ASSERT(g.elapsed_us >= NODE_TIMEOUT_MS * 1000 && g.elapsed_us < 4 * NODE_TIMEOUT_MS * 1000);
+    mlock_release(a, key, "A", 10000, ~g.busy, NULL);
+    after_retry();
+    /* a lease the silent node's timeout eats: no validity left, released everywhere */
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "B", NODE_TIMEOUT_MS + 2, &g), MLOCK_ERR);
+    T_EQ_I64(g.granted, 0x1e);
+    T_ASSERT(g.validity_ms <= 0);
+    for (int i = 1; i < N; i++)                /* the test's look at node 1 would wait too */
+        T_EQ_I64(count_on(i, key, "B"), 0);
+    nodes_cmd("resume", 0);
+    usleep(100 * 1000);
+    mlock_set_free(a);
+}
+
+/* The RedLock algorithm's known failure: client 1 holds nodes 1, 2, 3
+ * (4 and 5 unreachable for it: paused); node 3 crashes and restarts
+ * without persistence; client 2 (1 and 2 unreachable for it) takes 3, 4, 5
+ * while client 1's lease still runs: two holders. */
+static void test_restart_without_persistence_gives_two_holders(void)
+{
+    mlock_set *c1 = new_set(), *c2 = new_set();
+    char key[64];
+    mlock_grant g1, g2;
+    const long lease = 3000;
+
+    fresh_key(key, sizeof key);
+    nodes_cmd("pause", 3);
+    nodes_cmd("pause", 4);
+    T_EQ_I64(mlock_acquire(c1, MLOCK_MAJORITY, key, "client-1", lease, &g1), MLOCK_OK);
+    T_EQ_I64(g1.granted, 0x07);
+    usleep(250 * 1000);                   /* past the attempt's deadline: 4 and 5 refuse it */
+    nodes_cmd("resume", 3);
+    nodes_cmd("resume", 4);
+    nodes_cmd("kill", 2);
+    nodes_cmd("start-node", 2);           /* at once, empty */
+    nodes_cmd("pause", 0);
+    nodes_cmd("pause", 1);
+    after_retry();
+    T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_OK);
+    T_EQ_I64(g2.granted, 0x1c);
+    T_ASSERT(g2.elapsed_us / 1000 < lease);   /* within client 1's lease: both hold it */
+    nodes_cmd("resume", 0);
+    nodes_cmd("resume", 1);
+    usleep(50 * 1000);
+    T_EQ_I64(count_on(0, key, "client-1") + count_on(1, key, "client-1"), 2);
+    mlock_release(c1, key, "client-1", lease, 0x1f, NULL);
+    mlock_release(c2, key, "client-2", lease, 0x1f, NULL);
+    mlock_set_free(c1);
+    mlock_set_free(c2);
+}
+
+/* Delayed restart: node 3 is down while client 1's lease lasts, so
+ * client 2, asking within that lease, reaches only 4 and 5. */
+static void test_delayed_restart_keeps_one_holder(void)
+{
+    mlock_set *c1 = new_set(), *c2 = new_set();
+    char key[64];
+    mlock_grant g1, g2;
+    const long lease = 3000;
+
+    fresh_key(key, sizeof key);
+    nodes_cmd("pause", 3);
+    nodes_cmd("pause", 4);
+    T_EQ_I64(mlock_acquire(c1, MLOCK_MAJORITY, key, "client-1", lease, &g1), MLOCK_OK);
+    T_EQ_I64(g1.granted, 0x07);
+    usleep(250 * 1000);                   /* past the attempt's deadline: 4 and 5 refuse it */
+    nodes_cmd("resume", 3);
+    nodes_cmd("resume", 4);
+    nodes_cmd("kill", 2);                 /* stays down for a lease */
+    nodes_cmd("pause", 0);
+    nodes_cmd("pause", 1);
+    after_retry();
+    T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_ERR);
+    T_EQ_I64(g2.granted, 0x18);           /* 4 and 5 only: released again */
+    T_EQ_I64(count_on(3, key, "client-2") + count_on(4, key, "client-2"), 0);
+    nodes_cmd("resume", 0);
+    nodes_cmd("resume", 1);
+    usleep((useconds_t)(lease + mlock_drift_ms(lease)) * 1000);
+    nodes_cmd("start-node", 2);           /* the delayed restart */
+    after_retry();
+    T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_OK);
+    mlock_release(c2, key, "client-2", lease, 0x1f, NULL);
+    mlock_set_free(c1);
+    mlock_set_free(c2);
+}
+
+static void start_nodes(void)
+{
+    const char *tmp = getenv("TEST_TMP");
+    const char *sql = getenv("SQL_DIR");
+    char cmd[1400], line[2048];
+    FILE *p;
+    int n = 0;
+
+    if (sql != NULL && sql[0] != '\0')
+        snprintf(script, sizeof script, "%s/../scripts/redis-nodes.sh", sql);
+    else
+        snprintf(script, sizeof script, "scripts/redis-nodes.sh");
+    snprintf(dir, sizeof dir, "%s/mlock-%d", tmp != NULL && tmp[0] ? tmp : "/tmp", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s start '%s' %d", script, dir, N);
+    if ((p = popen(cmd, "r")) == NULL)
+        exit(2);
+    while (fgets(line, sizeof line, p) != NULL) {
+        char *s = strstr(line, "LOCK_REDIS_NODES=");
+        if (s == NULL)
+            continue;
+        for (s = strstr(s, "redis://"); s != NULL && n < N; s = strstr(s + 1, "redis://")) {
+            snprintf(nodes[n].host, sizeof nodes[n].host, "127.0.0.1");
+            nodes[n].port = atoi(strchr(s + 8, ':') + 1);
+            n++;
+        }
+    }
+    if (pclose(p) != 0 || n != N) {
+        fprintf(stderr, "%s failed (%d nodes)\n", cmd, n);
+        exit(2);
+    }
+}
+
+static void stop_nodes(void)
+{
+    char cmd[1400];
+    for (int i = 0; i < N; i++)
+        if (raw[i] != NULL)
+            redisFree(raw[i]);
+    snprintf(cmd, sizeof cmd, "%s stop '%s'", script, dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "%s failed\n", cmd);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    tl_setup(argv[0]);
+    start_nodes();
+    T_RUN(test_quorums_and_release_of_a_failed_attempt);
+    T_RUN(test_reentry_and_not_owner);
+    T_RUN(test_validity_and_lease_expiry);
+    T_RUN(test_a_node_down);
+    T_RUN(test_a_silent_node_costs_one_node_timeout);
+    T_RUN(test_restart_without_persistence_gives_two_holders);
+    T_RUN(test_delayed_restart_keeps_one_holder);
+    stop_nodes();
+    lock_runtime_stop();
+    return t_done();
+}

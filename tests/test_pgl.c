@@ -1,0 +1,169 @@
+/* test_pgl: the Postgres locks (app/pgl.c) against the test Postgres
+ * (PG_DSN, sql/schema.sql loaded): the lock table's exclusion, reentry,
+ * release by a non-owner, lease expiry (taken over by the next acquire,
+ * and the late release refused), the sweeper's statement, tokens that
+ * only grow; advisory locks per session, reentrant, not released by
+ * another session, freed when their session ends -- also when the
+ * holding process is killed. Needs Postgres: not in make check. */
+#include "t.h"
+#include "pgl.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+static PGconn *db(void)
+{
+    const char *dsn = getenv("PG_DSN");
+    PGconn *pg = PQconnectdb(dsn != NULL ? dsn : "");
+    if (PQstatus(pg) != CONNECTION_OK) {
+        fprintf(stderr, "PG_DSN: %s", PQerrorMessage(pg));
+        exit(2);
+    }
+    return pg;
+}
+
+static const char *fresh_key(char *buf, size_t n)
+{
+    static int k;
+    snprintf(buf, n, "lock:test:%d:%d", (int)getpid(), ++k);
+    return buf;
+}
+
+static void test_table_exclusion_reentry_not_owner(void)
+{
+    PGconn *pg = db();
+    char key[64];
+    int64_t t1 = 0, t2 = 0, t3 = 0;
+    int holds = 0, left = -1;
+
+    fresh_key(key, sizeof key);
+    T_EQ_I64(pgl_table_acquire(pg, key, "A", 10000, &t1, &holds), PGL_OK);
+    T_EQ_I64(holds, 1);
+    T_EQ_I64(pgl_table_acquire(pg, key, "B", 10000, NULL, NULL), PGL_BUSY);
+    T_EQ_I64(pgl_table_acquire(pg, key, "A", 10000, &t2, &holds), PGL_OK);   /* reentry */
+    T_EQ_I64(holds, 2);
+    T_ASSERT(t2 > t1);
+    T_EQ_I64(pgl_table_release(pg, key, "B", 10000, NULL), PGL_NOT_OWNER);  /* refused */
+    T_EQ_I64(pgl_table_acquire(pg, key, "B", 10000, NULL, NULL), PGL_BUSY);  /* unchanged */
+    T_EQ_I64(pgl_table_release(pg, key, "A", 10000, &left), PGL_OK);
+    T_EQ_I64(left, 1);
+    T_EQ_I64(pgl_table_acquire(pg, key, "B", 10000, NULL, NULL), PGL_BUSY);
+    T_EQ_I64(pgl_table_release(pg, key, "A", 10000, &left), PGL_OK);
+    T_EQ_I64(left, 0);
+    T_EQ_I64(pgl_table_release(pg, key, "A", 10000, NULL), PGL_NOT_OWNER);  /* once too often */
+    T_EQ_I64(pgl_table_acquire(pg, key, "B", 10000, &t3, NULL), PGL_OK);
+    T_ASSERT(t3 > t2);
+    T_EQ_I64(pgl_table_release(pg, key, "B", 10000, NULL), PGL_OK);
+    PQfinish(pg);
+}
+
+static void test_table_lease_expiry(void)
+{
+    PGconn *pg = db();
+    char key[64], sql[256];
+    int64_t ta = 0, tb = 0;
+    int holds = 0;
+
+    fresh_key(key, sizeof key);
+    T_EQ_I64(pgl_table_acquire(pg, key, "A", 200, &ta, NULL), PGL_OK);
+    T_EQ_I64(pgl_table_acquire(pg, key, "B", 200, NULL, NULL), PGL_BUSY);
+    t_sleep_ms(300);
+    /* expired: the next acquire takes the row over (no sweeper needed) */
+    T_EQ_I64(pgl_table_acquire(pg, key, "B", 10000, &tb, &holds), PGL_OK);
+    T_EQ_I64(holds, 1);
+    T_ASSERT(tb > ta);
+    T_EQ_I64(pgl_table_release(pg, key, "A", 200, NULL), PGL_NOT_OWNER);   /* A's late release */
+    T_EQ_I64(pgl_table_acquire(pg, key, "A", 200, NULL, NULL), PGL_BUSY);
+    T_EQ_I64(pgl_table_release(pg, key, "B", 10000, NULL), PGL_OK);
+    /* an expired reentrant hold starts over at 1, and its release says it expired */
+    T_EQ_I64(pgl_table_acquire(pg, key, "A", 100, NULL, NULL), PGL_OK);
+    t_sleep_ms(200);
+    T_EQ_I64(pgl_table_release(pg, key, "A", 100, NULL), PGL_NOT_OWNER);
+    /* the sweeper's statement deletes expired rows only */
+    T_EQ_I64(pgl_table_acquire(pg, key, "A", 100, NULL, NULL), PGL_OK);
+    t_sleep_ms(200);
+    T_ASSERT(pgl_table_sweep(pg) >= 1);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM tb_lock WHERE lock_key = '%s'", key);
+    PGresult *r = PQexec(pg, sql);
+    T_ASSERT(PQresultStatus(r) == PGRES_TUPLES_OK && strcmp(PQgetvalue(r, 0, 0), "0") == 0);
+    PQclear(r);
+    PQfinish(pg);
+}
+
+static void quiet(void *arg, const char *msg)
+{
+    (void)arg;
+    (void)msg;                      /* pg_advisory_unlock's WARNING for a lock not held */
+}
+
+static void test_advisory_per_session(void)
+{
+    PGconn *a = db(), *b = db();
+    int64_t key = 900000000000LL + getpid();
+
+    PQsetNoticeProcessor(a, quiet, NULL);
+    PQsetNoticeProcessor(b, quiet, NULL);
+    T_EQ_I64(pgl_advisory_try(a, key), PGL_OK);
+    T_EQ_I64(pgl_advisory_try(b, key), PGL_BUSY);
+    T_EQ_I64(pgl_advisory_try(a, key), PGL_OK);                 /* reentrant in its session */
+    T_EQ_I64(pgl_advisory_release(b, key), PGL_NOT_OWNER);      /* another session */
+    T_EQ_I64(pgl_advisory_release(a, key), PGL_OK);
+    T_EQ_I64(pgl_advisory_try(b, key), PGL_BUSY);               /* held once more */
+    T_EQ_I64(pgl_advisory_release(a, key), PGL_OK);
+    T_EQ_I64(pgl_advisory_try(b, key), PGL_OK);
+    /* the session ends: its locks go */
+    PQfinish(b);
+    b = db();
+    T_EQ_I64(pgl_advisory_try(a, key), PGL_OK);
+    T_EQ_I64(pgl_advisory_release(a, key), PGL_OK);
+    PQfinish(a);
+    PQfinish(b);
+}
+
+/* The holding process killed: the server sees its socket close and ends
+ * the session, which frees the lock, within milliseconds. */
+static void test_advisory_holder_killed(void)
+{
+    PGconn *b = db();
+    int64_t key = 910000000000LL + getpid();
+    int fds[2];
+    char c = 0;
+    pid_t pid;
+    double killed, took = -1;
+
+    if (!T_ASSERT(pipe(fds) == 0))
+        return;
+    pid = fork();
+    if (pid == 0) {
+        PGconn *a = db();
+        if (pgl_advisory_try(a, key) == PGL_OK)
+            (void)!write(fds[1], "h", 1);
+        for (;;)
+            pause();
+    }
+    T_ASSERT(read(fds[0], &c, 1) == 1 && c == 'h');
+    T_EQ_I64(pgl_advisory_try(b, key), PGL_BUSY);
+    kill(pid, SIGKILL);
+    killed = t_now_ms();
+    while (t_now_ms() - killed < 5000) {
+        if (pgl_advisory_try(b, key) == PGL_OK) {
+            took = t_now_ms() - killed;
+            break;
+        }
+        t_sleep_ms(5);
+    }
+    printf("# advisory holder killed: lock free after %.0f ms\n", took);
+    T_ASSERT(took >= 0 && took < 1000);
+    close(fds[0]);
+    close(fds[1]);
+    PQfinish(b);
+}
+
+int main(void)
+{
+    T_RUN(test_table_exclusion_reentry_not_owner);
+    T_RUN(test_table_lease_expiry);
+    T_RUN(test_advisory_per_session);
+    T_RUN(test_advisory_holder_killed);
+    return t_done();
+}
