@@ -690,7 +690,7 @@ class Ladder:
                 raise LadderError(f"the stream did not drain ({backlog} left)")
             time.sleep(0.1)
 
-    def redis_crash(self, step, step_dir):
+    def burst_then_kill(self, step, step_dir):
         """A burst of buyers (their order ids kept), Redis killed right after
         it while the consumers are behind (off: CONSUMERS=0), Redis back, the
         consumers on, the drain; then which acknowledged orders are rows."""
@@ -756,7 +756,7 @@ class Ladder:
         if load["kind"] == "sale":
             return self.sale(load, url, step_dir)
         if load["kind"] == "redis-crash":
-            return self.redis_crash(step, step_dir)
+            return self.burst_then_kill(step, step_dir)
         if load["kind"] == "outage":
             return self.outage(step, load, url, step_dir)
         return self.storm(load, url, user, step_dir)
