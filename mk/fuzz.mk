@@ -24,7 +24,7 @@ fuzz-build: ## build the libFuzzer targets (clang, ASan + UBSan) in build/fuzz
 	        $$(pkg-config --cflags $(PKGS)) -fsanitize=fuzzer $(FUZZ_SAN) \
 	        -o $(FUZZ_BUILD)/fuzz_$$t tests/fuzz/fuzz_$$t.c \
 	        $(filter-out $(FUZZ_BUILD)/app/main.o,$(APP_SRCS:app/%.c=$(FUZZ_BUILD)/app/%.o)) \
-	        $$(pkg-config --libs $(PKGS)) -pthread -lm || exit 1; \
+	        $$(pkg-config --libs $(PKGS)) -lzookeeper_mt -pthread -lm || exit 1; \
 	done
 
 fuzz: fuzz-build ## run each libFuzzer target FUZZ_SECONDS (default 60 s)
