@@ -101,16 +101,6 @@ def shared_ha():
 
 
 
-def kit_wait(cond, seconds):
-    """True once cond() holds, polling every 0.1 s for up to 'seconds'."""
-    end = time.monotonic() + seconds
-    while True:
-        if cond():
-            return True
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-
 @test
 def discovery_at_start():
     ha = shared_ha()
@@ -325,15 +315,12 @@ def failover_the_server_follows_the_new_master():
             # /stats is a snapshot refreshed once a second by its own thread,
             # whose Redis connection follows the master on its next pass: it
             # may answer 503 until then.
-            seen = {}
-
-            def stats_on_new_master(s_=s_, seen=seen):
+            def stats_on_new_master(s_=s_):
                 r = s_.get("/stats")
-                seen["last"] = (r.status, r.body.get("redis") if r.status == 200 else r.raw)
                 red = r.body.get("redis", {}) if r.status == 200 else {}
                 return red.get("master") == f"127.0.0.1:{new}" and red.get("failovers") == 1
-            if not kit_wait(stats_on_new_master, 5):
-                fail(f"{s_.name}: /stats redis after the failover: {seen.get('last')}")
+            ha.wait(stats_on_new_master, 5,
+                    f"{s_.name}'s /stats to show master 127.0.0.1:{new} and 1 failover")
         # The threads that no request drives follow too: each server's reset
         # subscriber listens on the new master, its stats publisher writes there.
         for s_ in (srv, wd):
