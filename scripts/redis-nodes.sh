@@ -29,6 +29,14 @@ TIMEOUT=${REDIS_NODES_TIMEOUT:-10}
 
 die() { echo "redis-nodes.sh: error: $*" >&2; exit 1; }
 
+# True while PID $1 runs. A zombie (exited, not reaped yet: the nodes' parent
+# is init, which may reap seconds later) has ended.
+running() {
+    local state
+    state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null || true)
+    [[ -n "$state" && "$state" != Z && "$state" != X ]]
+}
+
 free_ports() {
     python3 -c '
 import socket, sys
@@ -44,7 +52,7 @@ live_pid() {
     [[ -f "$nd/redis.pid" && -f "$nd/port" ]] || return 1
     pid=$(cat "$nd/redis.pid")
     port=$(cat "$nd/port")
-    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+    [[ "$pid" =~ ^[0-9]+$ ]] && running "$pid" || return 1
     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "redis-server.*:$port" || return 1
     echo "$pid"
 }
@@ -62,7 +70,7 @@ start_node() {
     echo "$pid" >"$nd/redis.pid"
     for ((t = 0; t < TIMEOUT * 20; t++)); do
         [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" == PONG ]] && return 0
-        kill -0 "$pid" 2>/dev/null || break
+        running "$pid" || break
         sleep 0.05
     done
     die "node $i did not answer on 127.0.0.1:$port (log: $nd/redis.log)"
@@ -74,7 +82,7 @@ stop_node() {
     kill -CONT "$pid" 2>/dev/null || true
     kill -TERM "$pid" 2>/dev/null || true
     for ((t = 0; t < 100; t++)); do
-        kill -0 "$pid" 2>/dev/null || break
+        running "$pid" || break
         sleep 0.05
     done
     kill -KILL "$pid" 2>/dev/null || true
@@ -116,7 +124,7 @@ case "$cmd" in
         ;;
     kill)
         need_i "${3:-}"
-        if pid=$(live_pid "$3"); then kill -KILL "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.02; done; fi
+        if pid=$(live_pid "$3"); then kill -KILL "$pid"; while running "$pid"; do sleep 0.02; done; fi
         rm -f "$dir/node-$3/redis.pid"
         ;;
     start-node) need_i "${3:-}"; start_node "$3" ;;

@@ -285,6 +285,36 @@ def one_node_down_stops_multilock_not_redlock():
         rl.stop_ok()
 
 
+@test
+def stopping_the_nodes_returns_once_they_have_exited():
+    """redis-nodes.sh stop waits for each node to exit, not for init to reap
+    it: the nodes' parent is init, which here reaps up to two seconds late,
+    and a wait that counted a zombie as running took about that long per
+    node (five nodes: about 10 s, longer than the ladder's outage)."""
+    d = os.path.join(ss.TEST_TMP, f"nodes-stop-{os.getpid()}")
+    p = subprocess.run([NODES_SCRIPT, "start", d, "5"], capture_output=True, text=True,
+                       timeout=60)
+    if p.returncode != 0:
+        fail(f"scripts/redis-nodes.sh start: {p.stderr.strip()}")
+    pids = []
+    for i in range(1, 6):
+        q = subprocess.run([NODES_SCRIPT, "pid", d, str(i)], capture_output=True, text=True,
+                           timeout=10)
+        pids.append(int(q.stdout))
+        ss.register_pid(pids[-1])
+    t0 = time.monotonic()
+    p = subprocess.run([NODES_SCRIPT, "stop", d], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    if p.returncode != 0:
+        fail(f"scripts/redis-nodes.sh stop: {p.stderr.strip()}")
+    running = [pid for pid in pids if ss.pid_alive(pid)]
+    if running:
+        fail(f"nodes still running after stop: {running}")
+    if took > 3.0:
+        fail(f"stopping 5 nodes took {took:.1f} s (> 3 s)")
+    print(f"# 5 nodes stopped in {took:.2f} s")
+
+
 def stale_token_rejections(srv):
     return int(srv.get("/stats").body.get("lock", {}).get("staleTokenRejections", 0))
 
