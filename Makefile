@@ -102,7 +102,13 @@ $(BUILD)/upstream200: loadtest/upstream200.c | pkg-check
 	@echo "  CC    $<"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -pthread
 
-tests-bin: $(BUILD)/seckill $(TEST_BINS) $(BUILD)/upstream200 ## build the server and every C test program
+# the ladder's slow disk for Redis (loadtest/slow_fsync.c, an LD_PRELOAD library)
+$(BUILD)/slow_fsync.so: loadtest/slow_fsync.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	$(Q)$(CC) $(CFLAGS) -fPIC -shared $(LDFLAGS) -o $@ $< -ldl
+
+tests-bin: $(BUILD)/seckill $(TEST_BINS) $(BUILD)/upstream200 $(BUILD)/slow_fsync.so ## build the server and every C test program
 
 test: deps-check ## every test against a throwaway Postgres and Redis (~6-8 min; installs what is missing first)
 	@$(MAKE) --no-print-directory tests-bin
