@@ -39,7 +39,9 @@ Redis, 2 instances at LOG_LEVEL=warn, nginx; every port picked free on
                  yardstick at that concurrency)
     batched      the instances restarted with SECKILL_STOCK=batched: the sale
                  again at 16, 64 and 256 connections, each with its CPU by
-                 component and the machine's idle share
+                 component, the machine's idle share and the buyers per group
+                 commit (the instances' seckill_batch_buyers_total /
+                 seckill_batches_total, from /metrics)
     redis        the instances restarted with SECKILL_STOCK=redis, Redis switched
                  to appendonly yes, appendfsync always (CONFIG SET; back to no
                  AOF after): the sale again, orders/s as acknowledged (200s per
@@ -704,8 +706,22 @@ class Bench:
             return other + errors + conns
         return other + errors + max(0, sum(logged.values()) - sum(w["statuses"].values()))
 
-    def sale(self, what, conns, seconds, stock=10_000_000, warm=True):
-        """A sale to distinct users on a stock that does not run out."""
+    def batch_counts(self):
+        """(group commits, buyers in them) the instances settled so far, from
+        their /metrics. Its counters come from a snapshot at most
+        STATS_INTERVAL_MS (1 s) old: read a second after the last activity."""
+        time.sleep(1.1)
+        n = [0, 0]
+        for url in self.stack.instance_urls:
+            for line in str(kit.call(url, "GET", "/metrics", want=200, timeout=10).body).splitlines():
+                k, _, v = line.partition(" ")
+                if k in ("seckill_batches_total", "seckill_batch_buyers_total"):
+                    n[k == "seckill_batch_buyers_total"] += int(float(v))
+        return n
+
+    def sale(self, what, conns, seconds, stock=10_000_000, warm=True, batches=False):
+        """A sale to distinct users on a stock that does not run out; batches:
+        also the buyers per group commit during it (SECKILL_STOCK=batched)."""
         if warm and self.warmup > 0:
             wv = self.stack.create_voucher(20000, f"bench: {what} warm-up")
             off = self.log_offset()
@@ -714,12 +730,14 @@ class Bench:
                        unknown=self.unknown(w, self.logged(off, wv), conns))
         v = self.stack.create_voucher(stock, f"bench: {what}")
         self.quiesce()
+        b0 = self.batch_counts() if batches else None
         off = self.log_offset()
         meter = self.cpu_meter()
         meter.start()
         w = self.wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds, ids=True)
         cpu = meter.stop()
         w["nginxLogged"] = self.logged(off, v)
+        b1 = self.batch_counts() if batches else None
         n, span = self.order_span(v)
         unknown = self.unknown(w, w["nginxLogged"], conns)
         w["unknownOutcome"] = unknown
@@ -729,6 +747,7 @@ class Bench:
         r = {"voucherId": v, "stock": stock, "connections": conns, "orders": n,
              "orderSpanSeconds": round(span, 3), "ordersPerSec": round(rate, 1),
              "soldOut": n >= stock, "wrk": w, "cpu": cpu,
+             "buyersPerBatch": round((b1[1] - b0[1]) / (b1[0] - b0[0]), 1) if b1 and b1[0] > b0[0] else None,
              "cpuMsPerOrder": {k: round(1000.0 * cpu[k] / n, 3) for k in
                                ("seckill", "nginx", "postgres", "redis", "loadTool", "interrupts", "other")} if n else None}
         if n >= stock or span < 5:
@@ -918,7 +937,7 @@ class Bench:
             log(f"round {i}: the service, SECKILL_STOCK=batched THREADS={self.batch_threads}")
             fig["batchedRssBefore"] = self.stack.rss()
             for c in self.batch_conns:
-                fig[f"batchedSale{c}"] = self.sale(f"sale (batched, {c} c)", c, self.seconds)
+                fig[f"batchedSale{c}"] = self.sale(f"sale (batched, {c} c)", c, self.seconds, batches=True)
             fig["batchedRssAfter"] = self.stack.rss()
         if "redis" not in self.skip:
             self.switch("redis")
@@ -1190,6 +1209,7 @@ class Bench:
             f[f"batched{c}P50Ms"] = med([k, "wrk", "p50Ms"])
             f[f"batched{c}P99Ms"] = med([k, "wrk", "p99Ms"])
             f[f"batched{c}IdlePct"] = med([k, "cpu", "idlePct"])
+            f[f"batched{c}BuyersPerBatch"] = med([k, "buyersPerBatch"])
         ranges = {k: spread(p) for k, p in {
             "pgOneRowTps": ["pgOneRow", "tps"], "pgTxnTps": ["pgTxn", "tps"],
             "redisEvalshaOps": ["redisEvalsha", "opsPerSec"], "nginxRps": ["nginx", "rps"],
@@ -1401,6 +1421,8 @@ class Bench:
             if f[f"batched{c}IdlePct"] is not None:
                 row("  idle share of the machine %", f"{f[f'batched{c}IdlePct']:.0f}", "", None, None,
                     f"< {t['idlePct']:g}" if "idlePct" in t else "", f"batched{c}IdlePct")
+            if f[f"batched{c}BuyersPerBatch"] is not None:
+                row("  buyers per group commit", f"{f[f'batched{c}BuyersPerBatch']:.1f}")
         if f["redisOrdersPerSec"] is not None:
             row(f"sale orders/s, redis-first, {self.sale_conns} c, THREADS={self.redis_threads}", f["redisOrdersPerSec"],
                 "pgbench one-row", f["pgOneRowTps"], ratios["redisVsOneRow"], ">= 3", "redisVsOneRow")
