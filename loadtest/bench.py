@@ -35,8 +35,13 @@ Redis, 2 instances at LOG_LEVEL=warn, nginx; every port picked free on
                  request to an instance: the hop the edge saves)
     storm        ab -k, one user: req/s (exactly one order)
     long         a 60 s sale at 256 connections: RSS per instance after it
-    batched      the instances restarted with SECKILL_STOCK=batched and more
-                 THREADS: the sale again
+    low          the optimistic sale at 16 connections (the batched one's
+                 yardstick at that concurrency)
+    batched      the instances restarted with SECKILL_STOCK=batched: the sale
+                 again at 16, 64 and 256 connections, each with its CPU by
+                 component, the machine's idle share and the buyers per group
+                 commit (the instances' seckill_batch_buyers_total /
+                 seckill_batches_total, from /metrics)
     redis        the instances restarted with SECKILL_STOCK=redis, Redis switched
                  to appendonly yes, appendfsync always (CONFIG SET; back to no
                  AOF after): the sale again, orders/s as acknowledged (200s per
@@ -59,13 +64,15 @@ Environment (all optional):
   BENCH_LONG           1: the 60 s / 256-connection sale (default 1; 0 skips it)
   BENCH_LONG_SECONDS, BENCH_LONG_CONNECTIONS   (60, 256)
   BENCH_SALE_CONNECTIONS      wrk connections of the sales (64)
-  BENCH_BATCH_CONNECTIONS     wrk connections of the batched sale (256)
+  BENCH_LOW_CONNECTIONS       wrk connections of the low optimistic sale (16; 0: none)
+  BENCH_BATCH_CONNECTIONS     wrk connections of the batched sales, a comma list
+                              (16,64,256)
   BENCH_THREADS        THREADS of the optimistic instances (default: the server's)
   BENCH_BATCH_THREADS  THREADS of the batched instances (default 8, the server's:
                        a queued buyer holds no worker, and 4, 8 and 16 measured alike)
   BENCH_REDIS_THREADS  THREADS of the redis-first instances (default 32: a worker
                        waits for Redis's fsync, and more of them share one)
-  BENCH_SKIP           comma list of ceilings,optimistic,storm,soldout,noedge,long,batched,redis
+  BENCH_SKIP           comma list of ceilings,optimistic,low,storm,soldout,noedge,long,batched,redis
   BENCH_KEEP=1         leave the stack running at the end (make stop-bench stops it)
   SECKILL_BIN          server binary (default build/seckill)
 Python 3 standard library only.
@@ -99,10 +106,26 @@ from kit import Col, fmt_count  # noqa: E402
 REFERENCE = {"pgOneRow": 3600, "pgTxn": 2100, "redisEvalsha": 80000, "nginx": 42000}
 STEAL_WARN_PCT = 5     # a run with more steal than this is flagged in the table
 PACED_SHARE = 0.25   # paced latency runs offer this share of the nginx ceiling's rate
-TARGETS = {"optimisticVsOneRow": 0.9, "batchedVsOneRow": 3.0, "soldOutVsNginx": 0.9,
+TARGETS = {"optimisticVsOneRow": 0.9, "soldOutVsNginx": 0.9,
            "soldOutP99Ms": 2.0, "rssMb": 20.0, "soldOutVsBare": 0.8, "soldOutSeckillCpuPct": 5.0,
            "redisVsOneRow": 3.0, "redisVsSoldOut": 0.4, "redisP99Ms": 10.0}
 HALF = 0.5           # the sold-out crowd and the bare ceiling are also paced to half their rate
+# The batched sale's targets by concurrency: orders/s against the one-row
+# ceiling, the machine's idle share during the sale (%), p99 (ms), and
+# orders/s against the optimistic sale at the same concurrency.
+BATCH_TARGETS = {16: {"vsOptimistic": 1.0}, 64: {"vsOneRow": 3.0, "idlePct": 15.0, "p99Ms": 30.0},
+                 256: {"vsOneRow": 3.0}}
+
+
+def env_list(name, default):
+    """A comma list of whole numbers from the environment."""
+    v = os.environ.get(name, "")
+    if v.strip() == "":
+        return default
+    try:
+        return [int(x) for x in v.split(",") if x.strip()]
+    except ValueError:
+        sys.exit(f"bench: {name} must be a comma list of whole numbers (got {v!r})")
 
 
 def env_int(name, default):
@@ -243,6 +266,9 @@ class CpuMeter:
         out["wallSeconds"] = round(wall, 2)
         out["busyPct"] = round(100.0 * busy / (wall * os.cpu_count()), 1) if wall > 0 else None
         out["stealPct"] = round(100.0 * (m1[2] - m0[2]) / (m1[3] - m0[3]), 1) if m1[3] > m0[3] else None
+        # What no one used: idle and I/O wait.
+        idle = (m1[3] - m0[3]) - busy - (m1[2] - m0[2])
+        out["idlePct"] = round(max(0.0, 100.0 * idle / (m1[3] - m0[3])), 1) if m1[3] > m0[3] else None
         return out
 
 
@@ -260,7 +286,8 @@ class Bench:
         self.long_seconds = env_int("BENCH_LONG_SECONDS", 60)
         self.long_conns = env_int("BENCH_LONG_CONNECTIONS", 256)
         self.sale_conns = env_int("BENCH_SALE_CONNECTIONS", 64)
-        self.batch_conns = env_int("BENCH_BATCH_CONNECTIONS", 256)
+        self.low_conns = env_int("BENCH_LOW_CONNECTIONS", 16)
+        self.batch_conns = env_list("BENCH_BATCH_CONNECTIONS", [16, 64, 256])
         self.threads = env_int("BENCH_THREADS", 0)
         self.batch_threads = env_int("BENCH_BATCH_THREADS", 8)
         self.redis_threads = env_int("BENCH_REDIS_THREADS", 32)
@@ -679,8 +706,22 @@ class Bench:
             return other + errors + conns
         return other + errors + max(0, sum(logged.values()) - sum(w["statuses"].values()))
 
-    def sale(self, what, conns, seconds, stock=10_000_000, warm=True):
-        """A sale to distinct users on a stock that does not run out."""
+    def batch_counts(self):
+        """(group commits, buyers in them) the instances settled so far, from
+        their /metrics. Its counters come from a snapshot at most
+        STATS_INTERVAL_MS (1 s) old: read a second after the last activity."""
+        time.sleep(1.1)
+        n = [0, 0]
+        for url in self.stack.instance_urls:
+            for line in str(kit.call(url, "GET", "/metrics", want=200, timeout=10).body).splitlines():
+                k, _, v = line.partition(" ")
+                if k in ("seckill_batches_total", "seckill_batch_buyers_total"):
+                    n[k == "seckill_batch_buyers_total"] += int(float(v))
+        return n
+
+    def sale(self, what, conns, seconds, stock=10_000_000, warm=True, batches=False):
+        """A sale to distinct users on a stock that does not run out; batches:
+        also the buyers per group commit during it (SECKILL_STOCK=batched)."""
         if warm and self.warmup > 0:
             wv = self.stack.create_voucher(20000, f"bench: {what} warm-up")
             off = self.log_offset()
@@ -689,12 +730,14 @@ class Bench:
                        unknown=self.unknown(w, self.logged(off, wv), conns))
         v = self.stack.create_voucher(stock, f"bench: {what}")
         self.quiesce()
+        b0 = self.batch_counts() if batches else None
         off = self.log_offset()
         meter = self.cpu_meter()
         meter.start()
         w = self.wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds, ids=True)
         cpu = meter.stop()
         w["nginxLogged"] = self.logged(off, v)
+        b1 = self.batch_counts() if batches else None
         n, span = self.order_span(v)
         unknown = self.unknown(w, w["nginxLogged"], conns)
         w["unknownOutcome"] = unknown
@@ -704,6 +747,7 @@ class Bench:
         r = {"voucherId": v, "stock": stock, "connections": conns, "orders": n,
              "orderSpanSeconds": round(span, 3), "ordersPerSec": round(rate, 1),
              "soldOut": n >= stock, "wrk": w, "cpu": cpu,
+             "buyersPerBatch": round((b1[1] - b0[1]) / (b1[0] - b0[0]), 1) if b1 and b1[0] > b0[0] else None,
              "cpuMsPerOrder": {k: round(1000.0 * cpu[k] / n, 3) for k in
                                ("seckill", "nginx", "postgres", "redis", "loadTool", "interrupts", "other")} if n else None}
         if n >= stock or span < 5:
@@ -884,12 +928,16 @@ class Bench:
                     fig["soldOutNoEdge"] = self.sold_out_no_edge(fig["soldOut"]["voucherId"])
             if "storm" not in self.skip:
                 fig["storm"] = self.storm()
+            if "low" not in self.skip and self.low_conns > 0:
+                fig["saleLow"] = self.sale(f"sale (optimistic, {self.low_conns} c)", self.low_conns,
+                                           self.seconds)
             fig["rssAfter"] = self.stack.rss()
         if "batched" not in self.skip:
             self.switch("batched")
             log(f"round {i}: the service, SECKILL_STOCK=batched THREADS={self.batch_threads}")
             fig["batchedRssBefore"] = self.stack.rss()
-            fig["batchedSale"] = self.sale("sale (batched)", self.batch_conns, self.seconds)
+            for c in self.batch_conns:
+                fig[f"batchedSale{c}"] = self.sale(f"sale (batched, {c} c)", c, self.seconds, batches=True)
             fig["batchedRssAfter"] = self.stack.rss()
         if "redis" not in self.skip:
             self.switch("redis")
@@ -1144,15 +1192,24 @@ class Bench:
             "soldOutPacedStealPct": med(["soldOut", "pacedHalf", "stealPct"]),
             "nginxBarePacedStealPct": med(["nginxBare", "pacedHalf", "stealPct"]),
             "stormRps": med(["storm", "rps"]),
-            "batchedOrdersPerSec": med(["batchedSale", "ordersPerSec"]),
-            "batchedP50Ms": med(["batchedSale", "wrk", "p50Ms"]),
-            "batchedP99Ms": med(["batchedSale", "wrk", "p99Ms"]),
+            "saleLowOrdersPerSec": med(["saleLow", "ordersPerSec"]),
+            "saleLowP50Ms": med(["saleLow", "wrk", "p50Ms"]),
+            "saleLowP99Ms": med(["saleLow", "wrk", "p99Ms"]),
+            "saleLowIdlePct": med(["saleLow", "cpu", "idlePct"]),
+            "saleIdlePct": med(["sale", "cpu", "idlePct"]),
             "redisOrdersPerSec": med(["redisSale", "ordersPerSec"]),
             "redisP50Ms": med(["redisSale", "wrk", "p50Ms"]),
             "redisP99Ms": med(["redisSale", "wrk", "p99Ms"]),
             "redisDrainSeconds": med(["redisSale", "drainSeconds"]),
             "redisLandedPerSec": med(["redisSale", "landedPerSec"]),
         }
+        for c in self.batch_conns:
+            k = f"batchedSale{c}"
+            f[f"batched{c}OrdersPerSec"] = med([k, "ordersPerSec"])
+            f[f"batched{c}P50Ms"] = med([k, "wrk", "p50Ms"])
+            f[f"batched{c}P99Ms"] = med([k, "wrk", "p99Ms"])
+            f[f"batched{c}IdlePct"] = med([k, "cpu", "idlePct"])
+            f[f"batched{c}BuyersPerBatch"] = med([k, "buyersPerBatch"])
         ranges = {k: spread(p) for k, p in {
             "pgOneRowTps": ["pgOneRow", "tps"], "pgTxnTps": ["pgTxn", "tps"],
             "redisEvalshaOps": ["redisEvalsha", "opsPerSec"], "nginxRps": ["nginx", "rps"],
@@ -1160,8 +1217,9 @@ class Bench:
             "soldOutNoEdgeRps": ["soldOutNoEdge", "rps"],
             "saleOrdersPerSec": ["sale", "ordersPerSec"], "soldOutRps": ["soldOut", "rps"],
             "soldOutP99Ms": ["soldOut", "p99Ms"], "stormRps": ["storm", "rps"],
-            "batchedOrdersPerSec": ["batchedSale", "ordersPerSec"],
             "redisOrdersPerSec": ["redisSale", "ordersPerSec"]}.items()}
+        for c in self.batch_conns:
+            ranges[f"batched{c}OrdersPerSec"] = spread([f"batchedSale{c}", "ordersPerSec"])
         # Ratios per round, then their median (each pair measured minutes apart at most).
         def ratio_med(a, b):
             v = []
@@ -1173,7 +1231,6 @@ class Bench:
         g = lambda *p: (lambda r: _dig(r, p))
         ratios = {
             "optimisticVsOneRow": ratio_med(g("sale", "ordersPerSec"), g("pgOneRow", "tps")),
-            "batchedVsOneRow": ratio_med(g("batchedSale", "ordersPerSec"), g("pgOneRow", "tps")),
             "optimisticVsTxn": ratio_med(g("sale", "ordersPerSec"), g("pgTxn", "tps")),
             "soldOutVsNginx": ratio_med(g("soldOut", "rps"), g("nginx", "rps")),
             "soldOutVsBare": ratio_med(g("soldOut", "rps"), g("nginxBare", "rps")),
@@ -1186,8 +1243,17 @@ class Bench:
             # The sold-out crowd through the same instances (nginx's edge off):
             # what the HTTP path alone costs per request.
             "redisVsSoldOut": ratio_med(g("redisSale", "ordersPerSec"), g("soldOutNoEdge", "rps")),
-            "redisVsBatched": ratio_med(g("redisSale", "ordersPerSec"), g("batchedSale", "ordersPerSec")),
+            # The batched sale at the redis-first sale's concurrency, where one ran.
+            "redisVsBatched": ratio_med(g("redisSale", "ordersPerSec"),
+                                        g(f"batchedSale{self.sale_conns}", "ordersPerSec")),
         }
+        for c in self.batch_conns:
+            ratios[f"batched{c}VsOneRow"] = ratio_med(g(f"batchedSale{c}", "ordersPerSec"),
+                                                     g("pgOneRow", "tps"))
+            # Against the optimistic sale at the same concurrency, where one ran.
+            same = "sale" if c == self.sale_conns else "saleLow" if c == self.low_conns else None
+            ratios[f"batched{c}VsOptimistic"] = ratio_med(g(f"batchedSale{c}", "ordersPerSec"),
+                                                         g(same, "ordersPerSec")) if same else None
         # RSS: per instance, the median over the rounds (or runs).
         def rss_med(sets):
             sets = [x for x in sets if x]
@@ -1217,8 +1283,20 @@ class Bench:
                             "target": limit, "pass": ok})
         target("optimisticVsOneRow", ratios["optimisticVsOneRow"], ">=", TARGETS["optimisticVsOneRow"],
                "sale orders/s (optimistic) / pgbench one-row tps")
-        target("batchedVsOneRow", ratios["batchedVsOneRow"], ">=", TARGETS["batchedVsOneRow"],
-               "sale orders/s (batched) / pgbench one-row tps")
+        for c in self.batch_conns:
+            t = BATCH_TARGETS.get(c, {})
+            if "vsOneRow" in t:
+                target(f"batched{c}VsOneRow", ratios[f"batched{c}VsOneRow"], ">=", t["vsOneRow"],
+                       f"sale orders/s (batched, {c} c) / pgbench one-row tps")
+            if "vsOptimistic" in t:
+                target(f"batched{c}VsOptimistic", ratios[f"batched{c}VsOptimistic"], ">=", t["vsOptimistic"],
+                       f"sale orders/s (batched, {c} c) / sale orders/s (optimistic, {c} c)")
+            if "idlePct" in t:
+                target(f"batched{c}IdlePct", f[f"batched{c}IdlePct"], "<", t["idlePct"],
+                       f"idle share of the machine (%) during the batched sale at {c} c")
+            if "p99Ms" in t:
+                target(f"batched{c}P99Ms", f[f"batched{c}P99Ms"], "<=", t["p99Ms"],
+                       f"p99 (ms) of the batched sale at {c} c")
         target("soldOutVsNginx", ratios["soldOutVsNginx"], ">=", TARGETS["soldOutVsNginx"],
                "sold-out req/s / nginx-to-upstream req/s")
         target("soldOutP99Ms", f["soldOutP99Ms"], "<", TARGETS["soldOutP99Ms"],
@@ -1252,34 +1330,39 @@ class Bench:
                     Col("measured", "r", 11, 1, False), Col("compared with", "l", 20, 2, False),
                     Col("", "r", 7, 1, False), Col("ratio", "r", 5, 1, False),
                     Col("target", "l", 8, 2, False), Col("result", "l", 0, 1)]
-    CPU_COLS = [Col("CPU ms per unit, by process (2 CPUs in all)", "l", 42, fit=False)] + [
+    CPU_COLS = [Col("CPU ms per unit, by process (2 CPUs in all)", "l", 52, fit=False)] + [
         Col(t, "r", w, 1, False) for t, w in (("seckill", 7), ("nginx", 6), ("postgres", 8), ("redis", 6),
                                               ("client", 6), ("softirq", 7), ("others", 6), ("busy", 5),
-                                              ("steal", 5))]
-    CPU_UNITS = (("pgOneRow", "pgbench one-row (per txn)", "transactions"),
-                 ("pgTxn", "pgbench seckill txn (per txn)", "transactions"),
-                 ("nginx", "nginx ceiling (per request)", "requests"),
-                 ("nginxProc", "nginx to 2 upstream200 (per request)", "requests"),
-                 ("nginxBare", "nginx bare return 200 (per request)", "requests"),
-                 ("sale", "sale, optimistic (per order)", "orders"),
-                 ("batchedSale", "sale, batched (per order)", "orders"),
-                 ("redisSale", "sale, redis-first, to the drain (per order)", "orders"),
-                 ("soldOut", "sold-out, the edge (per request)", "requests"),
-                 ("soldOutNoEdge", "sold-out, --edge off (per request)", "requests"),
-                 ("storm", "storm (per request)", "requests"))
+                                              ("steal", 5), ("idle", 5))]
+    def cpu_units(self):
+        """(key in a round, label with its concurrency, the unit counted)."""
+        pg = self.pg_clients
+        return ([("pgOneRow", f"pgbench one-row, {pg} c (per txn)", "transactions"),
+                 ("pgTxn", f"pgbench seckill txn, {pg} c (per txn)", "transactions"),
+                 ("nginx", "nginx ceiling, 64 c (per request)", "requests"),
+                 ("nginxProc", "nginx to 2 upstream200, 64 c (per request)", "requests"),
+                 ("nginxBare", "nginx bare return 200, 64 c (per request)", "requests"),
+                 ("sale", f"sale, optimistic, {self.sale_conns} c (per order)", "orders"),
+                 ("saleLow", f"sale, optimistic, {self.low_conns} c (per order)", "orders")]
+                + [(f"batchedSale{c}", f"sale, batched, {c} c (per order)", "orders") for c in self.batch_conns]
+                + [("redisSale", f"sale, redis-first, {self.sale_conns} c, to the drain (per order)", "orders"),
+                   ("soldOut", "sold-out, the edge, 64 c (per request)", "requests"),
+                   ("soldOutNoEdge", "sold-out, --edge off, 64 c (per request)", "requests"),
+                   ("storm", "storm, 64 c (per request)", "requests")])
 
     def cpu_per_unit(self):
         """[(label, {component: median ms of CPU per order or request})]: where the CPU went."""
         out = []
-        for key, label, per in self.CPU_UNITS:
+        for key, label, per in self.cpu_units():
             vals = []
             for r in self.rounds:
                 x = r.get(key)
                 if not x or not x.get("cpu") or not x.get(per):
                     continue
                 vals.append({k: 1000.0 * v / x[per] for k, v in x["cpu"].items()
-                             if k not in ("wallSeconds", "busyPct", "stealPct")}
-                            | {"busyPct": x["cpu"].get("busyPct") or 0, "stealPct": x["cpu"].get("stealPct") or 0})
+                             if k not in ("wallSeconds", "busyPct", "stealPct", "idlePct")}
+                            | {"busyPct": x["cpu"].get("busyPct") or 0, "stealPct": x["cpu"].get("stealPct") or 0}
+                            | ({"idlePct": x["cpu"]["idlePct"]} if x["cpu"].get("idlePct") is not None else {}))
             if vals:
                 out.append((label, {k: statistics.median(v[k] for v in vals if k in v) for k in vals[0]}))
         return out
@@ -1312,19 +1395,43 @@ class Bench:
                 f["pgOneRowTps"], ratios["optimisticVsOneRow"], ">= 0.9", "optimisticVsOneRow")
             row("", "", "pgbench seckill txn", f["pgTxnTps"], ratios["optimisticVsTxn"])
             row("  buyer latency p50 / p99 ms", f"{f['saleP50Ms']:.1f} / {f['saleP99Ms']:.0f}")
-        if f["batchedOrdersPerSec"] is not None:
-            row(f"sale orders/s, batched, {self.batch_conns} c, THREADS={self.batch_threads}",
-                f["batchedOrdersPerSec"], "pgbench one-row", f["pgOneRowTps"], ratios["batchedVsOneRow"],
-                ">= 3", "batchedVsOneRow")
-            row("  buyer latency p50 / p99 ms", f"{f['batchedP50Ms']:.1f} / {f['batchedP99Ms']:.0f}")
+            if f["saleIdlePct"] is not None:
+                row("  idle share of the machine %", f"{f['saleIdlePct']:.0f}")
+        if f["saleLowOrdersPerSec"] is not None:
+            row(f"sale orders/s, optimistic, {self.low_conns} c", f["saleLowOrdersPerSec"], "pgbench one-row",
+                f["pgOneRowTps"], f["saleLowOrdersPerSec"] / f["pgOneRowTps"] if f["pgOneRowTps"] else None)
+            row("  buyer latency p50 / p99 ms", f"{f['saleLowP50Ms']:.1f} / {f['saleLowP99Ms']:.0f}")
+            if f["saleLowIdlePct"] is not None:
+                row("  idle share of the machine %", f"{f['saleLowIdlePct']:.0f}")
+        for c in self.batch_conns:
+            if f[f"batched{c}OrdersPerSec"] is None:
+                continue
+            t = BATCH_TARGETS.get(c, {})
+            row(f"sale orders/s, batched, {c} c, THREADS={self.batch_threads}",
+                f[f"batched{c}OrdersPerSec"], "pgbench one-row", f["pgOneRowTps"],
+                ratios[f"batched{c}VsOneRow"], f">= {t['vsOneRow']:g}" if "vsOneRow" in t else "",
+                f"batched{c}VsOneRow")
+            opt = f["saleOrdersPerSec"] if c == self.sale_conns else \
+                f["saleLowOrdersPerSec"] if c == self.low_conns else None
+            if opt is not None:
+                row("", "", f"optimistic, {c} c", opt, ratios[f"batched{c}VsOptimistic"],
+                    f">= {t['vsOptimistic']:g}" if "vsOptimistic" in t else "", f"batched{c}VsOptimistic")
+            row("  buyer latency p50 / p99 ms", f"{f[f'batched{c}P50Ms']:.1f} / {f[f'batched{c}P99Ms']:.0f}",
+                "", None, None, f"p99 <= {t['p99Ms']:g}" if "p99Ms" in t else "", f"batched{c}P99Ms")
+            if f[f"batched{c}IdlePct"] is not None:
+                row("  idle share of the machine %", f"{f[f'batched{c}IdlePct']:.0f}", "", None, None,
+                    f"< {t['idlePct']:g}" if "idlePct" in t else "", f"batched{c}IdlePct")
+            if f[f"batched{c}BuyersPerBatch"] is not None:
+                row("  buyers per group commit", f"{f[f'batched{c}BuyersPerBatch']:.1f}")
         if f["redisOrdersPerSec"] is not None:
             row(f"sale orders/s, redis-first, {self.sale_conns} c, THREADS={self.redis_threads}", f["redisOrdersPerSec"],
                 "pgbench one-row", f["pgOneRowTps"], ratios["redisVsOneRow"], ">= 3", "redisVsOneRow")
             if f["soldOutNoEdgeRps"] is not None:
                 row("", "", "sold-out, edge off", f["soldOutNoEdgeRps"], ratios["redisVsSoldOut"],
                     ">= 0.4", "redisVsSoldOut")
-            if f["batchedOrdersPerSec"] is not None:
-                row("", "", "batched orders/s", f["batchedOrdersPerSec"], ratios["redisVsBatched"])
+            if f.get(f"batched{self.sale_conns}OrdersPerSec") is not None:
+                row("", "", f"batched, {self.sale_conns} c", f[f"batched{self.sale_conns}OrdersPerSec"],
+                    ratios["redisVsBatched"])
             row("  buyer latency p50 / p99 ms", f"{f['redisP50Ms']:.1f} / {f['redisP99Ms']:.1f}",
                 "", None, None, "p99 < 10", "redisP99Ms")
             row("  last order in Postgres, s after the load", f"{f['redisDrainSeconds']:.2f}")
@@ -1402,9 +1509,10 @@ class Bench:
                 ["  " + label, f"{v.get('seckill', 0) + v.get('standIn', 0):.3f}",
                  f"{v.get('nginx', 0) + v.get('ceilingNginx', 0):.3f}"]
                 + [f"{v.get(k, 0):.3f}" for k in ("postgres", "redis", "loadTool", "interrupts", "other")]
-                + [f"{v.get('busyPct', 0):.0f}%", f"{v.get('stealPct', 0):.1f}%"] for label, v in cpu])]
+                + [f"{v.get('busyPct', 0):.0f}%", f"{v.get('stealPct', 0):.1f}%", f"{v['idlePct']:.0f}%" if "idlePct" in v else "-"]
+                for label, v in cpu])]
             out.append("  (others: programs outside this benchmark, i.e. noise; busy: share of both CPUs in use;"
-                       " steal: share the hypervisor took; seckill: upstream200 in its row)")
+                       " steal: share the hypervisor took; idle: share no one used; seckill: upstream200 in its row)")
             stolen = [f"{label.split(' (')[0]} {v['stealPct']:.1f} %" for label, v in cpu
                       if v.get("stealPct", 0) > STEAL_WARN_PCT]
             if stolen:
@@ -1435,6 +1543,7 @@ class Bench:
             "settings": {
                 "seconds": self.seconds, "warmupSeconds": self.warmup, "rounds": self.repeat,
                 "instances": 2, "saleConnections": self.sale_conns, "batchConnections": self.batch_conns,
+                "lowConnections": self.low_conns,
                 "threads": self.threads or "server default", "batchThreads": self.batch_threads,
                 "long": self.long and "long" not in self.skip, "longSeconds": self.long_seconds,
                 "longConnections": self.long_conns, "pgbenchClients": self.pg_clients,
@@ -1443,6 +1552,7 @@ class Bench:
             },
             "reference": REFERENCE,
             "targetsWanted": TARGETS,
+            "batchTargetsWanted": {str(c): t for c, t in BATCH_TARGETS.items()},
             "machine": self.res.get("machine"),
             "figures": self.res.get("figures"),
             "ranges": self.res.get("ranges"),
@@ -1486,13 +1596,19 @@ def median_of_files(argv):
             docs.append(json.load(fh))
     st = docs[0].get("settings", {})
     b.sale_conns = st.get("saleConnections", b.sale_conns)
-    b.batch_conns = st.get("batchConnections", b.batch_conns)
+    bc = st.get("batchConnections", b.batch_conns)
+    b.batch_conns = bc if isinstance(bc, list) else [bc]
+    b.low_conns = st.get("lowConnections", 0)
     b.batch_threads = st.get("batchThreads", b.batch_threads)
     b.long_seconds = st.get("longSeconds", b.long_seconds)
     b.long_conns = st.get("longConnections", b.long_conns)
     b.res["machine"] = docs[0].get("machine") or {}
     b.runs = len(docs)
     for d in docs:
+        c = (d.get("settings") or {}).get("batchConnections")
+        for r in d.get("rounds") or []:
+            if isinstance(c, int) and "batchedSale" in r:     # a file from when one concurrency ran
+                r[f"batchedSale{c}"] = r.pop("batchedSale")
         b.rounds.extend(d.get("rounds") or [])
         lg = d.get("long")
         b.longs.extend(lg if isinstance(lg, list) else [lg] if lg else [])

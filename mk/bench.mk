@@ -4,7 +4,8 @@
 #                     Postgres, Redis, 2 instances, nginx), measure the
 #                     ceilings (pgbench, redis-benchmark, wrk -> nginx; and
 #                     nginx -> build/upstream200 as a yardstick) and the
-#                     service (sale, sold-out, storm, 60 s sale, batched),
+#                     service (sale, sold-out, storm, 60 s sale; batched at
+#                     16, 64 and 256 connections; redis-first),
 #                     print the table with ratios, write build/bench.json, stop
 #                     everything. Exit 1 on an invariant violation only.
 #   make bench-edge   the ways nginx can answer a sold-out crowd by itself
