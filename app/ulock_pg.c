@@ -120,10 +120,10 @@ static void table_stop(void)
     sweeper.running = 0;
 }
 
-static ulock_status table_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+/* An attempt's outcome, counted; a failed one marks a broken session. */
+static ulock_status acquire_outcome(conn_set *cs, pgl_status st)
 {
-    (void)id;
-    switch (pgl_table_acquire(cs->pg, h->key, h->owner, table_lease_ms(h), &h->token, NULL)) {
+    switch (st) {
     case PGL_OK:
         rec_note(REC_DEMO_LOCK_ACQUIRED);
         return ULOCK_OK;
@@ -134,6 +134,13 @@ static ulock_status table_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
         broken_if_bad(cs);
         return ULOCK_ERR;
     }
+}
+
+static ulock_status table_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+{
+    (void)id;
+    return acquire_outcome(cs, pgl_table_acquire(cs->pg, h->key, h->owner, table_lease_ms(h),
+                                                 &h->token, NULL));
 }
 
 /* On the worker's session, or a new one when it broke meanwhile; a row
@@ -187,17 +194,7 @@ static ulock_status adv_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 
     (void)id;
     p->backend_pid = PQbackendPID(cs->pg);
-    switch (pgl_advisory_try(cs->pg, h->user_id)) {
-    case PGL_OK:
-        rec_note(REC_DEMO_LOCK_ACQUIRED);
-        return ULOCK_OK;
-    case PGL_BUSY:
-        rec_note(REC_DEMO_LOCK_CONTENDED);
-        return ULOCK_BUSY;
-    default:
-        broken_if_bad(cs);
-        return ULOCK_ERR;
-    }
+    return acquire_outcome(cs, pgl_advisory_try(cs->pg, h->user_id));
 }
 
 /* The session that took it, or nothing: once that session has ended, the
