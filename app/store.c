@@ -18,20 +18,7 @@ typedef struct statement {
     const char *name;
     int nparams;
     const char *sql;
-    int replan;          /* REPLAN: not prepared, planned at every run */
 } statement;
-
-/* A statement whose cost depends on how many rows it joins against is sent
- * unnamed, so that Postgres plans it at each run with its parameters and the
- * tables' sizes of that moment. Prepared, it may switch to a generic plan
- * (plan_cache_mode auto: after five runs, when that plan looks no dearer),
- * costed once, while the session's tables were small, and kept as they grow:
- * a plan made with the fence table or the voucher's orders nearly empty
- * scans them, and every batch then pays for every order sold before it (a
- * batch of 6 against 40,000 rows: 20-30 ms instead of 0.3-0.5 ms). A batch
- * is worth a plan; a single order's statement is not, and looks up one user
- * by a unique index in any plan. */
-#define REPLAN 1
 
 /* The voucher's sale window by Postgres's clock, at the start of the
  * statement (after any wait for the fence row): begin_time <= now <=
@@ -184,7 +171,7 @@ static const statement statements[] = {
       "    WHEN EXISTS (SELECT 1 FROM v WHERE late) THEN 'e'"
       "    WHEN r.n NOT IN (SELECT n FROM fresh) THEN 'd'"
       "    ELSE 'x' END"
-      "  FROM req r ORDER BY r.n", REPLAN },
+      "  FROM req r ORDER BY r.n" },
 
     /* Redis-first ("redis"): the consumer's batch of orders already
      * admitted in Redis. The voucher row is locked by a statement of its
@@ -219,7 +206,7 @@ static const statement statements[] = {
       ")"
       "SELECT (SELECT count(*) FROM fresh), (SELECT count(*) FROM ins),"
       "       EXISTS (SELECT 1 FROM tb_voucher WHERE voucher_id = $1),"
-      "       EXISTS (SELECT 1 FROM clash)", REPLAN },
+      "       EXISTS (SELECT 1 FROM clash)" },
     /* The buyers of a voucher, to rebuild its Redis state. */
     { "voucher_buyers", 1, "SELECT user_id FROM tb_voucher_order WHERE voucher_id = $1" },
     /* One page of the fence sweep: the next $3 keys after $1, in key
@@ -337,21 +324,9 @@ static PGresult *collect(PGconn *pg)
     }
 }
 
-/* Sends NAME with VALS: the prepared statement, or (REPLAN) its text as the
- * unnamed statement, planned for these values. */
-static int send_stmt(PGconn *pg, const char *name, int n, const char *const *vals)
-{
-    for (size_t i = 0; i < NSTATEMENTS; i++)
-        if (statements[i].replan && strcmp(statements[i].name, name) == 0)
-            return PQsendQueryParams(pg, statements[i].sql, n, NULL, vals, NULL, NULL, 0);
-    return PQsendQueryPrepared(pg, name, n, vals, NULL, NULL, 0);
-}
-
 int store_prepare(PGconn *pg)
 {
     for (size_t i = 0; i < NSTATEMENTS; i++) {
-        if (statements[i].replan)
-            continue;
         PGresult *res = PQsendPrepare(pg, statements[i].name, statements[i].sql,
                                       statements[i].nparams, NULL)
                             ? collect(pg)
@@ -410,7 +385,7 @@ static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)
 static PGresult *exec(PGconn *pg, const char *name, int n, const char *const *vals)
 {
     int64_t t0 = util_mono_us();
-    PGresult *res = send_stmt(pg, name, n, vals) ? collect(pg) : NULL;
+    PGresult *res = PQsendQueryPrepared(pg, name, n, vals, NULL, NULL, 0) ? collect(pg) : NULL;
     return observed(pg, res, t0);
 }
 
@@ -559,9 +534,9 @@ static int send_order(PGconn *pg, const order_params *p)
 {
     const char *const fence[3] = { p->vals[3], p->vals[4], p->horizon };
 
-    if (p->vals[3] != NULL && !send_stmt(pg, "fence_advance", 3, fence))
+    if (p->vals[3] != NULL && !PQsendQueryPrepared(pg, "fence_advance", 3, fence, NULL, NULL, 0))
         return 0;
-    return send_stmt(pg, "order_create", 6, p->vals) &&
+    return PQsendQueryPrepared(pg, "order_create", 6, p->vals, NULL, NULL, 0) &&
            PQpipelineSync(pg);
 }
 
@@ -603,7 +578,7 @@ store_status store_order_send_early(PGconn *pg, const store_order *o, store_earl
      * order commits (without waiting for the flush) before the wait runs. */
     if (send_order(pg, &p)) {
         e->segments = 1;
-        if (send_stmt(pg, "wait_durable", 1, &p.vals[2]) &&
+        if (PQsendQueryPrepared(pg, "wait_durable", 1, &p.vals[2], NULL, NULL, 0) &&
             PQpipelineSync(pg))
             e->segments = 2;
     }
@@ -884,8 +859,8 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
         st = result_error(pg, NULL, "order_batch (pipeline)");
         goto cleanup;
     }
-    if ((!fenced || send_stmt(pg, "fence_batch", 3, &vals[3])) &&
-        send_stmt(pg, "order_batch", 5, vals) && PQpipelineSync(pg))
+    if ((!fenced || PQsendQueryPrepared(pg, "fence_batch", 3, &vals[3], NULL, NULL, 0)) &&
+        PQsendQueryPrepared(pg, "order_batch", 5, vals, NULL, NULL, 0) && PQpipelineSync(pg))
         res = segment_read(pg, &synced);
     rec_backend(REC_PG, util_mono_us() - t0, synced);
     if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
@@ -943,8 +918,8 @@ store_status store_orders_persist(PGconn *pg, int64_t voucher_id, const store_or
         st = result_error(pg, NULL, "orders_persist (pipeline)");
         goto cleanup;
     }
-    if (send_stmt(pg, "orders_lock", 1, vals) &&
-        send_stmt(pg, "orders_persist", 3, vals) && PQpipelineSync(pg))
+    if (PQsendQueryPrepared(pg, "orders_lock", 1, vals, NULL, NULL, 0) &&
+        PQsendQueryPrepared(pg, "orders_persist", 3, vals, NULL, NULL, 0) && PQpipelineSync(pg))
         res = segment_read(pg, &synced);
     rec_backend(REC_PG, util_mono_us() - t0, synced);
     if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
