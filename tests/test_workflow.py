@@ -11,7 +11,8 @@
   everything is installed, runs 'make deps' as root when something is
   missing, and says what to run otherwise (apt-get, dpkg-query and id are
   stand-ins on PATH: nothing is installed);
-- the programs 'make tsan-concurrency' names exist, and CI runs it.
+- the programs 'make tsan-concurrency' names exist, and CI runs it;
+- a script a recipe runs by its path is executable.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
@@ -135,6 +136,28 @@ def test_and_check_run_deps_check_first():
     deps = " ".join(rules.get("deps", [])).split()
     if "deps-npm" not in deps:
         fail(f"make deps should include deps-npm: {deps}")
+
+
+@test
+def recipes_run_only_scripts_that_can_run():
+    """A script a recipe runs by its path (not through python3 or bash) must
+    be executable, or the target fails with "Permission denied"."""
+    direct = re.compile(r"(?<![\w./-])((?:loadtest|scripts|tests|\.ci)/[\w./-]+\.(?:py|sh))")
+    bad = []
+    for mk in MK_FILES:
+        with open(os.path.join(ROOT, mk)) as f:
+            for no, line in enumerate(f, 1):
+                if not line.startswith("\t"):
+                    continue
+                for m in direct.finditer(line):
+                    before = line[:m.start()].rstrip().split()
+                    if before and before[-1].lstrip("@-") in ("python3", "bash", "sh"):
+                        continue
+                    path = os.path.join(ROOT, m.group(1))
+                    if not os.access(path, os.X_OK):
+                        bad.append(f"{mk}:{no}: {m.group(1)}")
+    if bad:
+        fail("recipes run scripts that are not executable: " + ", ".join(bad))
 
 
 def deb_pkgs():
