@@ -611,6 +611,10 @@ class Ladder:
         self.constraint_dropped = False
         log(f"unique constraint {UNIQUE} restored (duplicate orders deleted first)")
 
+    def distinct_buyers(self, voucher):
+        return int(kit.psql_value(self.dsn, "SELECT count(DISTINCT user_id) FROM tb_voucher_order "
+                                            f"WHERE voucher_id = {int(voucher)}"))
+
     def reset_voucher(self, stock):
         self.stack.admin("POST", f"/admin/vouchers/{self.voucher}/reset", {"stock": stock}, want=200)
 
@@ -1013,7 +1017,8 @@ class Ladder:
         return {
             "initialStock": facts["initialStock"], "stockLeft": facts["stock"],
             "orders": facts["orders"], "oversold": facts["oversold"],
-            "duplicateUsers": facts["duplicateUsers"], "duplicateOrders": 0,
+            "duplicateUsers": facts["duplicateUsers"],
+            "duplicateOrders": facts["orders"] - self.distinct_buyers(self.voucher),
             "stockDrift": facts["stockDrift"], "requests": len(lines), "ok": ok,
             "statuses": statuses, "successRate": 100.0 * ok / len(lines),
             "rps": 0.0, "seconds": (lines[-1][0] if lines else 0.0),
@@ -1125,7 +1130,8 @@ class Ladder:
         return {
             "initialStock": facts["initialStock"], "stockLeft": facts["stock"],
             "orders": facts["orders"], "oversold": facts["oversold"],
-            "duplicateUsers": facts["duplicateUsers"], "duplicateOrders": 0,
+            "duplicateUsers": facts["duplicateUsers"],
+            "duplicateOrders": facts["orders"] - self.distinct_buyers(self.voucher),
             "stockDrift": facts["stockDrift"], "requests": len(lines), "ok": ok,
             "statuses": statuses, "successRate": 100.0 * ok / len(lines) if lines else 0.0,
             "rps": 0.0, "seconds": round(time.monotonic() - t0, 2),
@@ -1247,8 +1253,7 @@ class Ladder:
             stats = lost.pop("stats")
         facts_voucher = self.lost_voucher if lost is not None else self.voucher
         facts = check_invariants.voucher_facts(self.dsn, facts_voucher)
-        distinct = int(kit.psql_value(self.dsn, "SELECT count(DISTINCT user_id) FROM tb_voucher_order "
-                                                f"WHERE voucher_id = {int(facts_voucher)}"))
+        distinct = self.distinct_buyers(facts_voucher)
         with open(os.path.join(step_dir, "stats.json"), "w", encoding="utf-8") as f:
             json.dump(stats, f, indent=1)
         lock = {}
