@@ -255,18 +255,15 @@ static void test_a_silent_node_costs_one_node_timeout(void)
     mlock_set_free(a);
 }
 
-/* The RedLock algorithm's known failure: client 1 holds nodes 1, 2, 3
- * (4 and 5 unreachable for it: paused); node 3 crashes and restarts
- * without persistence; client 2 (1 and 2 unreachable for it) takes 3, 4, 5
- * while client 1's lease still runs: two holders. */
-static void test_restart_without_persistence_gives_two_holders(void)
+/* Client 1 takes KEY on nodes 1, 2, 3 (4 and 5 paused for it, and refusing
+ * its attempt once resumed: past its deadline); node 3 is killed, and
+ * started again at once without persistence when RESTART; then 1 and 2 are
+ * paused, unreachable for the next client. */
+static void client_1_holds_then_node_3_fails(mlock_set *c1, const char *key, long lease,
+                                             int restart)
 {
-    mlock_set *c1 = new_set(), *c2 = new_set();
-    char key[64];
-    mlock_grant g1, g2;
-    const long lease = 3000;
+    mlock_grant g1;
 
-    fresh_key(key, sizeof key);
     nodes_cmd("pause", 3);
     nodes_cmd("pause", 4);
     T_EQ_I64(mlock_acquire(c1, MLOCK_MAJORITY, key, "client-1", lease, &g1), MLOCK_OK);
@@ -275,10 +272,26 @@ static void test_restart_without_persistence_gives_two_holders(void)
     nodes_cmd("resume", 3);
     nodes_cmd("resume", 4);
     nodes_cmd("kill", 2);
-    nodes_cmd("start-node", 2);           /* at once, empty */
+    if (restart)
+        nodes_cmd("start-node", 2);       /* at once, empty */
     nodes_cmd("pause", 0);
     nodes_cmd("pause", 1);
     after_retry();
+}
+
+/* The RedLock algorithm's known failure: client 1 holds nodes 1, 2, 3
+ * (4 and 5 unreachable for it: paused); node 3 crashes and restarts
+ * without persistence; client 2 (1 and 2 unreachable for it) takes 3, 4, 5
+ * while client 1's lease still runs: two holders. */
+static void test_restart_without_persistence_gives_two_holders(void)
+{
+    mlock_set *c1 = new_set(), *c2 = new_set();
+    char key[64];
+    mlock_grant g2;
+    const long lease = 3000;
+
+    fresh_key(key, sizeof key);
+    client_1_holds_then_node_3_fails(c1, key, lease, 1);
     T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_OK);
     T_EQ_I64(g2.granted, 0x1c);
     T_ASSERT(g2.elapsed_us / 1000 < lease);   /* within client 1's lease: both hold it */
@@ -298,21 +311,11 @@ static void test_delayed_restart_keeps_one_holder(void)
 {
     mlock_set *c1 = new_set(), *c2 = new_set();
     char key[64];
-    mlock_grant g1, g2;
+    mlock_grant g2;
     const long lease = 3000;
 
     fresh_key(key, sizeof key);
-    nodes_cmd("pause", 3);
-    nodes_cmd("pause", 4);
-    T_EQ_I64(mlock_acquire(c1, MLOCK_MAJORITY, key, "client-1", lease, &g1), MLOCK_OK);
-    T_EQ_I64(g1.granted, 0x07);
-    usleep(250 * 1000);                   /* past the attempt's deadline: 4 and 5 refuse it */
-    nodes_cmd("resume", 3);
-    nodes_cmd("resume", 4);
-    nodes_cmd("kill", 2);                 /* stays down for a lease */
-    nodes_cmd("pause", 0);
-    nodes_cmd("pause", 1);
-    after_retry();
+    client_1_holds_then_node_3_fails(c1, key, lease, 0);   /* node 3 stays down */
     T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_ERR);
     T_EQ_I64(g2.granted, 0x18);           /* 4 and 5 only: released again */
     T_EQ_I64(count_on(3, key, "client-2") + count_on(4, key, "client-2"), 0);
