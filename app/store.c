@@ -139,7 +139,13 @@ static const statement statements[] = {
 
     /* The voucher row is locked first (FOR UPDATE), so 'win' counts against
      * the latest stock; no one wins outside the sale window ('b'efore it
-     * began, 'e'nded). */
+     * began, 'e'nded).
+     * "OFFSET 0" keeps each EXISTS a probe per buyer: without it Postgres
+     * may turn the probe into a join, and a generic plan costed while the
+     * tables were small hashed the fence table and the voucher's orders
+     * whole at every batch (tests/test_store_batch.c). The planner leaves
+     * an EXISTS with an OFFSET as a subplan (simplify_EXISTS_query in its
+     * src/backend/optimizer/plan/subselect.c). */
     { "order_batch", 5,
       "WITH req AS ("
       "    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[])"
@@ -147,11 +153,11 @@ static const statement statements[] = {
       "), fenced AS ("
       "    SELECT r.* FROM req r"
       "     WHERE r.lock_key IS NULL OR EXISTS (SELECT 1 FROM tb_lock_fence f"
-      "                       WHERE f.lock_key = r.lock_key AND f.token = r.token)"
+      "                       WHERE f.lock_key = r.lock_key AND f.token = r.token OFFSET 0)"
       "), fresh AS ("
       "    SELECT f.*, row_number() OVER (ORDER BY f.n) AS rn FROM fenced f"
       "     WHERE NOT EXISTS (SELECT 1 FROM tb_voucher_order o"
-      "                        WHERE o.user_id = f.user_id AND o.voucher_id = $1)"
+      "                        WHERE o.user_id = f.user_id AND o.voucher_id = $1 OFFSET 0)"
       "), v AS ("
       "    SELECT stock, " SALE_EARLY " AS early, " SALE_LATE " AS late"
       "      FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE"
@@ -184,17 +190,19 @@ static const statement statements[] = {
      * below zero whatever Redis said); none of the batch lands when it
      * fails. An id already taken by another order (another user or
      * voucher: a Redis that lost its id counter and issued it again) is
-     * not a re-delivery: the batch is refused ('clash'), never skipped. */
+     * not a re-delivery: the batch is refused ('clash'), never skipped.
+     * Probes per order (OFFSET 0), as in order_batch. */
     { "orders_lock", 1, "SELECT 1 FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE" },
     { "orders_persist", 3,
       "WITH req AS ("
       "    SELECT * FROM unnest($2::bigint[], $3::bigint[]) AS r(order_id, user_id)"
       "), fresh AS ("
       "    SELECT r.* FROM req r"
-      "     WHERE NOT EXISTS (SELECT 1 FROM tb_voucher_order o WHERE o.id = r.order_id)"
+      "     WHERE NOT EXISTS (SELECT 1 FROM tb_voucher_order o WHERE o.id = r.order_id OFFSET 0)"
       "), clash AS ("
-      "    SELECT 1 FROM req r JOIN tb_voucher_order o ON o.id = r.order_id"
-      "     WHERE o.user_id <> r.user_id OR o.voucher_id <> $1"
+      "    SELECT 1 FROM req r"
+      "     WHERE EXISTS (SELECT 1 FROM tb_voucher_order o WHERE o.id = r.order_id"
+      "                      AND (o.user_id <> r.user_id OR o.voucher_id <> $1) OFFSET 0)"
       "), upd AS ("
       "    UPDATE tb_voucher SET stock = stock - (SELECT count(*) FROM fresh)"
       "     WHERE voucher_id = $1 AND stock >= (SELECT count(*) FROM fresh)"
