@@ -47,6 +47,10 @@ Redis, 2 instances at LOG_LEVEL=warn, nginx; every port picked free on
                  AOF after): the sale again, orders/s as acknowledged (200s per
                  second of load), the time until the last order landed in
                  Postgres, and the reconciliation of Redis and Postgres
+    rediswait    the same sale acknowledged by WAIT for one replica instead
+                 (REDIS_ORDER_DURABILITY=wait, REDIS_ORDER_WAIT_REPLICAS=1): a
+                 redis-server replicating the stack's Redis is started for it
+                 and stopped after; the master runs without AOF meanwhile
   RSS per instance (VmRSS) before and after; CPU seconds per component
   (seckill, nginx, postgres, redis, the load tool, everything else) per run.
 
@@ -72,7 +76,8 @@ Environment (all optional):
                        a queued buyer holds no worker, and 4, 8 and 16 measured alike)
   BENCH_REDIS_THREADS  THREADS of the redis-first instances (default 32: a worker
                        waits for Redis's fsync, and more of them share one)
-  BENCH_SKIP           comma list of ceilings,optimistic,low,storm,soldout,noedge,long,batched,redis
+  BENCH_SKIP           comma list of ceilings,optimistic,low,storm,soldout,noedge,long,batched,redis,
+                       rediswait
   BENCH_KEEP=1         leave the stack running at the end (make stop-bench stops it)
   SECKILL_BIN          server binary (default build/seckill)
 Python 3 standard library only.
@@ -301,6 +306,7 @@ class Bench:
         self.stack = Stack(self.run_dir, self.bin, self.threads, self.max_conn)
         self.ceiling_nginx_pid = None
         self.stand_ins = []         # build/upstream200 processes behind the second ceiling nginx
+        self.replica = None         # the Redis replica of the WAIT sale (a Popen)
         self.pace_ms = 20           # set from the nginx ceiling when it is measured
         self.ceiling_dir = os.path.join(self.run_dir, "ceiling-nginx")
         self.tmp = None
@@ -375,7 +381,8 @@ class Bench:
 
     def cpu_meter(self):
         groups = {"seckill": self.stack.app_pids(), "nginx": [self.stack.pid("nginx")],
-                  "postgres": [self.stack.pid("postgres")], "redis": [self.stack.pid("redis")]}
+                  "postgres": [self.stack.pid("postgres")],
+                  "redis": [self.stack.pid("redis")] + ([self.replica.pid] if self.replica else [])}
         if self.ceiling_nginx_pid:
             groups["ceilingNginx"] = [self.ceiling_nginx_pid]
         if self.stand_ins:
@@ -944,7 +951,61 @@ class Bench:
             log(f"round {i}: the service, SECKILL_STOCK=redis THREADS={self.redis_threads}"
                 " (Redis appendfsync always)")
             fig["redisSale"] = self.redis_sale("sale (redis-first)", self.sale_conns, self.seconds)
+            if "rediswait" not in self.skip:
+                fig["redisWaitSale"] = self.redis_wait_sale()
         return fig
+
+    def start_replica(self):
+        """A redis-server replicating the stack's Redis (no AOF, no
+        snapshots), on a free port under the run directory; returns once
+        its link to the master is up."""
+        port = kit.free_ports(1)[0]
+        d = os.path.join(self.run_dir, "redis-replica")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "redis.log"), "w") as err:
+            self.replica = subprocess.Popen(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
+                 "--save", "", "--appendonly", "no",
+                 "--replicaof", "127.0.0.1", self.stack.info["REDIS_PORT"]],
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        deadline = time.monotonic() + 60
+        while True:
+            p = subprocess.run(["redis-cli", "-p", str(port), "INFO", "replication"],
+                               capture_output=True, text=True, timeout=10)
+            if "master_link_status:up" in p.stdout:
+                return port
+            if self.replica.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"the Redis replica on port {port} did not sync (see {d}/redis.log)")
+            time.sleep(0.1)
+
+    def stop_replica(self):
+        if self.replica is None:
+            return
+        self.replica.terminate()
+        try:
+            self.replica.wait(10)
+        except subprocess.TimeoutExpired:
+            self.replica.kill()
+            self.replica.wait()
+        self.replica = None
+
+    def redis_wait_sale(self):
+        """The redis-first sale acknowledged by WAIT for one replica
+        (REDIS_ORDER_DURABILITY=wait) instead of the AOF: the master runs
+        without AOF, so a 200 means the order is in two processes' memory."""
+        what = "sale (redis-first, WAIT 1 replica)"
+        wait = {"REDIS_ORDER_DURABILITY": "wait", "REDIS_ORDER_WAIT_REPLICAS": 1}
+        try:
+            self.redis_aof(False)
+            port = self.start_replica()
+            log(f"Redis replica pid {self.replica.pid} on 127.0.0.1:{port}; restarting the instances"
+                " with REDIS_ORDER_DURABILITY=wait REDIS_ORDER_WAIT_REPLICAS=1")
+            self.stack.restart_instances({**wait, "SECKILL_STOCK": "redis",
+                                          "THREADS": self.redis_threads or None})
+            return self.redis_sale(what, self.sale_conns, self.seconds)
+        finally:
+            self.stop_replica()
+            self.stack.set({k: None for k in wait})
 
     def redis_cli(self, *args):
         p = run(["redis-cli", "-u", self.stack.info["REDIS_URL"], "--raw"] + [str(a) for a in args], 60)
@@ -1115,10 +1176,11 @@ class Bench:
 
     def cleanup(self):
         errors = []
-        try:
-            self.stop_ceiling_nginx()
-        except Exception as e:          # noqa: BLE001 -- cleanup goes on
-            errors.append(str(e))
+        for stop in (self.stop_ceiling_nginx, self.stop_replica):
+            try:
+                stop()
+            except Exception as e:          # noqa: BLE001 -- cleanup goes on
+                errors.append(str(e))
         if self.keep and self.stack.started:
             log(f"BENCH_KEEP=1: the stack keeps running in {self.run_dir}"
                 f" (RUN_DIR={self.run_dir} scripts/stack.sh stop)")
@@ -1202,6 +1264,10 @@ class Bench:
             "redisP99Ms": med(["redisSale", "wrk", "p99Ms"]),
             "redisDrainSeconds": med(["redisSale", "drainSeconds"]),
             "redisLandedPerSec": med(["redisSale", "landedPerSec"]),
+            "redisWaitOrdersPerSec": med(["redisWaitSale", "ordersPerSec"]),
+            "redisWaitP50Ms": med(["redisWaitSale", "wrk", "p50Ms"]),
+            "redisWaitP99Ms": med(["redisWaitSale", "wrk", "p99Ms"]),
+            "redisWaitDrainSeconds": med(["redisWaitSale", "drainSeconds"]),
         }
         for c in self.batch_conns:
             k = f"batchedSale{c}"
@@ -1217,7 +1283,8 @@ class Bench:
             "soldOutNoEdgeRps": ["soldOutNoEdge", "rps"],
             "saleOrdersPerSec": ["sale", "ordersPerSec"], "soldOutRps": ["soldOut", "rps"],
             "soldOutP99Ms": ["soldOut", "p99Ms"], "stormRps": ["storm", "rps"],
-            "redisOrdersPerSec": ["redisSale", "ordersPerSec"]}.items()}
+            "redisOrdersPerSec": ["redisSale", "ordersPerSec"],
+            "redisWaitOrdersPerSec": ["redisWaitSale", "ordersPerSec"]}.items()}
         for c in self.batch_conns:
             ranges[f"batched{c}OrdersPerSec"] = spread([f"batchedSale{c}", "ordersPerSec"])
         # Ratios per round, then their median (each pair measured minutes apart at most).
@@ -1246,6 +1313,9 @@ class Bench:
             # The batched sale at the redis-first sale's concurrency, where one ran.
             "redisVsBatched": ratio_med(g("redisSale", "ordersPerSec"),
                                         g(f"batchedSale{self.sale_conns}", "ordersPerSec")),
+            # Acknowledged by a replica's WAIT against by the master's fsync.
+            "redisWaitVsOneRow": ratio_med(g("redisWaitSale", "ordersPerSec"), g("pgOneRow", "tps")),
+            "redisWaitVsAof": ratio_med(g("redisWaitSale", "ordersPerSec"), g("redisSale", "ordersPerSec")),
         }
         for c in self.batch_conns:
             ratios[f"batched{c}VsOneRow"] = ratio_med(g(f"batchedSale{c}", "ordersPerSec"),
@@ -1346,6 +1416,8 @@ class Bench:
                  ("saleLow", f"sale, optimistic, {self.low_conns} c (per order)", "orders")]
                 + [(f"batchedSale{c}", f"sale, batched, {c} c (per order)", "orders") for c in self.batch_conns]
                 + [("redisSale", f"sale, redis-first, {self.sale_conns} c, to the drain (per order)", "orders"),
+                   ("redisWaitSale", f"sale, redis-first, WAIT, {self.sale_conns} c, to the drain (per order)",
+                    "orders"),
                    ("soldOut", "sold-out, the edge, 64 c (per request)", "requests"),
                    ("soldOutNoEdge", "sold-out, --edge off, 64 c (per request)", "requests"),
                    ("storm", "storm, 64 c (per request)", "requests")])
@@ -1436,6 +1508,13 @@ class Bench:
                 "", None, None, "p99 < 10", "redisP99Ms")
             row("  last order in Postgres, s after the load", f"{f['redisDrainSeconds']:.2f}")
             row("  rows landed per second (consumers)", f["redisLandedPerSec"])
+        if f["redisWaitOrdersPerSec"] is not None:
+            row(f"sale orders/s, redis-first, WAIT 1 replica (no AOF), {self.sale_conns} c",
+                f["redisWaitOrdersPerSec"], "pgbench one-row", f["pgOneRowTps"], ratios["redisWaitVsOneRow"])
+            if f["redisOrdersPerSec"] is not None:
+                row("", "", "redis-first, AOF always", f["redisOrdersPerSec"], ratios["redisWaitVsAof"])
+            row("  buyer latency p50 / p99 ms", f"{f['redisWaitP50Ms']:.1f} / {f['redisWaitP99Ms']:.1f}")
+            row("  last order in Postgres, s after the load", f"{f['redisWaitDrainSeconds']:.2f}")
         if f.get("longOrdersPerSec") is not None:
             row(f"sale orders/s, optimistic, {self.long_seconds} s at {self.long_conns} c", f["longOrdersPerSec"],
                 "pgbench one-row", f["pgOneRowTps"],
