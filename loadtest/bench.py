@@ -279,6 +279,19 @@ class CpuMeter:
 
 # ------------------------------------------------------------------ bench
 
+def stop_children(procs):
+    """SIGTERM to each of our child processes (Popen), then each reaped;
+    one still running after 10 s is killed."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 class Bench:
     def __init__(self):
         self.t_start = time.monotonic()
@@ -573,14 +586,7 @@ class Bench:
         return front
 
     def stop_ceiling_nginx(self):
-        for p in self.stand_ins:
-            p.terminate()
-        for p in self.stand_ins:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_children(self.stand_ins)
         self.stand_ins = []
         pid = self.ceiling_nginx_pid
         if not pid:
@@ -979,14 +985,7 @@ class Bench:
             time.sleep(0.1)
 
     def stop_replica(self):
-        if self.replica is None:
-            return
-        self.replica.terminate()
-        try:
-            self.replica.wait(10)
-        except subprocess.TimeoutExpired:
-            self.replica.kill()
-            self.replica.wait()
+        stop_children([self.replica] if self.replica else [])
         self.replica = None
 
     def redis_wait_sale(self):
