@@ -159,11 +159,16 @@ def postgres_pids():
 
 def stop_postgres_for(seconds, then=None):
     """SIGSTOP of the whole Postgres for 'seconds' (then() runs meanwhile),
-    SIGCONT whatever happens."""
+    SIGCONT whatever happens. A process that exited since it was listed (the
+    backend that answered postgres_pids' own query does) is skipped; the
+    stops are inside the try so that none outlives a failure."""
     pids = postgres_pids()
-    for p in pids:
-        os.kill(p, signal.SIGSTOP)
     try:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
         t0 = time.monotonic()
         if then is not None:
             then()

@@ -14,6 +14,8 @@ Postgres agreeing (redisfirst_kit.reconcile).
 """
 
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -21,6 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
+import redisfirst_kit  # noqa: E402
 from redisfirst_kit import (TOKEN, buy_all, durable_redis, rcli, reconcile,  # noqa: E402
                             server, stats, stop_postgres_for)
 
@@ -176,6 +179,45 @@ def orders_admitted_while_postgres_is_stopped_land_after_it_returns():
         a.stop_ok()
         b.stop_ok()
         rs.kill()
+
+
+@test
+def stopping_postgres_lets_it_go_when_one_of_its_processes_has_exited():
+    """The list of Postgres's processes is read before they are stopped, and
+    a backend may exit in between (the one that answered the query that found
+    the postmaster always does). Such a process is skipped: Postgres is
+    stopped and let go again, not left stopped for the tests after."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    found = redisfirst_kit.postgres_pids
+    pids = found()
+    redisfirst_kit.postgres_pids = lambda: pids[:1] + [gone.pid] + pids[1:]
+    try:
+        stop_postgres_for(0.2)
+    except ProcessLookupError as e:
+        fail(f"stopping Postgres failed on a process that had exited: {e}")
+    finally:
+        redisfirst_kit.postgres_pids = found
+        stopped = [p for p in pids if proc_state(p) == "T"]
+        for p in pids:                  # whatever happened, not left stopped
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    if stopped:
+        fail(f"{len(stopped)} Postgres process(es) left stopped, the postmaster among them: "
+             f"{pids[0] in stopped}")
+    if ss.psql_value("SELECT 1") != "1":
+        fail("Postgres does not answer after it was let go")
+
+
+def proc_state(pid):
+    """The state letter of /proc/<pid>/stat ('T': stopped), or '' if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 if __name__ == "__main__":
