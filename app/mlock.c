@@ -125,24 +125,31 @@ fail:
     return NULL;
 }
 
-/* Sends what is buffered on c (a blocking context: writes it all, or fails). */
-static int flush(redisContext *c)
+/* Node i's answer to one attempt: LOCK_OK, LOCK_BUSY or LOCK_ERR (down,
+ * not answering in time, or any other failure). */
+static lock_status acquire_on(mlock_set *s, size_t i, const char *key, const char *owner,
+                              long lease_ms)
 {
-    int done = 0;
+    lock_acquire_op op;
+    char why[256];
+    redisContext *c = conn(s, i, why, sizeof why);
+    lock_status sent, ls;
 
-    while (!done)
-        if (redisBufferWrite(c, &done) != REDIS_OK)
-            return -1;
-    return 0;
+    if (c == NULL)
+        return LOCK_ERR;
+    sent = lock_acquire_send_within(c, &op, key, owner, lease_ms, s->timeout_ms);
+    ls = lock_acquire_recv(c, &op, NULL);   /* sends, reads, frees the op: runs whatever was sent */
+    if (sent != LOCK_OK || (ls != LOCK_OK && ls != LOCK_BUSY))
+        ls = LOCK_ERR;
+    if (c->err)
+        drop(s, i);
+    return ls;
 }
 
 mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const char *owner,
                            long lease_ms, mlock_grant *g)
 {
-    lock_acquire_op ops[MLOCK_MAX_NODES];
-    unsigned char sent[MLOCK_MAX_NODES] = { 0 };
-    char why[256];
-    size_t ngranted = 0, i;
+    size_t needed = mlock_needed(q, s->n), ngranted = 0, left = s->n, i;
     int64_t t0 = util_mono_us();
     mlock_status st;
 
@@ -151,43 +158,33 @@ mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const 
         log_warn("mlock %s: a fixed lease is required", key);
         return MLOCK_ERR;
     }
-    /* Every node's attempt goes out before any reply is read. */
-    for (i = 0; i < s->n; i++) {
-        redisContext *c = conn(s, i, why, sizeof why);
-        if (c == NULL) {
-            g->failed |= 1u << i;
-            continue;
-        }
-        sent[i] = 1;
-        if (lock_acquire_send_within(c, &ops[i], key, owner, lease_ms, s->timeout_ms) != LOCK_OK ||
-            flush(c) != 0)
-            g->failed |= 1u << i;        /* recv below still frees the op */
-    }
-    for (i = 0; i < s->n; i++) {
-        lock_status ls;
-        if (!sent[i])
-            continue;
-        ls = lock_acquire_recv(s->conns[i].c, &ops[i], NULL);
-        if (g->failed & (1u << i))
-            ls = LOCK_ERR;
-        if (ls == LOCK_OK) {
+    /* One node after the other, in the list's order, until the quorum can
+     * no longer be reached: contenders then meet at the first node, and the
+     * one it grants meets no rival further on (sent to all nodes at once,
+     * a storm split the nodes between contenders, and all of them lost). */
+    for (i = 0; i < s->n && ngranted + left >= needed; i++) {
+        left--;
+        switch (acquire_on(s, i, key, owner, lease_ms)) {
+        case LOCK_OK:
             g->granted |= 1u << i;
             ngranted++;
-        } else if (ls == LOCK_BUSY) {
+            break;
+        case LOCK_BUSY:
             g->busy |= 1u << i;
-        } else {
+            break;
+        default:
             g->failed |= 1u << i;
+            break;
         }
-        if (s->conns[i].c->err)
-            drop(s, i);
     }
     g->elapsed_us = util_mono_us() - t0;
     g->validity_ms = lease_ms - (g->elapsed_us + 999) / 1000 - mlock_drift_ms(lease_ms);
-    if (ngranted >= mlock_needed(q, s->n) && g->validity_ms > 0)
+    if (ngranted >= needed && g->validity_ms > 0)
         return MLOCK_OK;
-    st = g->busy != 0 && ngranted + (size_t)__builtin_popcount(g->busy) >= mlock_needed(q, s->n)
+    /* busy when a rival's holds stand in the way, not failed nodes alone */
+    st = g->busy != 0 && ngranted + (size_t)__builtin_popcount(g->busy) + left >= needed
              ? MLOCK_BUSY : MLOCK_ERR;
-    if (ngranted >= mlock_needed(q, s->n))
+    if (ngranted >= needed)
         log_warn("mlock %s: granted by %zu nodes but no validity left (%lld ms after %lld us)",
                  key, ngranted, (long long)g->validity_ms, (long long)g->elapsed_us);
     /* A failed attempt: undone wherever it may have been granted. */

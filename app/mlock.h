@@ -15,13 +15,17 @@
  * On each node the lock is the lock library's reentrant hash (lock.h) under
  * the same key and owner id, so reentry works as with the single lock: the
  * same owner's second grant counts up on every node it reaches, and a
- * release counts down. The attempt is sent to every node at once
- * (pipelined: one node timeout at most, not one per node); each node gets a
- * connect and command timeout far below the lease, so a dead node costs a
- * bounded part of the validity, and the attempt carries a deadline that far
- * ahead (lock.h), so a node that stalled and runs it later refuses it. A failed attempt (too few grants, or no
- * validity left) is released on every node that granted it or did not
- * answer, at once, so a loser does not keep a minority for a whole lease.
+ * release counts down. An attempt asks the nodes one after the other, in
+ * the list's order, and stops as soon as the quorum is out of reach
+ * (RedissonMultiLock.tryLock does the same): rivals for one key meet at the
+ * first node, and its winner meets none further on, where an attempt sent
+ * to every node at once let a storm split the nodes and all contenders
+ * lose. Each node gets a connect and command timeout far below the lease,
+ * so a dead node costs a bounded part of the validity, and each node's
+ * attempt carries a deadline that far ahead (lock.h), so a node that
+ * stalled and runs it later refuses it. A failed attempt (quorum out of
+ * reach, or no validity left) is released on every node that granted it or
+ * did not answer, so a loser does not keep a minority for a whole lease.
  *
  * Fencing: neither gives a token that only grows. Each node's counter of
  * grants restarts from nothing when the node restarts without persistence,
@@ -63,7 +67,8 @@ typedef struct mlock_grant {
     unsigned granted;      /* nodes that granted it (released again when it failed) */
     unsigned busy;         /* nodes where another owner holds it */
     unsigned failed;       /* nodes that failed, were down or did not answer in time */
-    int64_t elapsed_us;    /* the attempt's time, first send to last reply */
+                           /* (a node in none of the three was not asked) */
+    int64_t elapsed_us;    /* the attempt's time, first node's send to last node's reply */
     int64_t validity_ms;   /* lease - elapsed - drift (may be <= 0) */
 } mlock_grant;
 

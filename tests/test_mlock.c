@@ -8,12 +8,14 @@
  * stopped answering (per-node timeout, validity), reentry, release by a
  * non-owner, lease expiry, and the RedLock failure with a node that restarts
  * without persistence (two holders) next to its "delayed restart" fix (one
- * holder). */
+ * holder); a one-key storm of threads, where MultiLock grants exactly one
+ * of them each round. */
 #include "t.h"
 #include "t_lock.h"
 #include "mlock.h"
 #include "util.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #define N 5
@@ -117,7 +119,7 @@ static void test_quorums_and_release_of_a_failed_attempt(void)
     T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
     T_EQ_I64(g.granted, 0x1f);
     T_EQ_I64(mlock_acquire(b, MLOCK_MAJORITY, key, "B", 10000, &g), MLOCK_BUSY);
-    T_EQ_I64(g.busy, 0x1f);
+    T_EQ_I64(g.busy, 0x07);             /* no majority left after three: 4 and 5 not asked */
     T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), 5);
     T_EQ_I64(present(key), 0);
 
@@ -129,17 +131,36 @@ static void test_quorums_and_release_of_a_failed_attempt(void)
     T_EQ_I64(mlock_release(a, key, "A", 10000, ~g.busy, NULL), 3);
     /* ... but not all of them: MultiLock refuses and leaves nothing of A's */
     T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_BUSY);
-    T_EQ_I64(g.granted, 0x1c);          /* granted on 3 nodes, then released there */
+    T_EQ_I64(g.busy, 0x01);             /* node 1 refused: the others not asked */
+    T_EQ_I64(g.granted, 0);
     for (int i = 0; i < N; i++)
         T_EQ_I64(count_on(i, key, "A"), 0);
     T_EQ_I64(present(key), 0x03);
 
-    /* the rival holds a majority: RedLock refuses, A's minority is released */
+    /* the rival holds a majority (1, 2, 3): RedLock refuses once no majority
+     * is left, before 4 and 5 */
     hold_on(0x04, key, "R", 10000);
     T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_BUSY);
-    T_EQ_I64(g.granted, 0x18);
+    T_EQ_I64(g.busy, 0x07);
+    T_EQ_I64(g.granted, 0);
     T_EQ_I64(present(key), 0x07);
-    T_EQ_I64(count_on(3, key, "A") + count_on(4, key, "A"), 0);
+
+    /* the rival holds 2, 4 and 5: A gets 1 and 3, a minority, released again */
+    fresh_key(key, sizeof key);
+    hold_on(0x1a, key, "R", 10000);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_BUSY);
+    T_EQ_I64(g.granted, 0x05);
+    T_EQ_I64(g.busy, 0x1a);
+    T_EQ_I64(count_on(0, key, "A") + count_on(2, key, "A"), 0);
+    T_EQ_I64(present(key), 0x1a);
+
+    /* MultiLock with a rival on node 5 only: A gets 1 to 4, then gives them back */
+    fresh_key(key, sizeof key);
+    hold_on(0x10, key, "R", 10000);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_BUSY);
+    T_EQ_I64(g.granted, 0x0f);
+    T_EQ_I64(g.busy, 0x10);
+    T_EQ_I64(present(key), 0x10);
     mlock_set_free(a);
     mlock_set_free(b);
 }
@@ -317,7 +338,7 @@ static void test_delayed_restart_keeps_one_holder(void)
     fresh_key(key, sizeof key);
     client_1_holds_then_node_3_fails(c1, key, lease, 0);   /* node 3 stays down */
     T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_ERR);
-    T_EQ_I64(g2.granted, 0x18);           /* 4 and 5 only: released again */
+    T_EQ_I64(g2.granted, 0);              /* 1, 2, 3 failed: no majority left, 4 and 5 not asked */
     T_EQ_I64(count_on(3, key, "client-2") + count_on(4, key, "client-2"), 0);
     nodes_cmd("resume", 0);
     nodes_cmd("resume", 1);
@@ -328,6 +349,82 @@ static void test_delayed_restart_keeps_one_holder(void)
     mlock_release(c2, key, "client-2", lease, 0x1f, NULL);
     mlock_set_free(c1);
     mlock_set_free(c2);
+}
+
+/* A storm on one key: STORM_THREADS threads, each with its own set, try the
+ * same fresh key at once, STORM_ROUNDS times. MultiLock must grant exactly
+ * one of them each round: more would be two holders; none is the split
+ * where each contender got some nodes and every one of them lost. */
+#define STORM_THREADS 8
+#define STORM_ROUNDS 40
+
+static pthread_barrier_t storm_go, storm_done;
+static char storm_key[64];
+static mlock_quorum storm_q;
+static int storm_won[STORM_THREADS];
+
+static void *storm_thread(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    mlock_set *s = mlock_set_new(nodes, N, 1000);   /* no timeout under load */
+    char owner[16];
+    mlock_grant g;
+
+    snprintf(owner, sizeof owner, "T%d", t);
+    for (int r = 0; r < 2 * STORM_ROUNDS; r++) {
+        pthread_barrier_wait(&storm_go);
+        storm_won[t] = mlock_acquire(s, storm_q, storm_key, owner, 10000, &g) == MLOCK_OK;
+        pthread_barrier_wait(&storm_done);
+    }
+    mlock_set_free(s);
+    return NULL;
+}
+
+/* Rounds of the storm with 'q'; returns the rounds nobody won. */
+static int storm_rounds(mlock_set *m, mlock_quorum q)
+{
+    int none = 0;
+
+    storm_q = q;
+    for (int r = 0; r < STORM_ROUNDS; r++) {
+        int winners = 0;
+        fresh_key(storm_key, sizeof storm_key);
+        pthread_barrier_wait(&storm_go);
+        pthread_barrier_wait(&storm_done);
+        for (int t = 0; t < STORM_THREADS; t++) {
+            char owner[16];
+            if (!storm_won[t])
+                continue;
+            winners++;
+            snprintf(owner, sizeof owner, "T%d", t);
+            mlock_release(m, storm_key, owner, 10000, 0x1f, NULL);
+        }
+        T_ASSERT(winners <= 1);
+        none += winners == 0;
+    }
+    return none;
+}
+
+static void test_a_storm_on_one_key_has_one_winner_per_round(void)
+{
+    mlock_set *m = mlock_set_new(nodes, N, 1000);
+    pthread_t th[STORM_THREADS];
+    int none_all, none_majority;
+
+    pthread_barrier_init(&storm_go, NULL, STORM_THREADS + 1);
+    pthread_barrier_init(&storm_done, NULL, STORM_THREADS + 1);
+    for (int t = 0; t < STORM_THREADS; t++)
+        pthread_create(&th[t], NULL, storm_thread, (void *)(intptr_t)t);
+    none_all = storm_rounds(m, MLOCK_ALL);
+    none_majority = storm_rounds(m, MLOCK_MAJORITY);
+    for (int t = 0; t < STORM_THREADS; t++)
+        pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&storm_go);
+    pthread_barrier_destroy(&storm_done);
+    printf("# %d threads x %d rounds on one key: rounds with no winner: MultiLock %d, "
+           "RedLock %d\n", STORM_THREADS, STORM_ROUNDS, none_all, none_majority);
+    T_EQ_I64(none_all, 0);
+    mlock_set_free(m);
 }
 
 static void start_nodes(void)
@@ -385,6 +482,7 @@ int main(int argc, char **argv)
     T_RUN(test_a_silent_node_costs_one_node_timeout);
     T_RUN(test_restart_without_persistence_gives_two_holders);
     T_RUN(test_delayed_restart_keeps_one_holder);
+    T_RUN(test_a_storm_on_one_key_has_one_winner_per_round);
     stop_nodes();
     lock_runtime_stop();
     return t_done();
