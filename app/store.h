@@ -37,7 +37,8 @@ typedef struct store_voucher {
 #define STORE_SLACK_MS 1000
 int store_round_trip_ms(void);
 
-/* Prepares every statement on a fresh session. Returns 0 or -1. */
+/* Prepares every statement on a fresh session, whose statements then keep
+ * generic plans (plan_cache_mode = force_generic_plan). Returns 0 or -1. */
 int store_prepare(PGconn *pg);
 
 /* SELECT 1 (readiness). */
