@@ -57,7 +57,13 @@ Redis, 2 instances at LOG_LEVEL=warn, nginx; every port picked free on
 After every service run loadtest/check_invariants.py checks the voucher in
 Postgres; any violation makes the run exit 1 (speed targets never do: they
 are printed PASS or MISS). Prints the table, writes BENCH_JSON, and stops
-everything it started, by PID.
+everything it started, by PID. With gnuplot, also a chart next to
+BENCH_JSON (bench.png): each sale's orders/s against the one-row ceiling,
+and its CPU per order by process.
+
+  loadtest/bench.py --median [--json OUT] FILE...   medians of several runs
+  loadtest/bench.py --chart FILE PNG                the chart of a saved run
+                                                    (docs/img/bench.png)
 
 Environment (all optional):
   BENCH_RUN_DIR        the stack's run directory (default <repo>/build/bench-run)
@@ -1438,6 +1444,76 @@ class Bench:
                 out.append((label, {k: statistics.median(v[k] for v in vals if k in v) for k in vals[0]}))
         return out
 
+    # The chart's sales: (figure key, CPU key in a round, bar label).
+    def chart_sales(self):
+        low = [("saleLowOrdersPerSec", "saleLow", f"optimistic\\n{self.low_conns} c")] \
+            if self.low_conns else []
+        return (low + [("saleOrdersPerSec", "sale", f"optimistic\\n{self.sale_conns} c")]
+                + [(f"batched{c}OrdersPerSec", f"batchedSale{c}", f"batched\\n{c} c")
+                   for c in self.batch_conns]
+                + [("redisOrdersPerSec", "redisSale", f"redis-first\\nAOF, {self.sale_conns} c"),
+                   ("redisWaitOrdersPerSec", "redisWaitSale",
+                    f"redis-first\\nWAIT, {self.sale_conns} c")])
+
+    def chart(self, png, title):
+        """A gnuplot chart of the sales: orders/s against the one-row ceiling
+        (and three times it), and the CPU per order by process. Returns the
+        path, or None (no gnuplot, or nothing to draw)."""
+        f = self.summarize()[0]
+        cpu = dict(self.cpu_per_unit())
+        labels = {key: label for key, label, _ in self.cpu_units()}
+        rows = [(name, f.get(fig), cpu.get(labels.get(key), {}))
+                for fig, key, name in self.chart_sales() if f.get(fig)]
+        if not rows or not f.get("pgOneRowTps"):
+            return None
+        tmp = tempfile.mkdtemp(prefix="bench-chart-")     # the data and script, not beside the PNG
+        try:
+            return self._plot(tmp, png, title, rows, f["pgOneRowTps"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    @staticmethod
+    def _plot(tmp, png, title, rows, one):
+        """chart()'s gnuplot run in the directory 'tmp'."""
+        dat, script = os.path.join(tmp, "bench.dat"), os.path.join(tmp, "bench.gp")
+        parts = ("seckill", "nginx", "postgres", "redis", "loadTool", "interrupts")
+        with open(dat, "w", encoding="utf-8") as fh:
+            for i, (name, rate, c) in enumerate(rows):
+                fh.write(f'{i} "{name}" {rate:.1f} ' + " ".join(f"{c.get(k, 0):.4f}" for k in parts) + "\n")
+        n = len(rows)
+        with open(script, "w", encoding="utf-8") as fh:
+            fh.write("# gnuplot script of loadtest/bench.py\n" + kit.bar_chart_head(png, 1100, 960, n)
+                     + f"""set boxwidth 0.6
+set key top left opaque
+set bmargin 4
+set multiplot layout 2,1 title "{title}"
+set title "orders per second (medians of the rounds)"
+set yrange [0:{max(3.2 * one, 1.15 * max(r[1] for r in rows)):.0f}]
+plot '{dat}' using 1:3:xtic(2) with boxes lc rgb "#1f77b4" title "sale", \\
+     '' using 1:3:(sprintf("%.0f", $3)) with labels offset 0,0.7 notitle, \\
+     {one:.1f} with lines dt 2 lw 2 lc rgb "#d62728" title "pgbench one-row UPDATE ceiling ({one:,.0f} tps)", \\
+     {3 * one:.1f} with lines dt 3 lw 2 lc rgb "#ff7f0e" title "3 x the one-row ceiling"
+set title "CPU ms per order, by process (both CPUs shared by everything)"
+set key top right opaque
+set yrange [0:*]
+set style data histograms
+set style histogram rowstacked
+set boxwidth 0.6 relative
+set xrange [-0.6:{n - 0.4}]
+plot '{dat}' using 4:xtic(2) title "seckill", '' using 5 title "nginx", \\
+     '' using 6 title "postgres", '' using 7 title "redis", '' using 8 title "wrk", \\
+     '' using 9 title "softirq"
+unset multiplot
+""")
+        return kit.gnuplot(script, png, log)
+
+    def chart_title(self):
+        m = self.res.get("machine") or {}
+        ver = (m.get("versions") or {}).get("seckill", "")
+        n = len(self.rounds)
+        return (f"make bench{f', {n} rounds' if n > 1 else ''}: seckill {ver}, "
+                f"{m.get('nproc', '?')} CPUs ({m.get('cpu', '?')}), {self.res.get('when', '')}").strip()
+
     def report(self):
         f, ranges, ratios, rss, targets = self.summarize()
         m = self.res.get("machine", {})
@@ -1658,18 +1734,13 @@ def _dig(d, path):
     return d
 
 
-def median_of_files(argv):
-    """--median [--json OUT] FILE...: the table of several runs' medians."""
-    out = None
-    if argv[:1] == ["--json"]:
-        if len(argv) < 2:
-            sys.exit("bench: --json needs a file")
-        out, argv = argv[1], argv[2:]
-    if not argv:
-        sys.exit("usage: loadtest/bench.py --median [--json OUT] build/bench-history/*.json")
+def load_runs(paths):
+    """A Bench holding the rounds of the saved runs 'paths' (their JSON
+    files), with the first run's settings and machine: for --median and
+    --chart."""
     b = Bench()
     docs = []
-    for path in argv:
+    for path in paths:
         with open(path) as fh:
             docs.append(json.load(fh))
     st = docs[0].get("settings", {})
@@ -1681,6 +1752,7 @@ def median_of_files(argv):
     b.long_seconds = st.get("longSeconds", b.long_seconds)
     b.long_conns = st.get("longConnections", b.long_conns)
     b.res["machine"] = docs[0].get("machine") or {}
+    b.res["when"] = docs[0].get("when", "")
     b.runs = len(docs)
     for d in docs:
         c = (d.get("settings") or {}).get("batchConnections")
@@ -1693,6 +1765,19 @@ def median_of_files(argv):
         inv = (d.get("invariants") or {}).get("runs") or []
         b.invariant_runs.extend(inv)
         b.violations.extend(r["run"] for r in inv if not r.get("ok"))
+    return b
+
+
+def median_of_files(argv):
+    """--median [--json OUT] FILE...: the table of several runs' medians."""
+    out = None
+    if argv[:1] == ["--json"]:
+        if len(argv) < 2:
+            sys.exit("bench: --json needs a file")
+        out, argv = argv[1], argv[2:]
+    if not argv:
+        sys.exit("usage: loadtest/bench.py --median [--json OUT] build/bench-history/*.json")
+    b = load_runs(argv)
     b.json_path = out or "(not written: --json OUT)"
     b.report()
     if out:
@@ -1708,9 +1793,22 @@ def median_of_files(argv):
     return 1 if b.violations else 0
 
 
+def chart_of_file(argv):
+    """--chart FILE PNG: the chart of a saved run."""
+    if len(argv) != 2:
+        sys.exit("usage: loadtest/bench.py --chart build/bench.json docs/img/bench.png")
+    b = load_runs(argv[:1])
+    if b.chart(os.path.abspath(argv[1]), b.chart_title()) is None:
+        sys.exit("bench: no chart (gnuplot missing, or no sale in the file)")
+    print(f"chart: {argv[1]}")
+    return 0
+
+
 def main():
     if sys.argv[1:2] == ["--median"]:
         return median_of_files(sys.argv[2:])
+    if sys.argv[1:2] == ["--chart"]:
+        return chart_of_file(sys.argv[2:])
     if sys.argv[1:2] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
@@ -1722,6 +1820,10 @@ def main():
     if b.violations:
         status, rc = "invariant-violation", 1
     b.write_json(status, error)
+    if b.rounds:
+        png = b.chart(os.path.join(os.path.dirname(os.path.abspath(b.json_path)), "bench.png"),
+                      b.chart_title())
+        log(f"chart: {png}" if png else "no chart (gnuplot missing, or no sale ran)")
     log(f"done in {time.monotonic() - b.t_start:.0f}s")
     if rc == 1:
         log("FAILED: an invariant was violated (see above)")

@@ -147,7 +147,6 @@ def rows_of(results):
 
 
 def write_chart(results, meta):
-    gp = shutil.which("gnuplot")
     dat = os.path.join(OUT, "locks.dat")
     with open(dat, "w", encoding="utf-8") as f:
         f.write("# i backend pairs ceiling p50 p99 kill_s exit_s\n")
@@ -156,20 +155,12 @@ def write_chart(results, meta):
                     f"{r.get('ceiling', {}).get('pairsPerS', 0):.1f} {r['handoffP50Ms']:.3f} "
                     f"{r['handoffP99Ms']:.3f} {r['freeAfterKillMs'] / 1000:.3f} "
                     f"{r['freeAfterExitMs'] / 1000:.3f}\n")
-    if gp is None:
-        log("gnuplot not found: no chart")
-        return None
     png = os.path.join(OUT, "locks.png")
     n = len(results)
     script = os.path.join(OUT, "locks.gp")
     with open(script, "w", encoding="utf-8") as f:
-        f.write(f"""# gnuplot script of loadtest/bench_locks.py
-set terminal pngcairo size 1100,1000 font "DejaVu Sans,10"
-set output '{png}'
-set style fill solid 0.85 border -1
-set grid ytics
-set xrange [-0.6:{n - 0.4}]
-set offsets 0, 0, graph 0.15, 0
+        f.write("# gnuplot script of loadtest/bench_locks.py\n" + kit.bar_chart_head(png, 1100, 1000, n)
+                + f"""set offsets 0, 0, graph 0.15, 0
 set key top right
 set multiplot layout 3,1 title "lock backends, one run ({meta['threads']} threads, lease / session {meta['leaseMs']} ms, Postgres {'durable' if meta['pgDurable'] else 'fsync off'}, {meta['cpus']} CPUs)"
 set title "uncontended acquire+release pairs per second: the lock, and its service's own ceiling"
@@ -191,11 +182,7 @@ plot '{dat}' using ($1-0.18):7:xtic(2) with boxes lc rgb "#d62728" title "killed
      '' using ($1+0.18):8:(sprintf("%.2f", $8)) with labels offset 0,0.7 notitle
 unset multiplot
 """)
-    p = subprocess.run([gp, script], capture_output=True, text=True, timeout=60)
-    if p.returncode != 0 or not os.path.exists(png):
-        log(f"gnuplot failed: {p.stderr.strip()}")
-        return None
-    return png
+    return kit.gnuplot(script, png, log)
 
 
 def main():

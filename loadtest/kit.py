@@ -69,6 +69,31 @@ def run(cmd, timeout, env=None, input=None, check=True, cwd=None):
     return p
 
 
+def bar_chart_head(png, width, height, bars):
+    """The opening lines of a gnuplot script that draws 'bars' bars (at x =
+    0 .. bars-1) into 'png': the charts of make bench and make bench-lock."""
+    return (f"""set terminal pngcairo size {width},{height} font "DejaVu Sans,10"
+set output '{png}'
+set style fill solid 0.85 border -1
+set grid ytics
+set xrange [-0.6:{bars - 0.4}]
+""")
+
+
+def gnuplot(script, png, log):
+    """Runs gnuplot on the file 'script', which draws 'png'. Returns png, or
+    None when gnuplot is missing or failed (said through log)."""
+    gp = shutil.which("gnuplot")
+    if gp is None:
+        log("gnuplot not found: no chart")
+        return None
+    p = subprocess.run([gp, script], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0 or not os.path.exists(png):
+        log(f"gnuplot failed: {p.stderr.strip()}")
+        return None
+    return png
+
+
 def free_ports(n=1):
     """n distinct loopback ports that were free a moment ago (all held open
     together while the kernel picks them, so none repeats)."""
