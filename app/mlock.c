@@ -4,13 +4,15 @@
 #include "log.h"
 #include "util.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 
 /* A node whose connection failed is not tried again before this: a dead
- * node must not cost every attempt a connect timeout. */
+ * or stalled node must not cost every attempt a connect or command timeout.
+ * A connection the node closed is the exception (closed()). */
 #define RETRY_MS 250
 
 typedef struct node_conn {
@@ -59,14 +61,27 @@ long mlock_drift_ms(long lease_ms)
     return lease_ms / 100 + 2;
 }
 
+/* The node closed this connection (end of file, reset, broken pipe): it
+ * restarted, or its process is gone. Either way a new connect answers at
+ * once, so it is tried at the next call: after a restart, each of a set's
+ * dead connections would otherwise cost one failed attempt and a pause.
+ * A timeout (EAGAIN) means a stalled node, and keeps the pause. */
+static int closed(const redisContext *c)
+{
+    return c->err == REDIS_ERR_EOF ||
+           (c->err == REDIS_ERR_IO && (strcmp(c->errstr, strerror(ECONNRESET)) == 0 ||
+                                       strcmp(c->errstr, strerror(EPIPE)) == 0));
+}
+
 static void drop(mlock_set *s, size_t i)
 {
     node_conn *nc = &s->conns[i];
+    int at_once = nc->c != NULL && closed(nc->c);
 
     if (nc->c != NULL)
         redisFree(nc->c);
     nc->c = NULL;
-    nc->retry_at_us = util_mono_us() + (int64_t)RETRY_MS * 1000;
+    nc->retry_at_us = at_once ? 0 : util_mono_us() + (int64_t)RETRY_MS * 1000;
 }
 
 static int reply_ok(redisContext *c, redisReply *r, char *err, size_t errlen, const char *what)

@@ -37,7 +37,8 @@
  * An mlock_set is one thread's connections to the nodes: not thread-safe;
  * every thread that locks makes its own. It reconnects lazily: a node whose
  * connection failed is tried again at the next call after RETRY_MS
- * (mlock.c), so a node that is down costs little. */
+ * (mlock.c), so a node that is down or stalled costs little; one that
+ * closed the connection (restarted) is tried again at the next call. */
 #ifndef SECKILL_MLOCK_H
 #define SECKILL_MLOCK_H
 

@@ -5,7 +5,8 @@
  *
  * Quorums (all nodes / a majority) with a rival holding some nodes, the
  * release of a failed attempt on every node, a node down, a node that
- * stopped answering (per-node timeout, validity), reentry, release by a
+ * stopped answering (per-node timeout, validity), nodes that restarted
+ * (reconnected at the next attempt), reentry, release by a
  * non-owner, lease expiry, and the RedLock failure with a node that restarts
  * without persistence (two holders) next to its "delayed restart" fix (one
  * holder); a one-key storm of threads, where MultiLock grants exactly one
@@ -272,6 +273,49 @@ static void test_a_silent_node_costs_one_node_timeout(void)
     mlock_set_free(a);
 }
 
+/* Nodes that restarted: the set's open connections to them are dead. Each
+ * attempt finds one (MultiLock stops at the first failed node), and the
+ * next reconnects at once, so the lock is back within one attempt per node,
+ * not one reconnect pause per node. A node that stops answering still
+ * costs one node timeout, not one per attempt. */
+static void test_restarted_nodes_are_reconnected_at_once(void)
+{
+    mlock_set *a = new_set();
+    char key[64];
+    mlock_grant g;
+    int failures = 0;
+    int64_t t0;
+    mlock_status st = MLOCK_ERR;
+
+    fresh_key(key, sizeof key);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), N);
+    for (int i = 0; i < N; i++) {
+        nodes_cmd("kill", i);
+        nodes_cmd("start-node", i);
+        redisFree(raw[i]);                /* the test's own look: dead too */
+        raw[i] = NULL;
+    }
+    t0 = util_mono_us();
+    while (failures <= 10 * N && (st = mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g)) != MLOCK_OK)
+        failures++;
+    printf("# %d nodes restarted: %d failed attempts, granted after %lld us\n", N, failures,
+           (long long)(util_mono_us() - t0));
+    T_EQ_I64(st, MLOCK_OK);
+    T_ASSERT(failures <= N);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), N);
+    /* a silent node: the first attempt waits for it, the next does not */
+    nodes_cmd("pause", 0);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+    T_ASSERT(g.elapsed_us >= NODE_TIMEOUT_MS * 1000);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+    T_EQ_I64(g.failed, 0x01);
+    T_ASSERT(g.elapsed_us < NODE_TIMEOUT_MS * 1000);
+    nodes_cmd("resume", 0);
+    usleep(100 * 1000);
+    mlock_set_free(a);
+}
+
 /* Client 1 takes KEY on nodes 1, 2, 3 (4 and 5 paused for it, and refusing
  * its attempt once resumed: past its deadline); node 3 is killed, and
  * started again at once without persistence when RESTART; then 1 and 2 are
@@ -476,6 +520,7 @@ int main(int argc, char **argv)
     T_RUN(test_validity_and_lease_expiry);
     T_RUN(test_a_node_down);
     T_RUN(test_a_silent_node_costs_one_node_timeout);
+    T_RUN(test_restarted_nodes_are_reconnected_at_once);
     T_RUN(test_restart_without_persistence_gives_two_holders);
     T_RUN(test_delayed_restart_keeps_one_holder);
     T_RUN(test_a_storm_on_one_key_has_one_winner_per_round);
