@@ -317,9 +317,15 @@ static double field_num(const cJSON *v, const char *name)
 /* Redis-first: the consumer of this instance. */
 static void write_stream(FILE *f)
 {
-    uint64_t orders, nb, max_us, last_us;
+    uint64_t orders, nb, max_us, last_us, rounds, admissions, largest;
     rec_histogram lag;
 
+    rec_admit_counts(&rounds, &admissions, &largest);
+    write_counter(f, "seckill_redis_admission_round_trips_total",
+                  "Round trips to Redis that carried admissions (redis; several when pipelined).",
+                  rounds);
+    write_counter(f, "seckill_redis_admissions_total", "Admissions sent to Redis in them.",
+                  admissions);
     rec_landed_counts(&orders, &nb, &lag, &max_us, &last_us);
     write_counter(f, "seckill_stream_orders_landed_total",
                   "Orders persisted from the stream by this instance's consumer (redis).", orders);
@@ -531,6 +537,12 @@ void expo_counters_json(cJSON *obj)
     cJSON_AddNumberToObject(b, "buyers", (double)buyers);
     cJSON_AddNumberToObject(b, "largest", (double)largest);
     cJSON_AddItemToObject(obj, "batch", b);
+    b = cJSON_CreateObject();
+    rec_admit_counts(&n, &buyers, &largest);
+    cJSON_AddNumberToObject(b, "roundTrips", (double)n);
+    cJSON_AddNumberToObject(b, "admissions", (double)buyers);
+    cJSON_AddNumberToObject(b, "largest", (double)largest);
+    cJSON_AddItemToObject(obj, "admission", b);
     {
         uint64_t orders, nb, max_us, last_us;
         rec_histogram lag;

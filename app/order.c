@@ -44,24 +44,28 @@ void order_stop(void)
 
 int order_joinable(void)
 {
-    return stock_joinable() && ulock_batchable() && !ulock_thread_bound() &&
-           g_cfg.demo_pause_ms == 0;
+    /* A strategy that admits alone takes no lock: the lock's kind does not matter. */
+    return stock_joinable() && g_cfg.demo_pause_ms == 0 &&
+           (stock_alone() || (ulock_batchable() && !ulock_thread_bound()));
 }
 
 /* A new job with its lock, not taken. A hold that another thread releases
  * (a deferred strategy's leader) gets an owner id of its own: the worker
  * moves on, and would otherwise be the reentrant holder of the same user's
- * next request. 'cs' may be NULL then (an event thread). */
+ * next request. A strategy that admits alone never takes it: no owner.
+ * 'cs' may be NULL for either (an event thread). */
 static order_job *job_new(conn_set *cs, int64_t voucher_id, int64_t user_id,
                           int64_t deadline_us, order_reply_fn reply, void *arg)
 {
     order_job *j = xcalloc(1, sizeof *j);
-    char owner[128];
-    int own = stock_deferred() && !ulock_thread_bound();
+    char owner[128] = "";
+    int alone = stock_alone();
 
-    if (own)
+    if (!alone && stock_deferred() && !ulock_thread_bound())
         conn_fresh_owner(owner, sizeof owner);
-    ulock_hold_init(&j->hold, user_id, own ? owner : cs->owner);
+    else if (!alone)
+        snprintf(owner, sizeof owner, "%s", cs->owner);
+    ulock_hold_init(&j->hold, user_id, owner);
     j->gen = vcache_generation();
     j->reply = reply;
     j->arg = arg;
@@ -167,9 +171,10 @@ static void learn(order_job *j, store_status st)
         vcache_mark_ordered(o->voucher_id, o->user_id, j->gen);
         break;
     case STORE_DUPLICATE:
-        /* The database found the user's order. (A deferred strategy's may be
-         * the same user twice in one batch, which proves nothing yet.) */
-        if (!stock_deferred())
+        /* The database found the user's order. (A batch's may be the same
+         * user twice in one batch, which proves nothing yet; the
+         * Redis-first script's is the buyers set's answer.) */
+        if (!stock_deferred() || stock_alone())
             vcache_mark_ordered(o->voucher_id, o->user_id, j->gen);
         break;
     case STORE_SOLD_OUT:
@@ -232,15 +237,15 @@ void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t dea
     order_job *j = job_new(cs, voucher_id, user_id, deadline_us, reply, arg);
     PGconn *pg = NULL;
 
-    if (order_joinable()) {
-        /* 3-5 by the batch's leader, for its whole batch at once: this
-         * worker touches neither Redis nor Postgres. */
-        j->buyer.lock_pending = 1;
-        stock_settle(cs, NULL, &j->buyer, settled, j);
-    } else if (stock_alone()) {
+    if (stock_alone()) {
         /* Redis-first: the strategy's script is the whole admission - the
          *    one-order-per-user check included, atomically - and Postgres
          *    gets the order later: no lock, no Postgres on this path. */
+        stock_settle(cs, NULL, &j->buyer, settled, j);
+    } else if (order_joinable()) {
+        /* 3-5 by the batch's leader, for its whole batch at once: this
+         * worker touches neither Redis nor Postgres. */
+        j->buyer.lock_pending = 1;
         stock_settle(cs, NULL, &j->buyer, settled, j);
     } else if ((pg = reach(cs, j)) != NULL && take_lock(cs, j) && take_id(cs, j) &&
                !stock_past_deadline(&j->buyer)) {
@@ -261,7 +266,7 @@ int order_join(int64_t voucher_id, int64_t user_id, int64_t deadline_us, order_r
     if (!order_joinable())
         return 0;
     j = job_new(NULL, voucher_id, user_id, deadline_us, reply, arg);
-    j->buyer.lock_pending = 1;
+    j->buyer.lock_pending = !stock_alone();
     if (stock_join(&j->buyer, settled, j))
         return 1;
     free(j);

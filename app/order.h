@@ -36,15 +36,17 @@ void order_submit(conn_set *cs, int64_t voucher_id, int64_t user_id, int64_t dea
                   order_reply_fn reply, void *arg);
 
 /* For an event thread: when order_joinable() and a batch of this voucher
- * has a leader at work, hands the order to it and returns 1; 'reply' is
- * then called once, on the leader's worker, as with order_submit. Returns
+ * has a leader at work (redis: a worker is sending admissions), hands the
+ * order to it and returns 1; 'reply' is then called once, on that worker,
+ * as with order_submit. Returns
  * 0 otherwise, having done nothing: call order_submit on a worker. Never
  * blocks. */
 int order_join(int64_t voucher_id, int64_t user_id, int64_t deadline_us, order_reply_fn reply,
                void *arg);
 
 /* 1 when the strategies in force let a batch's leader take the whole
- * order (lock, id and statement): then order_join may take it. */
+ * order (lock, id and statement), or the stock strategy admits alone and
+ * pipelines its admissions: then order_join may take it. */
 int order_joinable(void);
 
 #endif

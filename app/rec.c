@@ -24,7 +24,11 @@ static histogram route_latency[REC_ROUTE_SLOTS];
 static histogram backend_latency[REC_BACKEND_COUNT];
 static _Atomic uint64_t backend_errors[REC_BACKEND_COUNT];
 static _Atomic uint64_t events[REC_EVENT_COUNT];
-static _Atomic uint64_t batches, batch_buyers, batch_largest;
+/* Things done in groups: how many groups, members in all, the largest. */
+typedef struct group {
+    _Atomic uint64_t n, members, largest;
+} group;
+static group batch_group, admit_group;
 static histogram landed_lag;
 static _Atomic uint64_t landed_orders, landed_batches, landed_max_us, landed_last_us;
 
@@ -109,16 +113,33 @@ void rec_add(enum rec_event ev, uint64_t n)
         atomic_fetch_add_explicit(&events[ev], n, memory_order_relaxed);
 }
 
-void rec_batch(int buyers)
+static void group_add(group *g, int members)
 {
-    uint64_t n = (uint64_t)buyers, seen = atomic_load_explicit(&batch_largest, memory_order_relaxed);
+    uint64_t n = (uint64_t)members, seen = atomic_load_explicit(&g->largest, memory_order_relaxed);
 
-    atomic_fetch_add_explicit(&batches, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&batch_buyers, n, memory_order_relaxed);
-    while (n > seen && !atomic_compare_exchange_weak_explicit(&batch_largest, &seen, n,
+    atomic_fetch_add_explicit(&g->n, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g->members, n, memory_order_relaxed);
+    while (n > seen && !atomic_compare_exchange_weak_explicit(&g->largest, &seen, n,
                                                               memory_order_relaxed,
                                                               memory_order_relaxed))
         ;
+}
+
+static void group_counts(group *g, uint64_t *n, uint64_t *members, uint64_t *largest)
+{
+    *n = atomic_load_explicit(&g->n, memory_order_relaxed);
+    *members = atomic_load_explicit(&g->members, memory_order_relaxed);
+    *largest = atomic_load_explicit(&g->largest, memory_order_relaxed);
+}
+
+void rec_batch(int buyers)
+{
+    group_add(&batch_group, buyers);
+}
+
+void rec_admit_round(int admissions)
+{
+    group_add(&admit_group, admissions);
 }
 
 uint64_t rec_requests(int route, int status, api_err err)
@@ -154,9 +175,12 @@ uint64_t rec_event_count(enum rec_event ev)
 
 void rec_batch_counts(uint64_t *b, uint64_t *buyers, uint64_t *largest)
 {
-    *b = atomic_load_explicit(&batches, memory_order_relaxed);
-    *buyers = atomic_load_explicit(&batch_buyers, memory_order_relaxed);
-    *largest = atomic_load_explicit(&batch_largest, memory_order_relaxed);
+    group_counts(&batch_group, b, buyers, largest);
+}
+
+void rec_admit_counts(uint64_t *rounds, uint64_t *admissions, uint64_t *largest)
+{
+    group_counts(&admit_group, rounds, admissions, largest);
 }
 
 void rec_landed_batch(int n)

@@ -56,6 +56,9 @@ void rec_add(enum rec_event ev, uint64_t n);
 /* Group commit ("batched"): one settled batch of 'buyers'. */
 void rec_batch(int buyers);
 
+/* Redis-first: one round trip to Redis carrying 'admissions' (pipelined). */
+void rec_admit_round(int admissions);
+
 /* Redis-first: one batch of 'n' orders persisted by the consumer; 'lag_us'
  * for each, from its admission (acknowledgement) to its commit. */
 void rec_landed_batch(int n);
@@ -96,6 +99,9 @@ uint64_t rec_event_count(enum rec_event ev);
 
 /* Batches settled, buyers settled in them, and the largest batch. */
 void rec_batch_counts(uint64_t *batches, uint64_t *buyers, uint64_t *largest);
+
+/* Admission round trips, admissions sent in them, and the largest. */
+void rec_admit_counts(uint64_t *rounds, uint64_t *admissions, uint64_t *largest);
 
 /* Orders landed, their batches, the acknowledgement-to-row lag (histogram,
  * largest, last). */

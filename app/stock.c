@@ -65,7 +65,7 @@ int stock_deferred(void)
 
 int stock_joinable(void)
 {
-    return be->join != NULL;
+    return be->join != NULL && (be->joinable == NULL || be->joinable());
 }
 
 void stock_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done, void *arg)

@@ -70,6 +70,8 @@ typedef struct stock_backend {
      * settling worker already at work for its voucher and returns 1; else
      * returns 0 having done nothing. Never blocks, never does I/O. */
     int (*join)(stock_buyer *b, stock_done_fn done, void *arg);
+    /* Optional, with join: 0 when join is off by configuration. */
+    int (*joinable)(void);
     /* Admits without the per-user lock and without Postgres: settle gets
      * no connection and draws the order id itself. */
     int alone;

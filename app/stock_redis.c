@@ -9,6 +9,7 @@
 #include "util.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,98 +250,128 @@ static int wait_replicas(redisContext *c)
     return rc;
 }
 
-/* One run of order_admit.lua: the outcome, the order id when admitted;
- * 'missing' set when the voucher must be rebuilt first. */
-static store_status admit(redisContext *c, store_order *o, int *missing)
-{
+/* One admission's arguments to order_admit.lua, kept until its reply is
+ * read: its order id is composed from them. */
+typedef struct admit_args {
+    vkeys k;
     char v[24], u[24], t[24], idkey[128];
     const char *argv[7];
-    int64_t now = util_now_s();
-    store_status st = STORE_UNAVAILABLE;
-    redisReply *r;
-    vkeys k;
+    int64_t now;
+} admit_args;
 
-    *missing = 0;
-    if (now < IDW_EPOCH) {
+/* 0, or -1 when the clock is before the order id epoch. */
+static int admit_prepare(admit_args *a, const store_order *o)
+{
+    a->now = util_now_s();
+    if (a->now < IDW_EPOCH) {
         log_error("stock_redis: clock before the order id epoch");
-        return STORE_UNAVAILABLE;
+        return -1;
     }
-    vkeys_fill(&k, o->voucher_id);
-    idw_key(g_cfg.id_prefix, now, idkey, sizeof idkey);
-    snprintf(v, sizeof v, "%" PRId64, o->voucher_id);
-    snprintf(u, sizeof u, "%" PRId64, o->user_id);
-    snprintf(t, sizeof t, "%" PRId64, now - (int64_t)IDW_EPOCH);
-    argv[0] = k.hash;
-    argv[1] = k.buyers;
-    argv[2] = STOCK_REDIS_STREAM;
-    argv[3] = idkey;
-    argv[4] = v;
-    argv[5] = u;
-    argv[6] = t;
-    r = script_file_run(c, &admit_script, 4, 7, argv, NULL);
-    if (r == NULL)
-        return STORE_UNAVAILABLE;
+    vkeys_fill(&a->k, o->voucher_id);
+    idw_key(g_cfg.id_prefix, a->now, a->idkey, sizeof a->idkey);
+    snprintf(a->v, sizeof a->v, "%" PRId64, o->voucher_id);
+    snprintf(a->u, sizeof a->u, "%" PRId64, o->user_id);
+    snprintf(a->t, sizeof a->t, "%" PRId64, a->now - (int64_t)IDW_EPOCH);
+    a->argv[0] = a->k.hash;
+    a->argv[1] = a->k.buyers;
+    a->argv[2] = STOCK_REDIS_STREAM;
+    a->argv[3] = a->idkey;
+    a->argv[4] = a->v;
+    a->argv[5] = a->u;
+    a->argv[6] = a->t;
+    return 0;
+}
+
+/* The outcome in the script's reply 'r' (not freed), the order id when
+ * admitted; 'missing' set when the voucher must be rebuilt first. */
+static store_status admit_parse(const redisReply *r, const admit_args *a, store_order *o,
+                                int *missing)
+{
+    *missing = 0;
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_INTEGER) {
         log_warn("stock_redis: order_admit: %s", r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
-        goto cleanup;
+        return STORE_UNAVAILABLE;
     }
     switch (r->element[0]->integer) {
     case 0:
         if (r->elements == 3 && r->element[1]->type == REDIS_REPLY_INTEGER &&
-            (o->order_id = idw_compose(now - IDW_EPOCH, r->element[1]->integer)) > 0)
-            st = STORE_OK;
-        else
-            log_error("stock_redis: order_admit: order id out of range");
-        break;
+            (o->order_id = idw_compose(a->now - IDW_EPOCH, r->element[1]->integer)) > 0)
+            return STORE_OK;
+        log_error("stock_redis: order_admit: order id out of range");
+        return STORE_UNAVAILABLE;
     case 1:
-        st = STORE_SOLD_OUT;
-        break;
+        return STORE_SOLD_OUT;
     case 2:
-        st = STORE_DUPLICATE;
-        break;
+        return STORE_DUPLICATE;
     case 3:
-        st = STORE_NOT_STARTED;
-        break;
+        return STORE_NOT_STARTED;
     case 4:
-        st = STORE_ENDED;
-        break;
+        return STORE_ENDED;
     case -1:
         *missing = 1;
-        break;
+        return STORE_UNAVAILABLE;
     default:
-        break;
+        return STORE_UNAVAILABLE;
     }
-cleanup:
+}
+
+/* One run of order_admit.lua, alone: the outcome, the order id when
+ * admitted; 'missing' set when the voucher must be rebuilt first. */
+static store_status admit(redisContext *c, store_order *o, int *missing)
+{
+    admit_args a;
+    store_status st;
+    redisReply *r;
+
+    *missing = 0;
+    if (admit_prepare(&a, o) != 0)
+        return STORE_UNAVAILABLE;
+    r = script_file_run(c, &admit_script, 4, 7, a.argv, NULL);
+    if (r == NULL)
+        return STORE_UNAVAILABLE;
+    st = admit_parse(r, &a, o, missing);
     freeReplyObject(r);
     return st;
 }
 
-static void redis_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done, void *arg)
+/* Durable acknowledgement is known to hold (checked once when unknown). */
+static int durable(redisContext *c)
 {
-    redisContext *c = conn_redis(cs);
-    store_status st = STORE_UNAVAILABLE;
-    int missing = 0, d;
+    int d = atomic_load(&durability);
 
-    (void)pg;                                   /* admission needs no Postgres */
-    if (c == NULL || stock_past_deadline(b))
-        goto out;
-    d = atomic_load(&durability);
-    if (d == DUR_UNKNOWN && (stock_redis_check_durability(c) < 0 ||
-                             (d = atomic_load(&durability)) == DUR_UNKNOWN))
-        goto out;
-    if (d == DUR_NOT)
-        goto out;
-    st = admit(c, &b->order, &missing);
+    if (d == DUR_UNKNOWN && stock_redis_check_durability(c) == 0)
+        d = atomic_load(&durability);
+    return d == DUR_OK;
+}
+
+/* One buyer alone: admitted, rebuilt first when Redis lost the voucher. */
+static store_status admit_one(conn_set *cs, redisContext *c, store_order *o)
+{
+    int missing;
+    store_status st = admit(c, o, &missing);
+
     if (missing) {
         /* Not in Redis: created before Redis held it, or lost with a Redis
          * that restarted empty. */
-        st = rebuild(cs, c, b->order.voucher_id);
+        st = rebuild(cs, c, o->voucher_id);
         if (st == STORE_OK)
-            st = admit(c, &b->order, &missing);
+            st = admit(c, o, &missing);
         if (missing)
             st = STORE_UNAVAILABLE;
     }
+    return st;
+}
+
+static void redis_settle_alone(conn_set *cs, stock_buyer *b, stock_done_fn done, void *arg)
+{
+    redisContext *c = conn_redis(cs);
+    store_status st = STORE_UNAVAILABLE;
+
+    if (c == NULL || stock_past_deadline(b) || !durable(c))
+        goto out;
+    rec_admit_round(1);
+    st = admit_one(cs, c, &b->order);
     if (st == STORE_OK && mode_is("wait") && wait_replicas(c) != 0) {
         /* Admitted, but not known to survive a failover: not acknowledged.
          * (The order stands: a retry answers already_ordered.) */
@@ -350,6 +381,175 @@ out:
     if (c != NULL && c->err)
         conn_redis_broken(cs);
     done(cs, arg, st);
+}
+
+/* ---- Pipelined admission (REDIS_ADMIT_PIPELINES > 0) ----
+ *
+ * Buyers queue here. A worker that finds fewer than REDIS_ADMIT_PIPELINES
+ * others sending becomes one: it takes every queued buyer (up to
+ * PIPE_MAX), writes their scripts to Redis at once, reads the replies in
+ * order and answers each buyer, and goes on while buyers are queued. Redis
+ * reads the lot in one go and, with appendfsync always, makes it durable
+ * with one fsync before it replies; the instance pays one round trip and
+ * one write for the lot, not one each. There is no gathering window: a
+ * buyer who comes while the round trips are out waits only for the next. */
+#define PIPE_MAX 256
+
+typedef struct pipe_waiter {
+    stock_buyer *b;
+    stock_done_fn done;
+    void *arg;
+    store_status st;
+    int missing;
+    admit_args a;
+    struct pipe_waiter *next;
+} pipe_waiter;
+
+/* Shared by the workers and event threads of this process by design: that
+ * is what lets their buyers share a round trip. One mutex guards it. */
+static pthread_mutex_t pipe_mu = PTHREAD_MUTEX_INITIALIZER;
+static pipe_waiter *pipe_head, *pipe_tail;
+static int pipe_senders;
+
+static void pipe_enqueue(pipe_waiter *w)
+{
+    if (pipe_tail != NULL)
+        pipe_tail->next = w;
+    else
+        pipe_head = w;
+    pipe_tail = w;
+}
+
+/* Sends the admissions of w[0..n) in one write and reads their replies.
+ * Those not sent (deadline passed, no Redis) and not admitted keep
+ * STORE_UNAVAILABLE. */
+static void pipe_send(conn_set *cs, redisContext *c, pipe_waiter **w, int n)
+{
+    int64_t t0 = util_mono_us();
+    int sent = 0, admitted = 0;
+
+    for (int i = 0; i < n; i++) {
+        w[i]->st = STORE_UNAVAILABLE;
+        w[i]->missing = -1;                   /* -1: not sent */
+    }
+    for (int i = 0; i < n; i++) {
+        if (stock_past_deadline(w[i]->b) || admit_prepare(&w[i]->a, &w[i]->b->order) != 0)
+            continue;
+        if (script_file_append(c, &admit_script, 4, 7, w[i]->a.argv, NULL) != 0)
+            break;
+        w[i]->missing = 0;
+        sent++;
+    }
+    if (sent > 0)
+        rec_admit_round(sent);
+    for (int i = 0; i < n && sent > 0; i++) {
+        redisReply *r;
+        if (w[i]->missing < 0)
+            continue;
+        r = script_file_recv(c, &admit_script, 4, 7, w[i]->a.argv, NULL, 0);
+        if (r == NULL)
+            break;                            /* the connection failed: the rest unanswered */
+        sent--;
+        if (script_is_noscript(r))
+            w[i]->missing = 2;                /* the script cache was flushed: alone, below */
+        else
+            w[i]->st = admit_parse(r, &w[i]->a, &w[i]->b->order, &w[i]->missing);
+        freeReplyObject(r);
+    }
+    script_observe(util_mono_us() - t0, c->err == 0);
+    /* The rare ones, alone: a voucher Redis lost (rebuilt by the first), a
+     * script Redis forgot (sent with EVAL by the first). */
+    for (int i = 0; i < n && c->err == 0; i++)
+        if (w[i]->missing > 0 && !stock_past_deadline(w[i]->b))
+            w[i]->st = admit_one(cs, c, &w[i]->b->order);
+    for (int i = 0; i < n; i++)
+        admitted += w[i]->st == STORE_OK;
+    if (admitted > 0 && mode_is("wait") && (c->err != 0 || wait_replicas(c) != 0)) {
+        /* One WAIT for the lot: not known to survive a failover, so not
+         * acknowledged. (The orders stand: a retry answers already_ordered.) */
+        for (int i = 0; i < n; i++)
+            if (w[i]->st == STORE_OK)
+                w[i]->st = STORE_UNAVAILABLE;
+    }
+}
+
+/* Queues 'b'; a worker that becomes a sender returns only once the queue
+ * is empty, having answered its buyers and everyone else's it took. */
+static void pipe_submit(conn_set *cs, stock_buyer *b, stock_done_fn done, void *arg)
+{
+    pipe_waiter *me = xcalloc(1, sizeof *me), *batch[PIPE_MAX];
+
+    me->b = b;
+    me->done = done;
+    me->arg = arg;
+    pthread_mutex_lock(&pipe_mu);
+    pipe_enqueue(me);
+    if (pipe_senders >= g_cfg.redis_admit_pipelines) {
+        pthread_mutex_unlock(&pipe_mu);
+        return;                               /* a sender will take it */
+    }
+    pipe_senders++;
+    while (pipe_head != NULL) {
+        redisContext *c;
+        int n = 0;
+        while (pipe_head != NULL && n < PIPE_MAX) {
+            batch[n++] = pipe_head;
+            pipe_head = pipe_head->next;
+        }
+        if (pipe_head == NULL)
+            pipe_tail = NULL;
+        pthread_mutex_unlock(&pipe_mu);
+
+        c = conn_redis(cs);
+        if (c != NULL && durable(c))
+            pipe_send(cs, c, batch, n);
+        else
+            for (int i = 0; i < n; i++)
+                batch[i]->st = STORE_UNAVAILABLE;
+        if (c != NULL && c->err)
+            conn_redis_broken(cs);
+        for (int i = 0; i < n; i++) {
+            batch[i]->done(cs, batch[i]->arg, batch[i]->st);
+            free(batch[i]);
+        }
+        pthread_mutex_lock(&pipe_mu);
+    }
+    pipe_senders--;
+    pthread_mutex_unlock(&pipe_mu);
+}
+
+static int redis_joinable(void)
+{
+    return g_cfg.redis_admit_pipelines > 0;
+}
+
+/* For an event thread: queues 'b' when a sender is at work (it takes 'b'
+ * before it stops); never blocks on I/O. */
+static int redis_join(stock_buyer *b, stock_done_fn done, void *arg)
+{
+    pipe_waiter *me;
+
+    pthread_mutex_lock(&pipe_mu);
+    if (pipe_senders == 0) {
+        pthread_mutex_unlock(&pipe_mu);
+        return 0;
+    }
+    me = xcalloc(1, sizeof *me);
+    me->b = b;
+    me->done = done;
+    me->arg = arg;
+    pipe_enqueue(me);
+    pthread_mutex_unlock(&pipe_mu);
+    return 1;
+}
+
+static void redis_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done, void *arg)
+{
+    (void)pg;                                   /* admission needs no Postgres */
+    if (g_cfg.redis_admit_pipelines > 0)
+        pipe_submit(cs, b, done, arg);
+    else
+        redis_settle_alone(cs, b, done, arg);
 }
 
 /* The voucher as Redis holds it (its stock is the admissions' own). */
@@ -495,7 +695,10 @@ int stock_redis_stats(redisContext *c, cJSON *root, cJSON *vouchers)
 const stock_backend stock_redis_first = {
     .name = "redis",
     .alone = 1,
+    .deferred = 1,
     .settle = redis_settle,
+    .join = redis_join,
+    .joinable = redis_joinable,
     .start = stock_redis_start,
     .load = redis_load,
     .voucher = redis_voucher,

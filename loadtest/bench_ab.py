@@ -21,7 +21,10 @@ Environment (all optional):
   AB_SECONDS       length of each sale (default 6)
   AB_CONNECTIONS   wrk connections (default 64)
   AB_STOCK         the stock strategy of every setting unless it names its own
-                   (default optimistic)
+                   (default optimistic). redis: make bench's redis-first sale (Redis
+                   with appendfsync always, THREADS=BENCH_REDIS_THREADS unless the
+                   setting names its own, the stream drained and reconciled after
+                   each sale)
   AB_MODE          sale (default), or soldout: make bench's sold-out run instead
                    of a sale (req/s, CPU ms per request, p99, and the p99 and steal
                    of its run paced to half its rate), with the stack's nginx
@@ -78,6 +81,8 @@ def main():
         return 2
     for s in settings:
         s.setdefault("SECKILL_STOCK", stock)
+        if s["SECKILL_STOCK"] == "redis":
+            s.setdefault("THREADS", str(bench.env_int("BENCH_REDIS_THREADS", 32)))
         if "SECKILL_BIN" in s:
             s["SECKILL_BIN"] = os.path.abspath(s["SECKILL_BIN"])
     keys = set().union(*settings)
@@ -95,6 +100,8 @@ def main():
         if mode == "soldout":
             b.stack.set({"NGINX_EDGE": "off"})     # the instances answer, not nginx
         b.stack.start(fresh=True)
+        if any(s["SECKILL_STOCK"] == "redis" for s in settings):
+            b.redis_aof(True)              # what a 200 of the redis strategy needs
         for r in range(1, rounds + 1):
             for text, s in zip(args, settings):
                 # What another setting set and this one does not name goes back
@@ -110,7 +117,10 @@ def main():
                                        "p99Ms": w["p99Ms"], "pacedP99Ms": w["pacedHalf"]["p99Ms"],
                                        "pacedStealPct": w["pacedHalf"]["stealPct"]})
                     continue
-                res = b.sale(f"round {r}, {text}", conns, seconds)
+                if s["SECKILL_STOCK"] == "redis":
+                    res = b.redis_sale(f"round {r}, {text}", conns, seconds)
+                else:
+                    res = b.sale(f"round {r}, {text}", conns, seconds)
                 cpu = res["cpuMsPerOrder"] or {}
                 runs[text].append({"ordersPerSec": res["ordersPerSec"], "cpuMsPerOrder": cpu,
                                    "p99Ms": res["wrk"]["p99Ms"]})

@@ -13,6 +13,9 @@ oversold.
   refusal         an instance refuses to start against a Redis that would
                   lose acknowledged orders (no AOF, or appendfsync everysec)
   sale            concurrent buyers through two instances, each user twice
+  pipeline        concurrent admissions share round trips to Redis (one user
+                  32 times at once: one order), none without pipelining; a
+                  script Redis forgot is sent again, not refused
   claim           an instance killed while holding delivered entries: another
                   claims them (XAUTOCLAIM) and they land
   poison          unreadable entries and entries Postgres refuses go to the
@@ -23,7 +26,9 @@ oversold.
 """
 
 import os
+import signal
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -118,6 +123,62 @@ def a_sale_through_two_instances_sells_once_per_user_and_every_order_lands():
     finally:
         a.stop_ok()
         b.stop_ok()
+        rs.kill()
+
+
+def admission(srv):
+    """This instance's admission counters (round trips, admissions, largest)."""
+    return stats(srv)["admission"]
+
+
+@test
+def concurrent_admissions_share_round_trips_to_redis():
+    rs = durable_redis()
+    piped = server("rf-piped", rs, REDIS_ADMIT_PIPELINES=1, THREADS=8)
+    alone = server("rf-alone", rs, REDIS_ADMIT_PIPELINES=0, THREADS=8)
+    try:
+        vid = ss.new_voucher(piped, TOKEN, 400)
+        acked, answers = buy_all([piped], vid, range(7700001, 7700201), workers=32)
+        p = admission(piped)
+        if len(acked) != 200 or p["admissions"] != 200:
+            fail(f"{len(acked)} acknowledged, {p} sent: {sorted(set(answers), key=str)}")
+        if p["largest"] < 2 or p["roundTrips"] >= p["admissions"]:
+            fail(f"pipelined, no round trip carried two admissions: {p}")
+        more, _ = buy_all([alone], vid, range(7700201, 7700301), workers=32)
+        a = admission(alone)
+        if len(more) != 100 or a != {"roundTrips": 100, "admissions": 100, "largest": 1}:
+            fail(f"not pipelined: {len(more)} acknowledged, {a} sent")
+        print(f"# 200 buyers, 32 at a time: {p['roundTrips']} round trips "
+              f"({p['admissions'] / p['roundTrips']:.1f} admissions each, at most {p['largest']}); "
+              f"alone: {a['roundTrips']} for {a['admissions']}", flush=True)
+        # One user 32 times at once, while Redis is stopped for 0.5 s: the
+        # requests queue behind the round trip that waits for it and go
+        # out together, and the script, atomic, admits one of them.
+        before = admission(piped)
+        os.kill(rs.proc.pid, signal.SIGSTOP)
+        threading.Timer(0.5, os.kill, (rs.proc.pid, signal.SIGCONT)).start()
+        again, answers = buy_all([piped] * 32, vid, [7700401], workers=32)
+        after = admission(piped)
+        if len(again) != 1 or sorted(set(answers), key=str) != [(200, None), (409, "already_ordered")]:
+            fail(f"one user 32 times at once: {answers}")
+        if after["admissions"] - before["admissions"] < 16 or \
+                after["roundTrips"] - before["roundTrips"] > 4:
+            fail(f"the one user's requests did not go out together: {before} -> {after}")
+        acked.update(more)
+        acked.update(again)
+        # Redis forgot the script (restart, SCRIPT FLUSH): each admission of
+        # the round trip that met NOSCRIPT is sent again, not refused.
+        rcli(rs, "SCRIPT", "FLUSH")
+        last, answers = buy_all([piped], vid, range(7700501, 7700551), workers=32)
+        if len(last) != 50:
+            fail(f"after SCRIPT FLUSH: {len(last)} of 50 acknowledged: {sorted(set(answers), key=str)}")
+        acked.update(last)
+        _, n = reconcile(piped, rs, vid, acked, 400)
+        if n != 351:
+            fail(f"{n} rows")
+    finally:
+        piped.stop_ok()
+        alone.stop_ok()
         rs.kill()
 
 
