@@ -51,11 +51,16 @@ void peers_sum(cJSON *dst, const cJSON *src)
 
 void peers_cluster_tidy(cJSON *cluster)
 {
-    cJSON *lock = cJSON_GetObjectItemCaseSensitive(cluster, "lock");
+    static const char *const drop[][2] = {
+        { "lock", "wakeupMeanMs" }, { "lock", "wakeupMaxMs" },
+        { "batch", "largest" }, { "admission", "largest" },
+        { "consumer", "lagMsLast" }, { "consumer", "lagMsMax" }, { "consumer", "lagMsMean" },
+    };
 
     cJSON_DeleteItemFromObjectCaseSensitive(cluster, "port");
-    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMeanMs");
-    cJSON_DeleteItemFromObjectCaseSensitive(lock, "wakeupMaxMs");
+    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
+        cJSON_DeleteItemFromObjectCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(cluster, drop[i][0]), drop[i][1]);
     /* A setting, not a count: the same on every instance. */
     cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(cluster, "redis"),
                                             "syncReplicas");
