@@ -141,8 +141,7 @@ tsan: ## every test with ThreadSanitizer builds in build/tsan (TESTS="...": a su
 # wait, watchdog, order ids, MultiLock's storm), the server's worker pool and strategies,
 # Redis-first's pipelined admissions, and the server following a Redis failover (the
 # Sentinel follower thread).
-TSAN_CONCURRENCY_TESTS := test_lock test_watchdog test_idw test_mlock test_workers test_strategies test_sentinel \
-                          test_redisfirst.py
+TSAN_CONCURRENCY_TESTS := test_lock test_watchdog test_idw test_mlock test_workers test_strategies test_sentinel test_redisfirst.py
 
 tsan-concurrency: ## ThreadSanitizer on the concurrency tests only (what CI runs; ~90 s with the build)
 	@$(MAKE) --no-print-directory tsan TESTS="$(TSAN_CONCURRENCY_TESTS)"
