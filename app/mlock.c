@@ -5,6 +5,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 typedef struct node_conn {
     mlock_node node;
     redisContext *c;
+    int answered;            /* c has had a reply (it worked before it broke) */
     int64_t retry_at_us;     /* monotonic; 0: may connect now */
 } node_conn;
 
@@ -61,26 +63,45 @@ long mlock_drift_ms(long lease_ms)
     return lease_ms / 100 + 2;
 }
 
-/* The node closed this connection (end of file, reset, broken pipe): it
- * restarted, or its process is gone. Either way a new connect answers at
- * once, so it is tried at the next call: after a restart, each of a set's
- * dead connections would otherwise cost one failed attempt and a pause.
- * A timeout (EAGAIN) means a stalled node, and keeps the pause. */
-static int closed(const redisContext *c)
+/* hiredis keeps an I/O error as strerror's text; strerror itself need not
+ * be thread-safe, so the two texts are made once. */
+static pthread_once_t texts_once = PTHREAD_ONCE_INIT;
+static char reset_text[128], pipe_text[128];
+
+static void texts_init(void)
 {
-    return c->err == REDIS_ERR_EOF ||
-           (c->err == REDIS_ERR_IO && (strcmp(c->errstr, strerror(ECONNRESET)) == 0 ||
-                                       strcmp(c->errstr, strerror(EPIPE)) == 0));
+    snprintf(reset_text, sizeof reset_text, "%s", strerror(ECONNRESET));
+    snprintf(pipe_text, sizeof pipe_text, "%s", strerror(EPIPE));
+}
+
+/* The node closed this connection (end of file, reset, broken pipe) after
+ * it had answered on it: it restarted, or its process is gone. Either way a
+ * new connect answers at once, so it is tried at the next call: after a
+ * restart, each of a set's dead connections would otherwise cost one failed
+ * attempt and a pause. A timeout (EAGAIN) means a stalled node, and a node
+ * that closes new connections before any answer (maxclients, a proxy in
+ * front of a dead node) would cost every attempt a connect: both keep the
+ * pause. */
+static int closed_after_answers(const node_conn *nc)
+{
+    const redisContext *c = nc->c;
+
+    pthread_once(&texts_once, texts_init);
+    return nc->answered &&
+           (c->err == REDIS_ERR_EOF ||
+            (c->err == REDIS_ERR_IO &&
+             (strcmp(c->errstr, reset_text) == 0 || strcmp(c->errstr, pipe_text) == 0)));
 }
 
 static void drop(mlock_set *s, size_t i)
 {
     node_conn *nc = &s->conns[i];
-    int at_once = nc->c != NULL && closed(nc->c);
+    int at_once = nc->c != NULL && closed_after_answers(nc);
 
     if (nc->c != NULL)
         redisFree(nc->c);
     nc->c = NULL;
+    nc->answered = 0;
     nc->retry_at_us = at_once ? 0 : util_mono_us() + (int64_t)RETRY_MS * 1000;
 }
 
@@ -158,6 +179,8 @@ static lock_status acquire_on(mlock_set *s, size_t i, const char *key, const cha
         ls = LOCK_ERR;
     if (c->err)
         drop(s, i);
+    else
+        s->conns[i].answered = 1;
     return ls;
 }
 
@@ -225,6 +248,8 @@ int mlock_release(mlock_set *s, const char *key, const char *owner, long lease_m
             refused++;
         if (c->err)
             drop(s, i);
+        else
+            s->conns[i].answered = 1;
     }
     if (not_owner != NULL)
         *not_owner = refused;
@@ -245,6 +270,7 @@ int mlock_check(mlock_set *s, char *err, size_t errlen)
             s->conns[i].retry_at_us = 0;
             return -1;
         }
+        s->conns[i].answered = 1;
     }
     return 0;
 }

@@ -6,7 +6,8 @@
  * Quorums (all nodes / a majority) with a rival holding some nodes, the
  * release of a failed attempt on every node, a node down, a node that
  * stopped answering (per-node timeout, validity), nodes that restarted
- * (reconnected at the next attempt), reentry, release by a
+ * (reconnected at the next attempt), a node that closes every new
+ * connection (it keeps the reconnect pause), reentry, release by a
  * non-owner, lease expiry, and the RedLock failure with a node that restarts
  * without persistence (two holders) next to its "delayed restart" fix (one
  * holder); a one-key storm of threads, where MultiLock grants exactly one
@@ -16,7 +17,11 @@
 #include "mlock.h"
 #include "util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define N 5
@@ -316,6 +321,56 @@ static void test_restarted_nodes_are_reconnected_at_once(void)
     mlock_set_free(a);
 }
 
+/* A "node" that accepts connections and closes each at once (a Redis at
+ * maxclients, a proxy in front of a dead one): counted, never answered. */
+static int closer_fd = -1;
+static atomic_int closer_accepts;
+
+static void *closer_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        int fd = accept(closer_fd, NULL, NULL);
+        if (fd < 0)
+            return NULL;
+        atomic_fetch_add(&closer_accepts, 1);
+        close(fd);
+    }
+}
+
+/* Such a node costs one connect per RETRY_MS, not one per attempt: a
+ * connection it closed never answered, so it keeps the pause. */
+static void test_a_node_that_closes_new_connections_keeps_the_pause(void)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof sa;
+    mlock_node with_closer[N];
+    mlock_set *a;
+    pthread_t th;
+    char key[64];
+    mlock_grant g;
+
+    closer_fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (!T_ASSERT(closer_fd >= 0 && bind(closer_fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+                  listen(closer_fd, 16) == 0 &&
+                  getsockname(closer_fd, (struct sockaddr *)&sa, &len) == 0))
+        return;
+    pthread_create(&th, NULL, closer_main, NULL);
+    memcpy(with_closer, nodes, sizeof nodes);
+    with_closer[0].port = ntohs(sa.sin_port);
+    a = mlock_set_new(with_closer, N, NODE_TIMEOUT_MS);
+    fresh_key(key, sizeof key);
+    for (int i = 0; i < 20; i++)
+        T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+    printf("# a node closing every connection: %d connects in 20 attempts\n",
+           atomic_load(&closer_accepts));
+    T_EQ_I64(atomic_load(&closer_accepts), 1);
+    mlock_set_free(a);
+    shutdown(closer_fd, SHUT_RDWR);
+    close(closer_fd);
+    pthread_join(th, NULL);
+}
+
 /* Client 1 takes KEY on nodes 1, 2, 3 (4 and 5 paused for it, and refusing
  * its attempt once resumed: past its deadline); node 3 is killed, and
  * started again at once without persistence when RESTART; then 1 and 2 are
@@ -521,6 +576,7 @@ int main(int argc, char **argv)
     T_RUN(test_a_node_down);
     T_RUN(test_a_silent_node_costs_one_node_timeout);
     T_RUN(test_restarted_nodes_are_reconnected_at_once);
+    T_RUN(test_a_node_that_closes_new_connections_keeps_the_pause);
     T_RUN(test_restart_without_persistence_gives_two_holders);
     T_RUN(test_delayed_restart_keeps_one_holder);
     T_RUN(test_a_storm_on_one_key_has_one_winner_per_round);
