@@ -24,6 +24,10 @@ static script_file load_script = { .name = "stock_load" };
 enum durability { DUR_UNKNOWN, DUR_OK, DUR_NOT };
 static atomic_int durability = DUR_UNKNOWN;
 
+/* Workers that may send pipelined admissions at once (0: each its own
+ * buyer's, alone). Set at start, read-only after. */
+static int pipe_senders_max;
+
 #define REBUILD_ATTEMPTS 5
 
 void stock_redis_key(char *buf, size_t n, int64_t voucher_id, const char *suffix)
@@ -87,6 +91,13 @@ int stock_redis_start(char *err, size_t errlen)
     if (mode_is("none"))
         log_warn("REDIS_ORDER_DURABILITY=none: an order is answered 200 before Redis made it "
                  "durable; a Redis crash loses the orders of its last fsync interval");
+    /* A sender keeps its worker while buyers keep coming: one worker at
+     * least stays for the rest (a voucher not in the cache, the admin API). */
+    pipe_senders_max = g_cfg.redis_admit_pipelines < g_cfg.threads
+                           ? g_cfg.redis_admit_pipelines : g_cfg.threads - 1;
+    if (pipe_senders_max < g_cfg.redis_admit_pipelines)
+        log_warn("REDIS_ADMIT_PIPELINES=%d with THREADS=%d: %d sender(s), so that a worker "
+                 "stays free", g_cfg.redis_admit_pipelines, g_cfg.threads, pipe_senders_max);
     /* Refuse to start against a Redis that would lose acknowledged orders;
      * one that is not up yet is checked when it is. */
     c = conn_redis_open(why, sizeof why);
@@ -385,7 +396,7 @@ out:
 
 /* ---- Pipelined admission (REDIS_ADMIT_PIPELINES > 0) ----
  *
- * Buyers queue here. A worker that finds fewer than REDIS_ADMIT_PIPELINES
+ * Buyers queue here. A worker that finds fewer than pipe_senders_max
  * others sending becomes one: it takes every queued buyer (up to
  * PIPE_MAX), writes their scripts to Redis at once, reads the replies in
  * order and answers each buyer, and goes on while buyers are queued. Redis
@@ -395,12 +406,20 @@ out:
  * buyer who comes while the round trips are out waits only for the next. */
 #define PIPE_MAX 256
 
+/* Where a queued buyer's admission stands. */
+enum pipe_state {
+    PIPE_UNSENT,         /* not sent (deadline passed, or hiredis could not format it) */
+    PIPE_SETTLED,        /* 'st' is its outcome */
+    PIPE_NOSCRIPT,       /* Redis forgot the script: to be sent again */
+    PIPE_MISSING         /* Redis lost the voucher: to be rebuilt, then sent again */
+};
+
 typedef struct pipe_waiter {
     stock_buyer *b;
     stock_done_fn done;
     void *arg;
+    enum pipe_state state;
     store_status st;
-    int missing;
     admit_args a;
     struct pipe_waiter *next;
 } pipe_waiter;
@@ -420,98 +439,173 @@ static void pipe_enqueue(pipe_waiter *w)
     pipe_tail = w;
 }
 
-/* Sends the admissions of w[0..n) in one write and reads their replies.
- * Those not sent (deadline passed, no Redis) and not admitted keep
- * STORE_UNAVAILABLE. */
-static void pipe_send(conn_set *cs, redisContext *c, pipe_waiter **w, int n)
+/* In durability "wait": one WAIT for the admitted of w[0..n); when it
+ * fails they are not known to survive a failover, so not acknowledged.
+ * (The orders stand: a retry answers already_ordered.) */
+static void pipe_wait(redisContext *c, pipe_waiter **w, int n)
+{
+    int admitted = 0;
+
+    for (int i = 0; i < n; i++)
+        admitted += w[i]->st == STORE_OK;
+    if (admitted == 0 || !mode_is("wait") || (c->err == 0 && wait_replicas(c) == 0))
+        return;
+    for (int i = 0; i < n; i++)
+        if (w[i]->st == STORE_OK)
+            w[i]->st = STORE_UNAVAILABLE;
+}
+
+/* Answers w[0..n) and frees them. */
+static void pipe_answer(conn_set *cs, pipe_waiter **w, int n)
+{
+    for (int i = 0; i < n; i++) {
+        w[i]->done(cs, w[i]->arg, w[i]->st);
+        free(w[i]);
+    }
+}
+
+/* Sends the admissions of w[0..n) in one write and reads their replies in
+ * order. The connection failing leaves the rest STORE_UNAVAILABLE (some
+ * may have been admitted: a retry answers already_ordered). */
+static void pipe_send(redisContext *c, pipe_waiter **w, int n)
 {
     int64_t t0 = util_mono_us();
-    int sent = 0, admitted = 0;
+    int sent = 0, read = 0;
 
     for (int i = 0; i < n; i++) {
+        w[i]->state = PIPE_UNSENT;
         w[i]->st = STORE_UNAVAILABLE;
-        w[i]->missing = -1;                   /* -1: not sent */
-    }
-    for (int i = 0; i < n; i++) {
         if (stock_past_deadline(w[i]->b) || admit_prepare(&w[i]->a, &w[i]->b->order) != 0)
             continue;
         if (script_file_append(c, &admit_script, 4, 7, w[i]->a.argv, NULL) != 0)
             break;
-        w[i]->missing = 0;
+        w[i]->state = PIPE_SETTLED;
         sent++;
     }
-    if (sent > 0)
-        rec_admit_round(sent);
-    for (int i = 0; i < n && sent > 0; i++) {
+    if (sent == 0)
+        return;
+    rec_admit_round(sent);
+    for (int i = 0; i < n && read < sent; i++) {
         redisReply *r;
-        if (w[i]->missing < 0)
+        int missing;
+        if (w[i]->state == PIPE_UNSENT)
             continue;
         r = script_file_recv(c, &admit_script, 4, 7, w[i]->a.argv, NULL, 0);
         if (r == NULL)
-            break;                            /* the connection failed: the rest unanswered */
-        sent--;
-        if (script_is_noscript(r))
-            w[i]->missing = 2;                /* the script cache was flushed: alone, below */
-        else
-            w[i]->st = admit_parse(r, &w[i]->a, &w[i]->b->order, &w[i]->missing);
+            break;                              /* the rest: unavailable */
+        read++;
+        if (script_is_noscript(r)) {
+            w[i]->state = PIPE_NOSCRIPT;
+        } else {
+            w[i]->st = admit_parse(r, &w[i]->a, &w[i]->b->order, &missing);
+            if (missing)
+                w[i]->state = PIPE_MISSING;
+        }
         freeReplyObject(r);
     }
     script_observe(util_mono_us() - t0, c->err == 0);
-    /* The rare ones, alone: a voucher Redis lost (rebuilt by the first), a
-     * script Redis forgot (sent with EVAL by the first). */
-    for (int i = 0; i < n && c->err == 0; i++)
-        if (w[i]->missing > 0 && !stock_past_deadline(w[i]->b))
-            w[i]->st = admit_one(cs, c, &w[i]->b->order);
-    for (int i = 0; i < n; i++)
-        admitted += w[i]->st == STORE_OK;
-    if (admitted > 0 && mode_is("wait") && (c->err != 0 || wait_replicas(c) != 0)) {
-        /* One WAIT for the lot: not known to survive a failover, so not
-         * acknowledged. (The orders stand: a retry answers already_ordered.) */
-        for (int i = 0; i < n; i++)
-            if (w[i]->st == STORE_OK)
-                w[i]->st = STORE_UNAVAILABLE;
+}
+
+/* The few whose script Redis forgot or whose voucher it lost, once the
+ * others are answered: the first of each kind alone (EVAL loads the
+ * script; a rebuild loads the voucher), the rest sent again together. A
+ * voucher whose rebuild failed fails its other buyers here at once, so a
+ * Postgres that does not answer costs one rebuild, not one per buyer. */
+static void pipe_retry(conn_set *cs, redisContext *c, pipe_waiter **w, int n)
+{
+    pipe_waiter *again[PIPE_MAX];
+    int nagain = 0, script_done = 0;
+
+    for (int i = 0; i < n && c->err == 0; i++) {
+        int first = 1, failed = 0;
+        if (stock_past_deadline(w[i]->b)) {
+            w[i]->state = PIPE_UNSENT;          /* unavailable, and no voucher's first */
+            continue;
+        }
+        if (w[i]->state == PIPE_NOSCRIPT) {
+            first = !script_done;
+        } else {
+            /* The voucher's first buyer here ran its rebuild: unavailable
+             * means the rebuild failed (a refusal means it worked). */
+            for (int j = 0; j < i && first; j++)
+                if (w[j]->state == PIPE_MISSING &&
+                    w[j]->b->order.voucher_id == w[i]->b->order.voucher_id) {
+                    first = 0;
+                    failed = w[j]->st == STORE_UNAVAILABLE;
+                }
+        }
+        if (failed)
+            continue;                           /* unavailable */
+        if (!first) {
+            again[nagain++] = w[i];
+            continue;
+        }
+        w[i]->st = admit_one(cs, c, &w[i]->b->order);
+        script_done = script_done || w[i]->state == PIPE_NOSCRIPT;
     }
+    if (nagain > 0 && c->err == 0)
+        pipe_send(c, again, nagain);            /* a second forgetting: unavailable */
+}
+
+/* Settles and answers the lot w[0..n): the ones Redis answered first, then
+ * the rare ones (pipe_retry). */
+static void pipe_settle(conn_set *cs, pipe_waiter **w, int n)
+{
+    pipe_waiter *rare[PIPE_MAX], *done[PIPE_MAX];
+    redisContext *c = conn_redis(cs);
+    int nrare = 0, ndone = 0;
+
+    if (c != NULL && durable(c))
+        pipe_send(c, w, n);
+    else
+        for (int i = 0; i < n; i++)
+            w[i]->state = PIPE_UNSENT, w[i]->st = STORE_UNAVAILABLE;
+    for (int i = 0; i < n; i++) {
+        if (w[i]->state == PIPE_NOSCRIPT || w[i]->state == PIPE_MISSING)
+            rare[nrare++] = w[i];
+        else
+            done[ndone++] = w[i];
+    }
+    if (c != NULL)
+        pipe_wait(c, done, ndone);
+    pipe_answer(cs, done, ndone);
+    if (nrare > 0 && c != NULL) {
+        for (int i = 0; i < nrare; i++)
+            rare[i]->st = STORE_UNAVAILABLE;
+        pipe_retry(cs, c, rare, nrare);
+        pipe_wait(c, rare, nrare);
+    }
+    pipe_answer(cs, rare, nrare);
+    if (c != NULL && c->err)
+        conn_redis_broken(cs);
 }
 
 /* Queues 'b'; a worker that becomes a sender returns only once the queue
  * is empty, having answered its buyers and everyone else's it took. */
 static void pipe_submit(conn_set *cs, stock_buyer *b, stock_done_fn done, void *arg)
 {
-    pipe_waiter *me = xcalloc(1, sizeof *me), *batch[PIPE_MAX];
+    pipe_waiter *me = xcalloc(1, sizeof *me), *lot[PIPE_MAX];
 
     me->b = b;
     me->done = done;
     me->arg = arg;
     pthread_mutex_lock(&pipe_mu);
     pipe_enqueue(me);
-    if (pipe_senders >= g_cfg.redis_admit_pipelines) {
+    if (pipe_senders >= pipe_senders_max) {
         pthread_mutex_unlock(&pipe_mu);
         return;                               /* a sender will take it */
     }
     pipe_senders++;
     while (pipe_head != NULL) {
-        redisContext *c;
         int n = 0;
         while (pipe_head != NULL && n < PIPE_MAX) {
-            batch[n++] = pipe_head;
+            lot[n++] = pipe_head;
             pipe_head = pipe_head->next;
         }
         if (pipe_head == NULL)
             pipe_tail = NULL;
         pthread_mutex_unlock(&pipe_mu);
-
-        c = conn_redis(cs);
-        if (c != NULL && durable(c))
-            pipe_send(cs, c, batch, n);
-        else
-            for (int i = 0; i < n; i++)
-                batch[i]->st = STORE_UNAVAILABLE;
-        if (c != NULL && c->err)
-            conn_redis_broken(cs);
-        for (int i = 0; i < n; i++) {
-            batch[i]->done(cs, batch[i]->arg, batch[i]->st);
-            free(batch[i]);
-        }
+        pipe_settle(cs, lot, n);
         pthread_mutex_lock(&pipe_mu);
     }
     pipe_senders--;
@@ -520,7 +614,7 @@ static void pipe_submit(conn_set *cs, stock_buyer *b, stock_done_fn done, void *
 
 static int redis_joinable(void)
 {
-    return g_cfg.redis_admit_pipelines > 0;
+    return pipe_senders_max > 0;
 }
 
 /* For an event thread: queues 'b' when a sender is at work (it takes 'b'
@@ -546,7 +640,7 @@ static int redis_join(stock_buyer *b, stock_done_fn done, void *arg)
 static void redis_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done, void *arg)
 {
     (void)pg;                                   /* admission needs no Postgres */
-    if (g_cfg.redis_admit_pipelines > 0)
+    if (pipe_senders_max > 0)
         pipe_submit(cs, b, done, arg);
     else
         redis_settle_alone(cs, b, done, arg);

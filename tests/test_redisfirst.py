@@ -14,8 +14,12 @@ oversold.
                   lose acknowledged orders (no AOF, or appendfsync everysec)
   sale            concurrent buyers through two instances, each user twice
   pipeline        concurrent admissions share round trips to Redis (one user
-                  32 times at once: one order), none without pipelining; a
-                  script Redis forgot is sent again, not refused
+                  32 times at once: one order), none without pipelining or
+                  with one worker; a script Redis forgot is sent again, not
+                  refused
+  stall           a voucher Redis lost, with the instance's Postgres silent,
+                  costs one rebuild and holds up no other voucher's buyers
+                  of the same round trip
   claim           an instance killed while holding delivered entries: another
                   claims them (XAUTOCLAIM) and they land
   poison          unreadable entries and entries Postgres refuses go to the
@@ -27,6 +31,7 @@ oversold.
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -134,10 +139,10 @@ def admission(srv):
 @test
 def concurrent_admissions_share_round_trips_to_redis():
     rs = durable_redis()
-    piped = server("rf-piped", rs, REDIS_ADMIT_PIPELINES=1, THREADS=8)
+    piped = server("rf-piped", rs, REDIS_ADMIT_PIPELINES=1, THREADS=8, REDIS_TIMEOUT_MS=5000)
     alone = server("rf-alone", rs, REDIS_ADMIT_PIPELINES=0, THREADS=8)
     try:
-        vid = ss.new_voucher(piped, TOKEN, 400)
+        vid = ss.new_voucher(piped, TOKEN, 450)
         acked, answers = buy_all([piped], vid, range(7700001, 7700201), workers=32)
         p = admission(piped)
         if len(acked) != 200 or p["admissions"] != 200:
@@ -148,6 +153,17 @@ def concurrent_admissions_share_round_trips_to_redis():
         a = admission(alone)
         if len(more) != 100 or a != {"roundTrips": 100, "admissions": 100, "largest": 1}:
             fail(f"not pipelined: {len(more)} acknowledged, {a} sent")
+        # One worker: a sender keeps its worker while buyers come, so none
+        # sends pipelined and the worker stays free for the rest.
+        one = server("rf-one-worker", rs, THREADS=1)
+        try:
+            few, _ = buy_all([one], vid, range(7700601, 7700651), workers=32)
+            o = admission(one)
+        finally:
+            one.stop_ok()
+        if len(few) != 50 or o != {"roundTrips": 50, "admissions": 50, "largest": 1}:
+            fail(f"THREADS=1: {len(few)} acknowledged, {o} sent")
+        more.update(few)
         print(f"# 200 buyers, 32 at a time: {p['roundTrips']} round trips "
               f"({p['admissions'] / p['roundTrips']:.1f} admissions each, at most {p['largest']}); "
               f"alone: {a['roundTrips']} for {a['admissions']}", flush=True)
@@ -173,12 +189,76 @@ def concurrent_admissions_share_round_trips_to_redis():
         if len(last) != 50:
             fail(f"after SCRIPT FLUSH: {len(last)} of 50 acknowledged: {sorted(set(answers), key=str)}")
         acked.update(last)
-        _, n = reconcile(piped, rs, vid, acked, 400)
-        if n != 351:
+        _, n = reconcile(piped, rs, vid, acked, 450)
+        if n != 401:
             fail(f"{n} rows")
     finally:
         piped.stop_ok()
         alone.stop_ok()
+        rs.kill()
+
+
+@test
+def a_voucher_whose_rebuild_stalls_holds_up_no_one_else():
+    """One round trip carries buyers of two vouchers; Redis has lost one of
+    them and the instance's Postgres does not answer (a connect takes
+    PG_CONNECT_TIMEOUT_S): the other voucher's buyers are answered first,
+    and the lost voucher's cost one rebuild, not one each."""
+    rs = durable_redis()
+    hang = socket.socket()                 # accepts into the backlog, never answers
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(64)
+    good = server("rf-good", rs)
+    stalled = server("rf-stalled-pg", rs, CONSUMERS=0, REDIS_ADMIT_PIPELINES=1,
+                     REDIS_TIMEOUT_MS=5000, PG_CONNECT_TIMEOUT_S=2,
+                     PG_DSN=f"host=127.0.0.1 port={hang.getsockname()[1]} dbname=x user=x")
+    answers = {}
+    try:
+        lost = ss.new_voucher(good, TOKEN, 100)
+        kept = ss.new_voucher(good, TOKEN, 100)
+        for vid, user in ((lost, 7800001), (kept, 7800002)):   # both in its voucher cache
+            if stalled.seckill(vid, user).status != 200:
+                fail("the stalled instance does not sell while Redis has the vouchers")
+        rcli(rs, "DEL", f"seckill:v:{{{lost}}}", f"seckill:v:{{{lost}}}:buyers")
+
+        def buy(vid, user):
+            t0 = time.monotonic()
+            r = ss.request(stalled.port, "POST", f"/voucher/{vid}/seckill",
+                           {"X-User-Id": str(user)}, None, 30)
+            answers[user] = (vid, r.status, time.monotonic() - t0)
+
+        # Redis stopped: a first buyer's round trip waits, so the next ones
+        # queue behind it and go out in one lot when it resumes.
+        os.kill(rs.proc.pid, signal.SIGSTOP)
+        threads = [threading.Thread(target=buy, args=(kept, 7800100))]
+        threads[0].start()
+        time.sleep(0.2)
+        for i in range(10):
+            for vid, user in ((lost, 7800200 + i), (kept, 7800300 + i)):
+                threads.append(threading.Thread(target=buy, args=(vid, user)))
+                threads[-1].start()
+        time.sleep(0.3)
+        os.kill(rs.proc.pid, signal.SIGCONT)
+        for t in threads:
+            t.join(40)
+        kept_answers = [a for a in answers.values() if a[0] == kept]
+        lost_answers = [a for a in answers.values() if a[0] == lost]
+        print(f"# kept voucher: {len(kept_answers)} answered, slowest "
+              f"{max(a[2] for a in kept_answers):.2f}s; lost voucher: slowest "
+              f"{max(a[2] for a in lost_answers):.2f}s", flush=True)
+        if sorted({a[1] for a in kept_answers}) != [200] or len(kept_answers) != 11:
+            fail(f"the kept voucher's buyers: {kept_answers}")
+        if max(a[2] for a in kept_answers) > 1.5:
+            fail(f"the kept voucher's buyers waited for the other's rebuild: {kept_answers}")
+        if sorted({a[1] for a in lost_answers}) != [503] or len(lost_answers) != 10:
+            fail(f"the lost voucher's buyers: {lost_answers}")
+        if max(a[2] for a in lost_answers) > 4.5:
+            fail(f"the lost voucher's buyers each waited for a rebuild: {lost_answers}")
+    finally:
+        os.kill(rs.proc.pid, signal.SIGCONT)
+        stalled.stop_ok()
+        good.stop_ok()
+        hang.close()
         rs.kill()
 
 
