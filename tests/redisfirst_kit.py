@@ -141,10 +141,12 @@ def counter(srv, name):
 
 
 def postgres_pids():
-    """The postmaster and its children (the run's Postgres)."""
-    backend = int(psql_value("SELECT pg_backend_pid()"))
-    with open(f"/proc/{backend}/stat") as f:
-        postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+    """The postmaster and its children (the run's Postgres). The postmaster
+    is read from its data directory's postmaster.pid, not found as the
+    parent of the backend that answered: that backend exits with its
+    session, and may be gone before its /proc entry is read."""
+    with open(os.path.join(psql_value("SHOW data_directory"), "postmaster.pid")) as f:
+        postmaster = int(f.readline())
     pids = [postmaster]
     for d in os.listdir("/proc"):
         if d.isdigit():

@@ -221,6 +221,35 @@ def stopping_postgres_lets_it_go_when_one_of_its_processes_has_exited():
         fail("Postgres does not answer after it was let go")
 
 
+@test
+def postgres_pids_does_not_need_the_backend_that_answered():
+    """The backend that answers a query exits with its session, and may be
+    gone before the kit looks at it: the kit must find Postgres's processes
+    all the same (here every such backend is waited out first)."""
+    real = redisfirst_kit.psql_value
+
+    def answered_then_gone(sql):
+        v = real(sql)
+        if "pg_backend_pid" in sql:
+            deadline = time.monotonic() + 5
+            while os.path.exists(f"/proc/{int(v)}") and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return v
+
+    redisfirst_kit.psql_value = answered_then_gone
+    try:
+        pids = redisfirst_kit.postgres_pids()
+    except OSError as e:
+        fail(f"the kit looked for a backend that had exited: {e}")
+    finally:
+        redisfirst_kit.psql_value = real
+    with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
+        if b"postgres" not in f.read():
+            fail(f"{pids[0]} is not Postgres's postmaster")
+    if len(pids) < 3:
+        fail(f"only {len(pids)} Postgres processes found")
+
+
 def proc_state(pid):
     """The state letter of /proc/<pid>/stat ('T': stopped), or '' if gone."""
     try:
