@@ -537,12 +537,16 @@ void expo_counters_json(cJSON *obj)
     cJSON_AddNumberToObject(b, "buyers", (double)buyers);
     cJSON_AddNumberToObject(b, "largest", (double)largest);
     cJSON_AddItemToObject(obj, "batch", b);
-    b = cJSON_CreateObject();
-    rec_admit_counts(&n, &buyers, &largest);
-    cJSON_AddNumberToObject(b, "roundTrips", (double)n);
-    cJSON_AddNumberToObject(b, "admissions", (double)buyers);
-    cJSON_AddNumberToObject(b, "largest", (double)largest);
-    cJSON_AddItemToObject(obj, "admission", b);
+    {
+        uint64_t rounds, admissions, most;
+        cJSON *a = cJSON_CreateObject();
+
+        rec_admit_counts(&rounds, &admissions, &most);
+        cJSON_AddNumberToObject(a, "roundTrips", (double)rounds);
+        cJSON_AddNumberToObject(a, "admissions", (double)admissions);
+        cJSON_AddNumberToObject(a, "largest", (double)most);
+        cJSON_AddItemToObject(obj, "admission", a);
+    }
     {
         uint64_t orders, nb, max_us, last_us;
         rec_histogram lag;

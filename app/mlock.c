@@ -13,7 +13,8 @@
 
 /* A node whose connection failed is not tried again before this: a dead
  * or stalled node must not cost every attempt a connect or command timeout.
- * A connection the node closed is the exception (closed()). */
+ * A connection the node closed after answering on it is the exception
+ * (closed_after_answers()). */
 #define RETRY_MS 250
 
 typedef struct node_conn {

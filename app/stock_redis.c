@@ -351,9 +351,7 @@ static int durable(redisContext *c)
 {
     int d = atomic_load(&durability);
 
-    if (d == DUR_UNKNOWN && stock_redis_check_durability(c) == 0)
-        d = atomic_load(&durability);
-    return d == DUR_OK;
+    return d == DUR_OK || (d == DUR_UNKNOWN && stock_redis_check_durability(c) == 0);
 }
 
 /* One buyer alone: admitted, rebuilt first when Redis lost the voucher. */
@@ -429,6 +427,16 @@ typedef struct pipe_waiter {
 static pthread_mutex_t pipe_mu = PTHREAD_MUTEX_INITIALIZER;
 static pipe_waiter *pipe_head, *pipe_tail;
 static int pipe_senders;
+
+static pipe_waiter *pipe_waiter_new(stock_buyer *b, stock_done_fn done, void *arg)
+{
+    pipe_waiter *w = xcalloc(1, sizeof *w);
+
+    w->b = b;
+    w->done = done;
+    w->arg = arg;
+    return w;
+}
 
 static void pipe_enqueue(pipe_waiter *w)
 {
@@ -584,11 +592,8 @@ static void pipe_settle(conn_set *cs, pipe_waiter **w, int n)
  * is empty, having answered its buyers and everyone else's it took. */
 static void pipe_submit(conn_set *cs, stock_buyer *b, stock_done_fn done, void *arg)
 {
-    pipe_waiter *me = xcalloc(1, sizeof *me), *lot[PIPE_MAX];
+    pipe_waiter *me = pipe_waiter_new(b, done, arg), *lot[PIPE_MAX];
 
-    me->b = b;
-    me->done = done;
-    me->arg = arg;
     pthread_mutex_lock(&pipe_mu);
     pipe_enqueue(me);
     if (pipe_senders >= pipe_senders_max) {
@@ -621,20 +626,17 @@ static int redis_joinable(void)
  * before it stops); never blocks on I/O. */
 static int redis_join(stock_buyer *b, stock_done_fn done, void *arg)
 {
-    pipe_waiter *me;
+    pipe_waiter *me = pipe_waiter_new(b, done, arg);
+    int queued;
 
     pthread_mutex_lock(&pipe_mu);
-    if (pipe_senders == 0) {
-        pthread_mutex_unlock(&pipe_mu);
-        return 0;
-    }
-    me = xcalloc(1, sizeof *me);
-    me->b = b;
-    me->done = done;
-    me->arg = arg;
-    pipe_enqueue(me);
+    queued = pipe_senders > 0;
+    if (queued)
+        pipe_enqueue(me);
     pthread_mutex_unlock(&pipe_mu);
-    return 1;
+    if (!queued)
+        free(me);
+    return queued;
 }
 
 static void redis_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done, void *arg)

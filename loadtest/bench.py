@@ -314,7 +314,7 @@ class Bench:
         self.batch_conns = env_list("BENCH_BATCH_CONNECTIONS", [16, 64, 256])
         self.threads = env_int("BENCH_THREADS", 0)
         self.batch_threads = env_int("BENCH_BATCH_THREADS", 8)
-        self.redis_threads = env_int("BENCH_REDIS_THREADS", 32)
+        self.redis_threads = redis_threads()
         self.skip = {s.strip() for s in os.environ.get("BENCH_SKIP", "").split(",") if s.strip()}
         self.keep = os.environ.get("BENCH_KEEP") == "1"
         self.bin = os.environ.get("SECKILL_BIN") or os.path.join(ROOT, "build", "seckill")
@@ -1732,6 +1732,11 @@ def _dig(d, path):
     for p in path:
         d = d.get(p) if isinstance(d, dict) else None
     return d
+
+
+def redis_threads():
+    """THREADS of the redis-first instances (BENCH_REDIS_THREADS)."""
+    return env_int("BENCH_REDIS_THREADS", 32)
 
 
 def load_runs(paths):

@@ -82,7 +82,7 @@ def main():
     for s in settings:
         s.setdefault("SECKILL_STOCK", stock)
         if s["SECKILL_STOCK"] == "redis":
-            s.setdefault("THREADS", str(bench.env_int("BENCH_REDIS_THREADS", 32)))
+            s.setdefault("THREADS", str(bench.redis_threads()))
         if "SECKILL_BIN" in s:
             s["SECKILL_BIN"] = os.path.abspath(s["SECKILL_BIN"])
     keys = set().union(*settings)
