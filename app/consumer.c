@@ -5,6 +5,7 @@
 #include "idw.h"
 #include "log.h"
 #include "rec.h"
+#include "script.h"
 #include "stock_redis.h"
 #include "store.h"
 #include "util.h"
@@ -20,10 +21,12 @@
 #define RETRY_PAUSE_MS 200            /* after a failure of Redis or Postgres */
 #define DURABILITY_CHECK_MS 1000
 #define SINGLE_ATTEMPTS 3             /* an entry alone, Postgres answering, before it is poison */
+#define TRIM_EVERY_MS 200             /* settled entries leave the stream (stream_trim.lua) */
 
 static pthread_t thread;
 static _Atomic int stop_flag;
 static int running;
+static script_file trim_script = { .name = "stream_trim" };
 
 /* One stream entry, parsed. */
 typedef struct entry {
@@ -40,10 +43,10 @@ typedef struct consumer {
     char name[128];                   /* consumer name in the group */
     char cursor[48];                  /* XAUTOCLAIM's, between rounds */
     int own_pending;                  /* entries delivered to us and not settled */
-    int64_t next_claim_us, next_check_us;
+    int64_t next_claim_us, next_check_us, next_trim_us;
     entry *e;                         /* CONSUMER_BATCH_MAX of them */
     store_order *orders;
-    const char **argv;                /* XACK/XDEL arguments */
+    const char **argv;                /* XACK arguments */
 } consumer;
 
 static void pause_ms(int ms)
@@ -236,12 +239,12 @@ static int exec_replies(redisContext *c, int cmds)
     return rc;
 }
 
-/* The 'n' entries k->e[idx[...]] leave the stream: XACK, XDEL and, for
- * persisted ones, the voucher's landed counter, in one MULTI (atomic for
- * stock_load.lua's rebuild, which reads both). When 'dead_reason' is set
- * (n is 1 then) the entry is copied to the dead-letter stream first.
- * 0, or -1 when Redis failed (the entries stay pending: persisting them
- * again changes nothing). */
+/* The 'n' entries k->e[idx[...]] are settled: XACK and, for persisted
+ * ones, the voucher's landed counter, in one MULTI (atomic for
+ * stock_load.lua's rebuild, which reads both). trim() removes them from
+ * the stream later. When 'dead_reason' is set (n is 1 then) the entry is
+ * copied to the dead-letter stream first. 0, or -1 when Redis failed (the
+ * entries stay pending: persisting them again changes nothing). */
 static int settle(consumer *k, const int *idx, int n, int64_t voucher_id, int landed,
                   const char *dead_reason)
 {
@@ -269,13 +272,6 @@ static int settle(consumer *k, const int *idx, int n, int64_t voucher_id, int la
         cmds++;
     }
     if (redisAppendCommandArgv(k->c, 3 + n, k->argv, NULL) != REDIS_OK)
-        return -1;
-    cmds++;
-    k->argv[0] = "XDEL";
-    k->argv[1] = STOCK_REDIS_STREAM;
-    for (int i = 0; i < n; i++)
-        k->argv[2 + i] = k->e[idx[i]].id;
-    if (redisAppendCommandArgv(k->c, 2 + n, k->argv, NULL) != REDIS_OK)
         return -1;
     cmds++;
     if (landed > 0) {
@@ -455,6 +451,22 @@ static int process(consumer *k, int n)
     return rc;
 }
 
+/* Removes the stream's settled entries (stream_trim.lua). A failure
+ * leaves them for the next time: only memory is at stake. */
+static void trim(consumer *k)
+{
+    const char *argv[2] = { STOCK_REDIS_STREAM, STOCK_REDIS_GROUP };
+    redisReply *r = script_file_run(k->c, &trim_script, 1, 2, argv, NULL);
+
+    if (r != NULL && r->type == REDIS_REPLY_ERROR) {
+        if (strstr(r->str, "NOGROUP") != NULL)
+            ensure_group(k->c);
+        else
+            log_warn("consumer: stream_trim: %s", r->str);
+    }
+    freeReplyObject(r);
+}
+
 /* One round: claim what crashed consumers left, else our own pending
  * entries, else new ones; persist them. */
 static void round_once(consumer *k)
@@ -485,6 +497,10 @@ static void round_once(consumer *k)
     }
     if (n < 0 && k->c->err == 0)
         pause_ms(RETRY_PAUSE_MS);
+    if (k->c->err == 0 && (now = util_mono_us()) >= k->next_trim_us) {
+        k->next_trim_us = now + TRIM_EVERY_MS * 1000LL;
+        trim(k);
+    }
     if (k->c->err)
         redis_drop(k);
 }
@@ -517,10 +533,15 @@ static void *consumer_main(void *arg)
 
 int consumer_start(void)
 {
+    char err[256];
     consumer *k;
 
     if (g_cfg.stock_strategy != STOCKS_REDIS || g_cfg.consumers == 0 || running)
         return 0;
+    if (script_file_load(&trim_script, g_cfg.lua_dir, trim_script.name, err, sizeof err) != 0) {
+        log_error("consumer: %s", err);
+        return -1;
+    }
     k = xcalloc(1, sizeof *k);
     /* A name of its own per process: a restarted instance does not take
      * over its predecessor's entries as if they were being worked on; they

@@ -5,9 +5,11 @@
  * It reads up to CONSUMER_BATCH_MAX orders (XREADGROUP), persists those of
  * each voucher in one transaction (store_orders_persist: one deduction of
  * n units, one multi-row insert, idempotent on the order id), and only
- * after the commit acknowledges and deletes them (XACK, XDEL and the
- * voucher's landed counter in one MULTI). So the stream holds exactly the
- * orders not yet in Postgres: its length is the backlog.
+ * after the commit acknowledges them (XACK and the voucher's landed
+ * counter in one MULTI). Every 200 ms lua/stream_trim.lua drops the
+ * settled entries, whole stream nodes at a time; until then they stay in
+ * the stream, so the backlog is the group's pending and undelivered
+ * entries, not the stream's length.
  *
  * - Postgres down: the batch stays pending to this consumer, which retries
  *   it (its own pending entries first) until Postgres answers.

@@ -132,7 +132,7 @@ static void vkeys_fill(vkeys *k, int64_t voucher_id)
 static int run_load(redisContext *c, const vkeys *k, const char *mode, const store_voucher *v,
                     int64_t landed, const int64_t *buyers, size_t nbuyers)
 {
-    size_t argc = 13 + nbuyers, i;
+    size_t argc = 14 + nbuyers, i;
     const char **argv = xmalloc(sizeof *argv * argc);
     char (*num)[24] = xmalloc(sizeof *num * (6 + nbuyers));
     redisReply *r;
@@ -153,9 +153,10 @@ static int run_load(redisContext *c, const vkeys *k, const char *mode, const sto
     for (i = 0; i < 6; i++)
         argv[6 + i] = num[i];
     argv[12] = v->title;
+    argv[13] = STOCK_REDIS_GROUP;
     for (i = 0; i < nbuyers; i++) {
         snprintf(num[6 + i], sizeof num[6 + i], "%" PRId64, buyers[i]);
-        argv[13 + i] = num[6 + i];
+        argv[14 + i] = num[6 + i];
     }
     r = script_file_run(c, &load_script, 5, (int)argc, argv, NULL);
     if (r == NULL)
@@ -698,17 +699,85 @@ static int redis_load(conn_set *cs, const store_voucher *v)
     return rc;
 }
 
-/* XPENDING's count of delivered, unacknowledged entries (-1: no group). */
-static int64_t pending_count(redisContext *c)
-{
-    redisReply *r = redisCommand(c, "XPENDING %s %s", STOCK_REDIS_STREAM, STOCK_REDIS_GROUP);
-    int64_t n = -1;
+/* One group's fields in XINFO GROUPS's reply. */
+typedef struct group_info {
+    int found;
+    int64_t pending, lag;             /* lag: -1 when Redis cannot tell */
+    char last[48];                    /* last delivered id */
+} group_info;
 
-    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
-        r->element[0]->type == REDIS_REPLY_INTEGER)
-        n = r->element[0]->integer;
+static void group_info_read(const redisReply *g, group_info *out)
+{
+    const redisReply *name = NULL, *pending = NULL, *lag = NULL, *last = NULL;
+
+    for (size_t i = 0; g->type == REDIS_REPLY_ARRAY && i + 1 < g->elements; i += 2) {
+        const redisReply *k = g->element[i], *v = g->element[i + 1];
+        if (k->type != REDIS_REPLY_STRING)
+            continue;
+        if (strcmp(k->str, "name") == 0)
+            name = v;
+        else if (strcmp(k->str, "pending") == 0)
+            pending = v;
+        else if (strcmp(k->str, "lag") == 0)
+            lag = v;
+        else if (strcmp(k->str, "last-delivered-id") == 0)
+            last = v;
+    }
+    if (name == NULL || name->type != REDIS_REPLY_STRING ||
+        strcmp(name->str, STOCK_REDIS_GROUP) != 0 || last == NULL ||
+        last->type != REDIS_REPLY_STRING || last->len >= sizeof out->last)
+        return;
+    out->found = 1;
+    out->pending = pending != NULL && pending->type == REDIS_REPLY_INTEGER ? pending->integer : 0;
+    out->lag = lag != NULL && lag->type == REDIS_REPLY_INTEGER ? lag->integer : -1;
+    memcpy(out->last, last->str, last->len + 1);
+}
+
+/* The stream's orders not yet settled: delivered and unacknowledged
+ * ('pending') plus not delivered yet. Settled entries stay in the stream
+ * until stream_trim.lua removes them, so its length is not this. Redis
+ * counts the undelivered ones (XINFO GROUPS's lag) unless the stream has
+ * XDEL'd entries past the group's position; then they are counted here.
+ * 0, or -1 when Redis failed; a figure Redis refused is -1. */
+static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending)
+{
+    redisReply *r = redisCommand(c, "XINFO GROUPS %s", STOCK_REDIS_STREAM);
+    group_info g = { 0 };
+    int rc = -1;
+
+    *backlog = *pending = -1;
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_ERROR) {
+        if (strstr(r->str, "no such key") != NULL)
+            *backlog = *pending = 0;  /* no order admitted yet */
+        rc = 0;
+        goto out;
+    }
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && !g.found; i++)
+        group_info_read(r->element[i], &g);
     freeReplyObject(r);
-    return n;
+    r = NULL;
+    if (!g.found) {                   /* no consumer started yet: nothing delivered */
+        r = redisCommand(c, "XLEN %s", STOCK_REDIS_STREAM);
+        *backlog = int_reply(r);
+        *pending = 0;
+        rc = c->err ? -1 : 0;
+        goto out;
+    }
+    if (g.lag < 0) {
+        r = redisCommand(c, "XRANGE %s (%s +", STOCK_REDIS_STREAM, g.last);
+        if (r == NULL)
+            goto out;
+        if (r->type == REDIS_REPLY_ARRAY)
+            g.lag = (int64_t)r->elements;
+    }
+    *pending = g.pending;
+    *backlog = g.lag < 0 ? -1 : g.pending + g.lag;
+    rc = 0;
+out:
+    freeReplyObject(r);
+    return rc;
 }
 
 static int64_t int_reply(redisReply *r)
@@ -729,15 +798,11 @@ int stock_redis_stats(redisContext *c, cJSON *root, cJSON *vouchers)
     int all_agree = 1;
     redisReply *r;
 
-    r = redisCommand(c, "XLEN %s", STOCK_REDIS_STREAM);
-    backlog = int_reply(r);
-    freeReplyObject(r);
+    if (stream_backlog(c, &backlog, &pending) != 0)
+        return -1;
     r = redisCommand(c, "XLEN %s", STOCK_REDIS_DEAD);
     dead = int_reply(r);
     freeReplyObject(r);
-    if (c->err)
-        return -1;
-    pending = pending_count(c);
     if (c->err)
         return -1;
     cJSON_AddStringToObject(rf, "durability", g_cfg.redis_order_durability);

@@ -1032,11 +1032,10 @@ class Bench:
             time.sleep(0.1)
 
     def drain(self, timeout=300):
-        """Seconds until the orders stream is empty and nothing is pending."""
+        """Seconds until the orders stream has nothing unsettled."""
         t0 = time.monotonic()
         while True:
-            backlog = int(self.redis_cli("XLEN", "seckill:orders") or 0)
-            pending = int((self.redis_cli("XPENDING", "seckill:orders", "seckill").split() or ["0"])[0])
+            backlog, pending = kit.stream_unsettled(self.redis_cli)
             if backlog == 0 and pending == 0:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout:

@@ -487,6 +487,35 @@ def redis_role(port):
         return None
 
 
+def stream_unsettled(cli, stream="seckill:orders", group="seckill"):
+    """(unsettled, pending) of the Redis-first orders stream: the entries the
+    consumers' group has not acknowledged yet (delivered and pending, or not
+    delivered), and the pending ones alone. The consumers leave settled
+    entries in the stream until lua/stream_trim.lua removes them, so XLEN is
+    not this. cli(*args) runs redis-cli --raw and returns its output."""
+    out = cli("XINFO", "GROUPS", stream)
+    if "no such key" in out:
+        return 0, 0
+    groups, g = [], None
+    lines = out.split("\n")
+    for k, v in zip(lines[0::2], lines[1::2] + [""]):
+        if k == "name":
+            g = {}
+            groups.append(g)
+        if g is not None:
+            g[k] = v
+    mine = [x for x in groups if x.get("name") == group]
+    if not mine:                      # no consumer yet: nothing delivered
+        return int(cli("XLEN", stream) or 0), 0
+    g = mine[0]
+    pending = int(g.get("pending") or 0)
+    if (g.get("lag") or "").isdigit():
+        return pending + int(g["lag"]), pending
+    # Redis cannot tell the lag (XDEL'd entries past the group's position).
+    later = cli("XRANGE", stream, "(" + g["last-delivered-id"], "+", "COUNT", "1000000000")
+    return pending + sum(1 for line in later.split("\n") if re.match(r"^\d+-\d+$", line)), pending
+
+
 def redis_info_count(port, section, prefix, field):
     """A count from INFO section: field=N of the line starting with prefix
     (e.g. "commandstats", "cmdstat_evalsha:", "calls"); 0 when absent."""

@@ -734,9 +734,8 @@ class Ladder:
     def drain(self, timeout=60):
         deadline = time.monotonic() + timeout
         while True:
-            backlog = int(self.redis_cli("XLEN", "seckill:orders") or 0)
-            pending = (self.redis_cli("XPENDING", "seckill:orders", "seckill").split() or ["0"])[0]
-            if backlog == 0 and pending in ("0", ""):
+            backlog, pending = kit.stream_unsettled(self.redis_cli)
+            if backlog == 0 and pending == 0:
                 return
             if time.monotonic() > deadline:
                 raise LadderError(f"the stream did not drain ({backlog} left)")

@@ -20,8 +20,12 @@
 --                               instance)
 --        {-1} the voucher is not loaded: rebuild it from Postgres, retry
 --
--- The duplicate check comes before the deduction: a buyer refused as a
--- duplicate never takes a unit that is then never sold.
+-- The order of the checks is the service's: the window, sold out (a buyer
+-- who already ordered hears sold_out once nothing is left), then the
+-- buyer, then the deduction. The duplicate check comes before the
+-- deduction, so a buyer refused as a duplicate never takes a unit that is
+-- then never sold; SADD is that check (0: the buyer was recorded before),
+-- one command where SISMEMBER and SADD were two.
 local v = redis.call('hmget', KEYS[1], 'stock', 'begin', 'end', 'gen')
 if not v[1] then
     return {-1}
@@ -33,14 +37,13 @@ end
 if now > tonumber(v[3]) then
     return {4}
 end
-if redis.call('sismember', KEYS[2], ARGV[2]) == 1 then
-    return {2}
-end
 if tonumber(v[1]) <= 0 then
     return {1}
 end
+if redis.call('sadd', KEYS[2], ARGV[2]) == 0 then
+    return {2}
+end
 redis.call('hincrby', KEYS[1], 'stock', -1)
-redis.call('sadd', KEYS[2], ARGV[2])
 local count = redis.call('incr', KEYS[4])
 local id = redis.call('xadd', KEYS[3], '*', 'v', ARGV[1], 'u', ARGV[2], 't', ARGV[3],
                       'c', count, 'g', v[4])

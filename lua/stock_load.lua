@@ -15,16 +15,21 @@
 -- ARGV[5]  begin   ARGV[6] end (Unix seconds)
 -- ARGV[7]  rebuild: the landed counter read before Postgres was read
 -- ARGV[8]  title
--- ARGV[9..] rebuild: the buyers in Postgres
+-- ARGV[9]  the consumers' group
+-- ARGV[10..] rebuild: the buyers in Postgres
 --
 -- Reply: 1 written; 0 rebuild, but the hash exists (someone else rebuilt it);
 --        -1 rebuild, but orders landed since Postgres was read: read again.
 --
--- A rebuild counts what Postgres has plus the orders still in the stream
--- (admitted, not persisted yet) of the current generation: Postgres's stock
--- minus those, its buyers plus theirs. An order persisted between the
--- caller's read of Postgres and this script left the stream and moved the
--- landed counter (the consumer does both in one MULTI): ARGV[7] catches it.
+-- A rebuild counts what Postgres has plus the orders still unsettled in the
+-- stream (admitted, not persisted yet) of the current generation: Postgres's
+-- stock minus those, its buyers plus theirs. Settled entries (acknowledged:
+-- persisted, dropped or dead-lettered) stay in the stream until
+-- stream_trim.lua removes them and do not count; the unsettled ones are the
+-- group's pending entries and those after its last delivered id. An order
+-- persisted between the caller's read of Postgres and this script was
+-- acknowledged and moved the landed counter (the consumer does both in one
+-- MULTI): ARGV[7] catches it.
 if ARGV[1] == 'rebuild' then
     if redis.call('exists', KEYS[1]) == 1 then
         return 0
@@ -44,8 +49,34 @@ redis.call('del', KEYS[1], KEYS[2])
 local stock = tonumber(ARGV[3])
 local buyers = {}
 if ARGV[1] == 'rebuild' then
-    for i = 9, #ARGV do
+    for i = 10, #ARGV do
         buyers[ARGV[i]] = true
+    end
+    -- The group's position and its pending entries (none: nothing settled).
+    local last, pending = nil, {}
+    local groups = redis.pcall('xinfo', 'groups', KEYS[3])
+    if type(groups) == 'table' and not groups.err then
+        for _, g in ipairs(groups) do
+            local f = {}
+            for i = 1, #g, 2 do
+                f[g[i]] = g[i + 1]
+            end
+            if f['name'] == ARGV[9] then
+                last = f['last-delivered-id']
+                if f['pending'] > 0 then
+                    for _, p in ipairs(redis.call('xpending', KEYS[3], ARGV[9], '-', '+', f['pending'])) do
+                        pending[p[1]] = true
+                    end
+                end
+            end
+        end
+    end
+    -- "ms-seq" ids: is a after b?
+    local function after(a, b)
+        local am, as = string.match(a, '^(%d+)-(%d+)$')
+        local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+        am, bm = tonumber(am), tonumber(bm)
+        return am > bm or (am == bm and tonumber(as) > tonumber(bs))
     end
     local entries = redis.call('xrange', KEYS[3], '-', '+')
     for _, e in ipairs(entries) do
@@ -53,7 +84,8 @@ if ARGV[1] == 'rebuild' then
         for i = 1, #e[2], 2 do
             f[e[2][i]] = e[2][i + 1]
         end
-        if f.v == ARGV[2] and tonumber(f.g) == gen and f.u and not buyers[f.u] then
+        local unsettled = last == nil or pending[e[1]] or after(e[1], last)
+        if unsettled and f.v == ARGV[2] and tonumber(f.g) == gen and f.u and not buyers[f.u] then
             buyers[f.u] = true
             stock = stock - 1
         end

@@ -10,6 +10,8 @@ and Redis agree (orders = initial - stock on both sides, the same buyers),
 every acknowledged order id is a row, no user has two orders, nothing is
 oversold.
 
+  script          the admission script alone: sold out, then the buyer, then
+                  the deduction; a duplicate takes no unit
   refusal         an instance refuses to start against a Redis that would
                   lose acknowledged orders (no AOF, or appendfsync everysec)
   sale            concurrent buyers through two instances, each user twice
@@ -25,7 +27,11 @@ oversold.
   poison          unreadable entries and entries Postgres refuses go to the
                   dead-letter stream with a metric; the others land
   rebuild         a voucher's Redis state lost while orders are still in the
-                  stream is rebuilt from Postgres plus the stream
+                  stream is rebuilt from Postgres plus the stream; entries
+                  already settled (persisted, dead-lettered) do not count
+  trim            settled entries leave the stream whole nodes at a time,
+                  never a pending or undelivered one; /stats's backlog counts
+                  the unsettled orders, not the stream's length
   reset           a reset drops the old sale's undrained orders
 """
 
@@ -40,8 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
-from redisfirst_kit import (AUTH, TOKEN, buy_all, counter, durable_redis, rcli,  # noqa: E402
-                            reconcile, server, stats)
+from redisfirst_kit import (AUTH, TOKEN, buy_all, counter, drain, durable_redis,  # noqa: E402
+                            rcli, reconcile, server, stats, unsettled)
 
 # ---------------------------------------------------------------- tests
 
@@ -128,6 +134,37 @@ def a_sale_through_two_instances_sells_once_per_user_and_every_order_lands():
     finally:
         a.stop_ok()
         b.stop_ok()
+        rs.kill()
+
+
+@test
+def the_admission_script_checks_sold_out_then_the_buyer_then_deducts():
+    # lua/order_admit.lua on its own: the service's order of checks, and a
+    # duplicate takes no unit.
+    rs = durable_redis()
+    with open(os.path.join(ss.LUA_DIR, "order_admit.lua")) as f:
+        script = f.read()
+    h, buyers = "seckill:v:{424242}", "seckill:v:{424242}:buyers"
+    now = int(time.time())
+
+    def admit(user):
+        out = rcli(rs, "EVAL", script, 4, h, buyers, "seckill:orders", "icr:order:test",
+                   424242, user, 1000).split()
+        return int(out[0]), int(rcli(rs, "HGET", h, "stock"))
+
+    try:
+        rcli(rs, "HSET", h, "stock", 2, "initial", 2, "begin", now - 60, "end", now + 60, "gen", 1)
+        if admit(1)[0] != 0 or admit(2) != (0, 0):
+            fail("two buyers of two units were not both admitted")
+        rcli(rs, "HSET", h, "stock", 1)
+        if admit(1) != (2, 1):
+            fail("a buyer who ordered was not refused as a duplicate, or took a unit")
+        rcli(rs, "HSET", h, "stock", 0)
+        if admit(1)[0] != 1 or admit(3)[0] != 1:
+            fail("with nothing left, the answer is not sold out for everyone")
+        if rcli(rs, "SISMEMBER", buyers, 3) != "0" or int(rcli(rs, "XLEN", "seckill:orders")) != 2:
+            fail("a refused buyer was recorded, or an order appended")
+    finally:
         rs.kill()
 
 
@@ -313,6 +350,129 @@ def a_voucher_lost_in_redis_is_rebuilt_from_postgres_and_the_stream():
         front.stop_ok()
         if b is not None:
             b.stop_ok()
+        rs.kill()
+
+
+def entry_ids(out):
+    return [x for x in out.split() if x.count("-") == 1 and x.replace("-", "").isdigit()]
+
+
+@test
+def the_trim_removes_settled_entries_and_never_a_pending_or_undelivered_one():
+    rs = durable_redis()
+    with open(os.path.join(ss.LUA_DIR, "stream_trim.lua")) as f:
+        script = f.read()
+    s = "trimtest"
+
+    def trim():
+        return int(rcli(rs, "EVAL", script, 1, s, "g"))
+
+    def add(n):
+        rcli(rs, "EVAL", "for i = 1, tonumber(ARGV[1]) do redis.call('xadd', KEYS[1], '*', 'i', i) end",
+             1, s, n)
+
+    def read(consumer, n):
+        return entry_ids(rcli(rs, "XREADGROUP", "GROUP", "g", consumer, "COUNT", n, "STREAMS", s, ">"))
+
+    try:
+        rcli(rs, "XGROUP", "CREATE", s, "g", 0, "MKSTREAM")
+        add(300)
+        held = read("a", 150)                  # a stalls with the older half
+        rcli(rs, "XACK", s, "g", *read("b", 150))
+        if trim() != 0 or int(rcli(rs, "XLEN", s)) != 300:
+            fail("entries were trimmed below a pending one")
+        rcli(rs, "XACK", s, "g", *held[:120])
+        removed = trim()
+        left = set(entry_ids(rcli(rs, "XRANGE", s, "-", "+")))
+        if removed == 0:
+            fail("nothing trimmed after the oldest 120 were acknowledged")
+        if removed > 120 or not set(held[120:]) <= left:
+            fail(f"{removed} trimmed: a pending entry went with them")
+        add(50)
+        fresh = entry_ids(rcli(rs, "XRANGE", s, "-", "+"))[-50:]
+        rcli(rs, "XACK", s, "g", *held[120:])  # none pending; 50 not delivered
+        trim()
+        left = set(entry_ids(rcli(rs, "XRANGE", s, "-", "+")))
+        if not set(fresh) <= left:
+            fail("an undelivered entry was trimmed")
+        if len(left) >= 230:
+            fail(f"{len(left)} entries left: the settled ones were not trimmed")
+    finally:
+        rs.kill()
+
+
+@test
+def the_backlog_counts_unsettled_orders_not_the_streams_length():
+    rs = durable_redis()
+    a = server("rf-backlog", rs)
+    front = None
+    b = None
+    try:
+        vid = ss.new_voucher(a, TOKEN, 30)
+        acked, _ = buy_all([a], vid, range(7700001, 7700011), workers=2)
+        drain(a)
+        # Ten settled entries, fewer than a stream node: still in the stream.
+        if int(rcli(rs, "XLEN", "seckill:orders")) != 10:
+            fail("the settled entries are expected in the stream until trimmed")
+        a.stop_ok()
+        front = server("rf-backlog-front", rs, CONSUMERS=0)
+        more, _ = buy_all([front], vid, range(7700011, 7700016), workers=2)
+        acked.update(more)
+        # An XDEL'd entry past the group's position: Redis cannot tell the
+        # lag any more, and the instance counts the rest itself.
+        junk = rcli(rs, "XADD", "seckill:orders", "*", "junk", 1)
+        rcli(rs, "XDEL", "seckill:orders", junk)
+        deadline = time.monotonic() + 10
+        while True:
+            rf = stats(front)["redisFirst"]
+            if rf["backlog"] == 5 and rf["pending"] == 0:
+                break
+            if time.monotonic() > deadline:
+                fail(f"/stats: {rf} (5 orders not delivered yet)")
+            time.sleep(0.2)
+        if unsettled(rs) != 5:
+            fail(f"the kit counts {unsettled(rs)} unsettled")
+        b = server("rf-backlog-back", rs)
+        reconcile(b, rs, vid, acked, 30)
+    finally:
+        for srv in (a, front, b):
+            if srv is not None:
+                srv.stop_ok()
+        rs.kill()
+
+
+@test
+def a_rebuild_does_not_count_settled_entries_left_in_the_stream():
+    rs = durable_redis()
+    a = server("rf-settled", rs)
+    try:
+        vid = ss.new_voucher(a, TOKEN, 30)
+        acked, _ = buy_all([a], vid, range(7800001, 7800011), workers=2)
+        # An order Postgres refuses (its id is another order's): dead-lettered,
+        # settled, its buyer in neither Postgres nor Redis.
+        oid = next(iter(acked.values()))
+        gen = rcli(rs, "GET", f"seckill:v:{{{vid}}}:gen")
+        rcli(rs, "XADD", "seckill:orders", "*", "v", vid, "u", 7800999, "t", oid >> 32,
+             "c", oid & 0xFFFFFFFF, "g", gen)
+        deadline = time.monotonic() + 10
+        while int(rcli(rs, "XLEN", "seckill:orders:dead")) != 1:
+            if time.monotonic() > deadline:
+                fail("the conflicting order was not dead-lettered")
+            time.sleep(0.1)
+        drain(a)
+        rcli(rs, "DEL", f"seckill:v:{{{vid}}}", f"seckill:v:{{{vid}}}:buyers")
+        # The rebuild: 30 - 10 in Postgres; the 11 settled entries in the
+        # stream add nothing. Then one buyer more, and the refused one buys.
+        more, _ = buy_all([a], vid, [7800100, 7800999], workers=1)
+        if sorted(more) != [7800100, 7800999]:
+            fail(f"after the rebuild: {sorted(more)} acknowledged")
+        if rcli(rs, "HGET", f"seckill:v:{{{vid}}}", "stock") != "18":
+            fail("the rebuilt stock counts settled entries: "
+                 f"{rcli(rs, 'HGET', f'seckill:v:{{{vid}}}', 'stock')} left, 18 expected")
+        acked.update(more)
+        reconcile(a, rs, vid, acked, 30)
+    finally:
+        a.stop_ok()
         rs.kill()
 
 

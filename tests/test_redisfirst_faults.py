@@ -166,7 +166,7 @@ def orders_admitted_while_postgres_is_stopped_land_after_it_returns():
             got, answers = buy_all([a, b], vid, range(8300101, 8301101), workers=8)
             during["acked"] = got
             during["answers"] = answers
-            during["backlog"] = int(rcli(rs, "XLEN", "seckill:orders"))
+            during["backlog"] = redisfirst_kit.unsettled(rs)
 
         t0 = time.monotonic()
         stop_postgres_for(PG_STOP_S, crowd)
