@@ -219,8 +219,9 @@ static store_status rebuild(conn_set *cs, redisContext *c, int64_t voucher_id)
             goto out;
         if ((pg = conn_pg(cs)) == NULL)
             goto out;
-        if ((st = store_voucher_get(pg, voucher_id, &v)) != STORE_OK ||
-            (st = store_voucher_buyers(pg, voucher_id, &buyers, &nbuyers)) != STORE_OK) {
+        /* One snapshot: an order committed between two reads would count
+         * as a buyer but not as a unit taken. */
+        if ((st = store_voucher_snapshot(pg, voucher_id, &v, &buyers, &nbuyers)) != STORE_OK) {
             if (st == STORE_UNAVAILABLE && PQstatus(pg) != CONNECTION_OK)
                 conn_pg_broken(cs);
             goto out;
@@ -384,7 +385,8 @@ static void redis_settle_alone(conn_set *cs, stock_buyer *b, stock_done_fn done,
     st = admit_one(cs, c, &b->order);
     if (st == STORE_OK && mode_is("wait") && wait_replicas(c) != 0) {
         /* Admitted, but not known to survive a failover: not acknowledged.
-         * (The order stands: a retry answers already_ordered.) */
+         * (The order stands: a retry answers already_ordered, or
+         * sold_out when it took the last unit.) */
         st = STORE_UNAVAILABLE;
     }
 out:
@@ -450,7 +452,8 @@ static void pipe_enqueue(pipe_waiter *w)
 
 /* In durability "wait": one WAIT for the admitted of w[0..n); when it
  * fails they are not known to survive a failover, so not acknowledged.
- * (The orders stand: a retry answers already_ordered.) */
+ * (The orders stand: a retry answers already_ordered, or sold_out
+ * when they took the last units.) */
 static void pipe_wait(redisContext *c, pipe_waiter **w, int n)
 {
     int admitted = 0;
@@ -475,7 +478,8 @@ static void pipe_answer(conn_set *cs, pipe_waiter **w, int n)
 
 /* Sends the admissions of w[0..n) in one write and reads their replies in
  * order. The connection failing leaves the rest STORE_UNAVAILABLE (some
- * may have been admitted: a retry answers already_ordered). */
+ * may have been admitted: a retry answers already_ordered, or
+ * sold_out when it took the last unit). */
 static void pipe_send(redisContext *c, pipe_waiter **w, int n)
 {
     int64_t t0 = util_mono_us();
@@ -699,6 +703,8 @@ static int redis_load(conn_set *cs, const store_voucher *v)
     return rc;
 }
 
+#define BACKLOG_COUNT_MAX 10000       /* undelivered entries /stats counts itself */
+
 /* One group's fields in XINFO GROUPS's reply. */
 typedef struct group_info {
     int found;
@@ -737,7 +743,8 @@ static void group_info_read(const redisReply *g, group_info *out)
  * ('pending') plus not delivered yet. Settled entries stay in the stream
  * until stream_trim.lua removes them, so its length is not this. Redis
  * counts the undelivered ones (XINFO GROUPS's lag) unless the stream has
- * XDEL'd entries past the group's position; then they are counted here.
+ * XDEL'd entries past the group's position; then they are counted here,
+ * up to BACKLOG_COUNT_MAX.
  * 0, or -1 when Redis failed; a figure Redis refused is -1. */
 static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending)
 {
@@ -766,10 +773,12 @@ static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending)
         goto out;
     }
     if (g.lag < 0) {
-        r = redisCommand(c, "XRANGE %s (%s +", STOCK_REDIS_STREAM, g.last);
+        /* Bounded: a backlog above it is reported as unknown (-1). */
+        r = redisCommand(c, "XRANGE %s (%s + COUNT %d", STOCK_REDIS_STREAM, g.last,
+                         BACKLOG_COUNT_MAX + 1);
         if (r == NULL)
             goto out;
-        if (r->type == REDIS_REPLY_ARRAY)
+        if (r->type == REDIS_REPLY_ARRAY && r->elements <= BACKLOG_COUNT_MAX)
             g.lag = (int64_t)r->elements;
     }
     *pending = g.pending;

@@ -30,7 +30,7 @@
 
 #include "store.h"
 
-#define STOCK_REDIS_STREAM "seckill:orders"       /* admitted, not yet persisted */
+#define STOCK_REDIS_STREAM "seckill:orders"       /* admitted orders, until trimmed once settled */
 #define STOCK_REDIS_DEAD "seckill:orders:dead"    /* entries no batch could persist */
 #define STOCK_REDIS_GROUP "seckill"               /* the consumers' group */
 

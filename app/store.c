@@ -999,6 +999,35 @@ cleanup:
     return st;
 }
 
+store_status store_voucher_snapshot(PGconn *pg, int64_t voucher_id, store_voucher *v,
+                                    int64_t **users, size_t *n)
+{
+    store_status st;
+    int open = 0;
+
+    *users = NULL;
+    *n = 0;
+    if ((st = simple(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")) != STORE_OK)
+        goto cleanup;
+    open = 1;
+    if ((st = store_voucher_get(pg, voucher_id, v)) != STORE_OK ||
+        (st = store_voucher_buyers(pg, voucher_id, users, n)) != STORE_OK)
+        goto cleanup;
+    st = simple(pg, "COMMIT");
+    open = 0;
+cleanup:
+    if (open && PQstatus(pg) == CONNECTION_OK) {
+        PGresult *res = timed_exec(pg, "ROLLBACK");    /* read only: nothing to undo */
+        PQclear(res);
+    }
+    if (st != STORE_OK) {
+        free(*users);
+        *users = NULL;
+        *n = 0;
+    }
+    return st;
+}
+
 store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *after, int page,
                                store_sweep_page *out)
 {

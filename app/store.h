@@ -150,6 +150,13 @@ store_status store_orders_persist(PGconn *pg, int64_t voucher_id, const store_or
  * set even when empty). */
 store_status store_voucher_buyers(PGconn *pg, int64_t voucher_id, int64_t **users, size_t *n);
 
+/* store_voucher_get and store_voucher_buyers read in one snapshot (a
+ * read-only REPEATABLE READ transaction): an order committed meanwhile is
+ * in both or in neither. '*users' as for store_voucher_buyers (NULL on
+ * failure). */
+store_status store_voucher_snapshot(PGconn *pg, int64_t voucher_id, store_voucher *v,
+                                    int64_t **users, size_t *n);
+
 /* One page of the sweep of tb_lock_fence: looks at the 'page' keys after
  * 'after' (in key order; "" for the first page) and deletes those whose
  * token is more than 2 x 'horizon_ms' old by Postgres's clock. Safe while

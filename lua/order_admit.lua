@@ -1,6 +1,6 @@
 -- order_admit: Redis-first admission (SECKILL_STOCK=redis). One buyer's
--- whole decision, atomically: the sale window, the one-order-per-user check,
--- the stock, then the unit taken, the buyer recorded, the order id drawn and
+-- whole decision, atomically: the sale window, the stock, the buyer recorded
+-- (the one-order-per-user check), then the unit taken, the order id drawn and
 -- the order appended to the stream that the consumers persist to Postgres.
 --
 -- KEYS[1]  voucher hash "seckill:v:{<id>}": stock, initial, begin, end (Unix

@@ -5,7 +5,7 @@
 -- KEYS[2]  buyers set "seckill:v:{<id>}:buyers"
 -- KEYS[3]  the orders stream "seckill:orders"
 -- KEYS[4]  landed counter "seckill:v:{<id>}:landed": orders of the voucher the
---          consumers persisted and removed from the stream
+--          consumers persisted and acknowledged
 -- KEYS[5]  generation counter "seckill:v:{<id>}:gen"
 -- ARGV[1]  "fresh" (voucher created or reset: a new sale, a new generation;
 --          the old sale's buyers and undrained orders no longer count) or

@@ -15,7 +15,10 @@
 -- Nothing unsettled is removed: the group delivers entries in id order, so
 -- every entry below the smallest pending one (or, with none pending, below
 -- the last delivered one) was delivered and acknowledged. Atomic, so no
--- delivery comes between the reading and the trim.
+-- delivery comes between the reading and the trim. This holds as long as
+-- the group's position only moves by delivery: the consumers create it at
+-- 0 (XGROUP CREATE ... 0); moving it by hand (XGROUP SETID, or creating it
+-- at $) would let this trim orders never persisted.
 local pending = redis.call('xpending', KEYS[1], ARGV[1])
 local below
 if pending[1] > 0 then

@@ -31,13 +31,16 @@ oversold.
                   already settled (persisted, dead-lettered) do not count
   trim            settled entries leave the stream whole nodes at a time,
                   never a pending or undelivered one; /stats's backlog counts
-                  the unsettled orders, not the stream's length
+                  the unsettled orders, not the stream's length; a rebuild
+                  counts pending and undelivered orders, not settled ones, and
+                  reads Postgres in one snapshot
   reset           a reset drops the old sale's undrained orders
 """
 
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -402,6 +405,68 @@ def the_trim_removes_settled_entries_and_never_a_pending_or_undelivered_one():
 
 
 @test
+def the_consumers_trim_settled_entries_from_the_stream():
+    rs = durable_redis()
+    a = server("rf-trim", rs)
+    try:
+        vid = ss.new_voucher(a, TOKEN, 400)
+        acked, _ = buy_all([a], vid, range(7650001, 7650301), workers=8)
+        reconcile(a, rs, vid, acked, 400)
+        # Every 200 ms, whole nodes (100 entries by default) below the last
+        # delivered entry: at most the last node stays.
+        deadline = time.monotonic() + 5
+        while (n := int(rcli(rs, "XLEN", "seckill:orders"))) > 100:
+            if time.monotonic() > deadline:
+                fail(f"{n} of 300 settled entries still in the stream")
+            time.sleep(0.1)
+    finally:
+        a.stop_ok()
+        rs.kill()
+
+
+@test
+def a_rebuild_counts_pending_and_undelivered_orders():
+    rs = durable_redis()
+    front = server("rf-pending", rs, CONSUMERS=0)
+    b = None
+    try:
+        vid = ss.new_voucher(front, TOKEN, 30)
+        acked, _ = buy_all([front], vid, range(7960001, 7960011), workers=2)
+
+        def backlog(want):
+            deadline = time.monotonic() + 10
+            while True:
+                rf = stats(front)["redisFirst"]
+                if (rf["backlog"], rf["pending"]) == want:
+                    return
+                if time.monotonic() > deadline:
+                    fail(f"/stats: {rf}, (backlog, pending) {want} expected")
+                time.sleep(0.2)
+
+        backlog((10, 0))                       # no group yet: nothing delivered
+        # A consumer that read four and died: pending; six not delivered.
+        rcli(rs, "XGROUP", "CREATE", "seckill:orders", "seckill", 0)
+        rcli(rs, "XREADGROUP", "GROUP", "seckill", "ghost", "COUNT", 4, "STREAMS",
+             "seckill:orders", ">")
+        backlog((10, 4))
+        rcli(rs, "DEL", f"seckill:v:{{{vid}}}", f"seckill:v:{{{vid}}}:buyers")
+        more, _ = buy_all([front], vid, list(range(7960001, 7960004)) + [7960100], workers=2)
+        if list(more) != [7960100]:
+            fail(f"after the rebuild: {more} acknowledged (earlier buyers must be refused)")
+        stock = rcli(rs, "HGET", f"seckill:v:{{{vid}}}", "stock")
+        if stock != "19":
+            fail(f"rebuilt stock {stock}: 30 - 10 in the stream (4 pending) - 1 = 19 expected")
+        acked.update(more)
+        b = server("rf-pending-back", rs)      # claims the ghost's four
+        reconcile(b, rs, vid, acked, 30)
+    finally:
+        front.stop_ok()
+        if b is not None:
+            b.stop_ok()
+        rs.kill()
+
+
+@test
 def the_backlog_counts_unsettled_orders_not_the_streams_length():
     rs = durable_redis()
     a = server("rf-backlog", rs)
@@ -473,6 +538,59 @@ def a_rebuild_does_not_count_settled_entries_left_in_the_stream():
         reconcile(a, rs, vid, acked, 30)
     finally:
         a.stop_ok()
+        rs.kill()
+
+
+@test
+def a_rebuild_reads_postgres_in_one_snapshot():
+    # A consumer that commits between the rebuild's read of the voucher and
+    # its read of the buyers, and acknowledges after the script: the buyer
+    # must count on one side only, or Redis holds a unit too many.
+    rs = durable_redis()
+    # One worker: its Postgres connection, opened for the voucher's creation,
+    # is the rebuild's (a new one would wait for the lock to prepare).
+    front = server("rf-snapshot", rs, CONSUMERS=0, PG_STATEMENT_TIMEOUT_MS=5000, THREADS=1)
+    b = None
+    session = None
+    try:
+        vid = ss.new_voucher(front, TOKEN, 30)
+        acked, _ = buy_all([front], vid, range(7950001, 7950006), workers=2)
+        rcli(rs, "DEL", f"seckill:v:{{{vid}}}", f"seckill:v:{{{vid}}}:buyers")
+        # Holds the buyers' table: the rebuild reads the voucher, then waits.
+        session = subprocess.Popen(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", ss.PG_DSN],
+                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, text=True)
+        session.stdin.write("BEGIN; LOCK TABLE tb_voucher_order IN ACCESS EXCLUSIVE MODE;\n"
+                            "SELECT 1;\n")
+        session.stdin.flush()
+        time.sleep(0.5)
+        got = {}
+        buyer = threading.Thread(target=lambda: got.update(
+            buy_all([front], vid, [7950100], workers=1)[0]))
+        buyer.start()
+        time.sleep(0.5)
+        # The consumer's commit of 7950001's order, as it would make it.
+        session.stdin.write(f"UPDATE tb_voucher SET stock = stock - 1 WHERE voucher_id = {vid};\n"
+                            f"INSERT INTO tb_voucher_order (id, user_id, voucher_id) VALUES "
+                            f"({acked[7950001]}, 7950001, {vid});\nCOMMIT;\n")
+        session.stdin.close()
+        session.wait(timeout=10)
+        buyer.join(timeout=30)
+        if list(got) != [7950100]:
+            fail(f"the buyer after the rebuild: {got}")
+        # 30 - 1 in Postgres - 4 still in the stream - 1 new.
+        stock = rcli(rs, "HGET", f"seckill:v:{{{vid}}}", "stock")
+        if stock != "24":
+            fail(f"rebuilt stock {stock}, 24 expected: Postgres was read in two snapshots")
+        acked.update(got)
+        b = server("rf-snapshot-back", rs)
+        reconcile(b, rs, vid, acked, 30)
+    finally:
+        if session is not None and session.poll() is None:
+            session.kill()
+        front.stop_ok()
+        if b is not None:
+            b.stop_ok()
         rs.kill()
 
 
