@@ -455,12 +455,12 @@ static int process(consumer *k, int n)
  * leaves them for the next time: only memory is at stake. */
 static void trim(consumer *k)
 {
-    const char *argv[2] = { STOCK_REDIS_STREAM, STOCK_REDIS_GROUP };
-    redisReply *r = script_file_run(k->c, &trim_script, 1, 2, argv, NULL);
+    const char *argv[1] = { STOCK_REDIS_STREAM };
+    redisReply *r = script_file_run(k->c, &trim_script, 1, 1, argv, NULL);
 
     if (r != NULL && r->type == REDIS_REPLY_ERROR) {
-        if (strstr(r->str, "NOGROUP") != NULL)
-            ensure_group(k->c);
+        if (strstr(r->str, "no such key") != NULL)
+            ensure_group(k->c);              /* the stream is gone: as XREADGROUP's NOGROUP */
         else
             log_warn("consumer: stream_trim: %s", r->str);
     }

@@ -7,7 +7,7 @@
  * n units, one multi-row insert, idempotent on the order id), and only
  * after the commit acknowledges them (XACK and the voucher's landed
  * counter in one MULTI). Every 200 ms lua/stream_trim.lua drops the
- * settled entries below the group's oldest pending one, whole stream nodes
+ * settled entries below every group's oldest pending one, whole stream nodes
  * at a time; the others stay in the stream (an entry pending for long, to
  * a dead consumer, holds everything after it until it is claimed), so the
  * backlog is the group's pending and undelivered entries, not the
