@@ -61,18 +61,23 @@ def voucher_stats(st, vid):
     fail(f"voucher {vid} not in /stats")
 
 
-def drain(srv, timeout=30.0):
-    """Waits until the stream has nothing unsettled (/stats backlog and
-    pending 0); the stats."""
+def wait_backlog(srv, backlog, pending, timeout=10.0):
+    """Waits until /stats shows the stream's backlog (unsettled orders) and
+    pending entries as given; the stats."""
     deadline = time.monotonic() + timeout
     while True:
         st = stats(srv)
         rf = st["redisFirst"]
-        if rf["backlog"] == 0 and rf["pending"] == 0:
+        if (rf["backlog"], rf["pending"]) == (backlog, pending):
             return st
         if time.monotonic() > deadline:
-            fail(f"stream not drained within {timeout}s: {rf}")
+            fail(f"/stats after {timeout}s: {rf}, backlog {backlog} and pending {pending} expected")
         time.sleep(0.1)
+
+
+def drain(srv, timeout=30.0):
+    """Waits until the stream has nothing unsettled; the stats."""
+    return wait_backlog(srv, 0, 0, timeout)
 
 
 def buy_all(servers, vid, users, workers=16):

@@ -50,7 +50,7 @@ import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
 from redisfirst_kit import (AUTH, TOKEN, buy_all, counter, drain, durable_redis,  # noqa: E402
-                            rcli, reconcile, server, stats, unsettled)
+                            rcli, reconcile, server, stats, unsettled, wait_backlog)
 
 # ---------------------------------------------------------------- tests
 
@@ -445,23 +445,12 @@ def a_rebuild_counts_pending_and_undelivered_orders():
     try:
         vid = ss.new_voucher(front, TOKEN, 30)
         acked, _ = buy_all([front], vid, range(7960001, 7960011), workers=2)
-
-        def backlog(want):
-            deadline = time.monotonic() + 10
-            while True:
-                rf = stats(front)["redisFirst"]
-                if (rf["backlog"], rf["pending"]) == want:
-                    return
-                if time.monotonic() > deadline:
-                    fail(f"/stats: {rf}, (backlog, pending) {want} expected")
-                time.sleep(0.2)
-
-        backlog((10, 0))                       # no group yet: nothing delivered
+        wait_backlog(front, 10, 0)            # no group yet: nothing delivered
         # A consumer that read four and died: pending; six not delivered.
         rcli(rs, "XGROUP", "CREATE", "seckill:orders", "seckill", 0)
         rcli(rs, "XREADGROUP", "GROUP", "seckill", "ghost", "COUNT", 4, "STREAMS",
              "seckill:orders", ">")
-        backlog((10, 4))
+        wait_backlog(front, 10, 4)
         # 30 - 10 in the stream (4 of them pending) - 1.
         acked.update(rebuild_then_buy(front, rs, vid, range(7960001, 7960004), 7960100, 19))
         b = server("rf-pending-back", rs)      # claims the ghost's four
@@ -494,14 +483,7 @@ def the_backlog_counts_unsettled_orders_not_the_streams_length():
         # lag any more, and the instance counts the rest itself.
         junk = rcli(rs, "XADD", "seckill:orders", "*", "junk", 1)
         rcli(rs, "XDEL", "seckill:orders", junk)
-        deadline = time.monotonic() + 10
-        while True:
-            rf = stats(front)["redisFirst"]
-            if rf["backlog"] == 5 and rf["pending"] == 0:
-                break
-            if time.monotonic() > deadline:
-                fail(f"/stats: {rf} (5 orders not delivered yet)")
-            time.sleep(0.2)
+        wait_backlog(front, 5, 0)             # 5 orders not delivered yet
         if unsettled(rs) != 5:
             fail(f"the kit counts {unsettled(rs)} unsettled")
         b = server("rf-backlog-back", rs)
