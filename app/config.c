@@ -138,9 +138,9 @@ static const option_def options[] = {
     { "REDIS_ORDER_WAIT_MS", "redis-order-wait-ms", OPT_INT, F(redis_order_wait_ms), 1, 60000,
       "200", "redis, durability wait: how long WAIT waits for them (fewer: 503)" },
     { "REDIS_ADMIT_PIPELINES", "redis-admit-pipelines", OPT_INT, F(redis_admit_pipelines), 0,
-      16, "2", "redis: admissions are sent to Redis pipelined, by at most this many workers at "
-      "once, each sending every queued admission in one write; 0: each worker sends its "
-      "buyer's alone" },
+      16, "2", "redis: admissions are sent to Redis in lots, by at most this many workers at "
+      "once, each admitting every queued buyer with one script call; 0: each worker "
+      "sends its buyer's alone" },
     { "CONSUMERS", "consumers", OPT_INT, F(consumers), 0, 1, "1",
       "redis: 1 runs a stream consumer in this instance (persists admitted orders to "
       "Postgres); 0: this instance only admits" },

@@ -84,7 +84,7 @@ typedef struct config {
     int redis_order_wait_replicas;
     int redis_order_wait_ms;
     int consumers;              /* redis: 1 runs a stream consumer here */
-    int redis_admit_pipelines;  /* redis: workers sending pipelined admissions at once (0: none) */
+    int redis_admit_pipelines;  /* redis: workers sending admissions in lots at once (0: none) */
     int consumer_batch_max;     /* redis: stream entries persisted in one transaction */
     int consumer_claim_idle_ms; /* redis: XAUTOCLAIM's min-idle-time */
     int test_clock_step_ms;     /* testing only: util_set_test_clock_step_ms */

@@ -263,53 +263,128 @@ static int wait_replicas(redisContext *c)
     return rc;
 }
 
-/* One admission's arguments to order_admit.lua, kept until its reply is
- * read: its order id is composed from them. */
-typedef struct admit_args {
-    vkeys k;
-    char v[24], u[24], t[24], idkey[128];
-    const char *argv[7];
-    int64_t now;
-} admit_args;
+/* One call of order_admit.lua for a lot of buyers (one alone, or a
+ * sender's lot): its arguments, kept until its reply is read, since the
+ * order ids are composed from 'now'. argv and the text it points into are
+ * owned (admit_call_free). */
+typedef struct admit_call {
+    int64_t now;              /* the lot's clock reading, Unix seconds */
+    int nkeys, argc;
+    const char **argv;
+    char *text;
+} admit_call;
 
-/* 0, or -1 when the clock is before the order id epoch. */
-static int admit_prepare(admit_args *a, const store_order *o)
+/* Text each argument may take: a voucher's two keys and its id; a buyer's
+ * voucher index and user id; the stream, the counter's key, the id's
+ * seconds and the number of vouchers. */
+#define ADMIT_VOUCHER_TEXT (64 + 72 + 24)
+#define ADMIT_BUYER_TEXT (12 + 24)
+#define ADMIT_LOT_TEXT (128 + 24 + 12)
+
+static void admit_call_free(admit_call *ac)
 {
-    a->now = util_now_s();
-    if (a->now < IDW_EPOCH) {
+    free(ac->argv);
+    free(ac->text);
+    ac->argv = NULL;
+    ac->text = NULL;
+}
+
+/* Writes 'x' in decimal at *cur (room up to 'end'), moves *cur past the
+ * NUL; the start. */
+static const char *text_int(char **cur, char *end, int64_t x)
+{
+    char *s = *cur;
+    int len = snprintf(s, (size_t)(end - s), "%" PRId64, x);
+
+    *cur += len < end - s ? len + 1 : end - s;
+    return s;
+}
+
+/* The arguments of one call for the buyers o[0..n), n >= 1, each voucher's
+ * keys once (the script counts a voucher's stock per key pair: a voucher
+ * listed twice would be sold twice). 0, or -1 when the clock is before the
+ * order id epoch. */
+static int admit_call_build(admit_call *ac, store_order *const *o, int n)
+{
+    int64_t *vid = xcalloc((size_t)n, sizeof *vid);
+    int *vj = xcalloc((size_t)n, sizeof *vj);
+    int m = 0, a = 0, rc = -1;
+    char *cur, *end;
+    size_t room;
+
+    memset(ac, 0, sizeof *ac);
+    ac->now = util_now_s();
+    if (ac->now < IDW_EPOCH) {
         log_error("stock_redis: clock before the order id epoch");
-        return -1;
+        goto out;
     }
-    vkeys_fill(&a->k, o->voucher_id);
-    idw_key(g_cfg.id_prefix, a->now, a->idkey, sizeof a->idkey);
-    snprintf(a->v, sizeof a->v, "%" PRId64, o->voucher_id);
-    snprintf(a->u, sizeof a->u, "%" PRId64, o->user_id);
-    snprintf(a->t, sizeof a->t, "%" PRId64, a->now - (int64_t)IDW_EPOCH);
-    a->argv[0] = a->k.hash;
-    a->argv[1] = a->k.buyers;
-    a->argv[2] = STOCK_REDIS_STREAM;
-    a->argv[3] = a->idkey;
-    a->argv[4] = a->v;
-    a->argv[5] = a->u;
-    a->argv[6] = a->t;
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < m && vid[j] != o[i]->voucher_id)
+            j++;
+        if (j == m)
+            vid[m++] = o[i]->voucher_id;
+        vj[i] = j + 1;
+    }
+    ac->nkeys = 2 + 2 * m;
+    ac->argc = ac->nkeys + 2 + m + 2 * n;
+    ac->argv = xcalloc((size_t)ac->argc, sizeof *ac->argv);
+    room = ADMIT_LOT_TEXT + (size_t)m * ADMIT_VOUCHER_TEXT + (size_t)n * ADMIT_BUYER_TEXT;
+    cur = ac->text = xcalloc(room, 1);
+    end = cur + room;
+    ac->argv[a++] = STOCK_REDIS_STREAM;
+    idw_key(g_cfg.id_prefix, ac->now, cur, 128);
+    ac->argv[a++] = cur;
+    cur += strlen(cur) + 1;
+    for (int j = 0; j < m; j++) {
+        stock_redis_key(cur, 64, vid[j], "");
+        ac->argv[a++] = cur;
+        cur += strlen(cur) + 1;
+        stock_redis_key(cur, 72, vid[j], ":buyers");
+        ac->argv[a++] = cur;
+        cur += strlen(cur) + 1;
+    }
+    ac->argv[a++] = text_int(&cur, end, ac->now - (int64_t)IDW_EPOCH);
+    ac->argv[a++] = text_int(&cur, end, m);
+    for (int j = 0; j < m; j++)
+        ac->argv[a++] = text_int(&cur, end, vid[j]);
+    for (int i = 0; i < n; i++) {
+        ac->argv[a++] = text_int(&cur, end, vj[i]);
+        ac->argv[a++] = text_int(&cur, end, o[i]->user_id);
+    }
+    rc = 0;
+out:
+    free(vid);
+    free(vj);
+    if (rc != 0)
+        admit_call_free(ac);
+    return rc;
+}
+
+/* The reply 'r' answers a call of 'n' buyers: one element each. */
+static int admit_reply_ok(const redisReply *r, int n)
+{
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == (size_t)n)
+        return 1;
+    log_warn("stock_redis: order_admit: %s", r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
     return 0;
 }
 
-/* The outcome in the script's reply 'r' (not freed), the order id when
- * admitted; 'missing' set when the voucher must be rebuilt first. */
-static store_status admit_parse(const redisReply *r, const admit_args *a, store_order *o,
-                                int *missing)
+/* One buyer's outcome, its element 'e' of the call's reply (not freed),
+ * and the order id when admitted; 'missing' set when the voucher must be
+ * rebuilt first. */
+static store_status admit_parse(const redisReply *e, int64_t now, store_order *o, int *missing)
 {
     *missing = 0;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
-        r->element[0]->type != REDIS_REPLY_INTEGER) {
-        log_warn("stock_redis: order_admit: %s", r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 1 ||
+        e->element[0]->type != REDIS_REPLY_INTEGER) {
+        log_warn("stock_redis: order_admit: bad reply for a buyer");
         return STORE_UNAVAILABLE;
     }
-    switch (r->element[0]->integer) {
+    switch (e->element[0]->integer) {
     case 0:
-        if (r->elements == 3 && r->element[1]->type == REDIS_REPLY_INTEGER &&
-            (o->order_id = idw_compose(a->now - IDW_EPOCH, r->element[1]->integer)) > 0)
+        if (e->elements == 3 && e->element[1]->type == REDIS_REPLY_INTEGER &&
+            (o->order_id = idw_compose(now - IDW_EPOCH, e->element[1]->integer)) > 0)
             return STORE_OK;
         log_error("stock_redis: order_admit: order id out of range");
         return STORE_UNAVAILABLE;
@@ -329,22 +404,22 @@ static store_status admit_parse(const redisReply *r, const admit_args *a, store_
     }
 }
 
-/* One run of order_admit.lua, alone: the outcome, the order id when
- * admitted; 'missing' set when the voucher must be rebuilt first. */
+/* One buyer's call of order_admit.lua, alone: the outcome, the order id
+ * when admitted; 'missing' set when the voucher must be rebuilt first. */
 static store_status admit(redisContext *c, store_order *o, int *missing)
 {
-    admit_args a;
-    store_status st;
+    admit_call ac;
+    store_status st = STORE_UNAVAILABLE;
     redisReply *r;
 
     *missing = 0;
-    if (admit_prepare(&a, o) != 0)
+    if (admit_call_build(&ac, &o, 1) != 0)
         return STORE_UNAVAILABLE;
-    r = script_file_run(c, &admit_script, 4, 7, a.argv, NULL);
-    if (r == NULL)
-        return STORE_UNAVAILABLE;
-    st = admit_parse(r, &a, o, missing);
+    r = script_file_run(c, &admit_script, ac.nkeys, ac.argc, ac.argv, NULL);
+    if (r != NULL && admit_reply_ok(r, 1))
+        st = admit_parse(r->element[0], ac.now, o, missing);
     freeReplyObject(r);
+    admit_call_free(&ac);
     return st;
 }
 
@@ -395,23 +470,22 @@ out:
     done(cs, arg, st);
 }
 
-/* ---- Pipelined admission (REDIS_ADMIT_PIPELINES > 0) ----
+/* ---- Admission in lots (REDIS_ADMIT_PIPELINES > 0) ----
  *
  * Buyers queue here. A worker that finds fewer than pipe_senders_max
  * others sending becomes one: it takes every queued buyer (up to
- * PIPE_MAX), writes their scripts to Redis at once, reads the replies in
- * order and answers each buyer, and goes on while buyers are queued. Redis
- * reads the lot in one go and, with appendfsync always, makes it durable
- * with one fsync before it replies; the instance pays one round trip and
- * one write for the lot, not one each. There is no gathering window: a
- * buyer who comes while the round trips are out waits only for the next. */
+ * PIPE_MAX), admits them all with one call of the script, answers each
+ * buyer, and goes on while buyers are queued. Redis runs the lot in one
+ * script and, with appendfsync always, makes it durable with one fsync
+ * before it replies; the instance pays one round trip and one write for
+ * the lot, not one each, and Redis one script call. There is no gathering
+ * window: a buyer who comes while the call is out waits only for the next. */
 #define PIPE_MAX 256
 
 /* Where a queued buyer's admission stands. */
 enum pipe_state {
-    PIPE_UNSENT,         /* not sent (deadline passed, or hiredis could not format it) */
+    PIPE_UNSENT,         /* no verdict: not sent (deadline passed), or the call failed */
     PIPE_SETTLED,        /* 'st' is its outcome */
-    PIPE_NOSCRIPT,       /* Redis forgot the script: to be sent again */
     PIPE_MISSING         /* Redis lost the voucher: to be rebuilt, then sent again */
 };
 
@@ -421,12 +495,11 @@ typedef struct pipe_waiter {
     void *arg;
     enum pipe_state state;
     store_status st;
-    admit_args a;
     struct pipe_waiter *next;
 } pipe_waiter;
 
 /* Shared by the workers and event threads of this process by design: that
- * is what lets their buyers share a round trip. One mutex guards it. */
+ * is what lets their buyers share a call. One mutex guards it. */
 static pthread_mutex_t pipe_mu = PTHREAD_MUTEX_INITIALIZER;
 static pipe_waiter *pipe_head, *pipe_tail;
 static int pipe_senders;
@@ -476,58 +549,51 @@ static void pipe_answer(conn_set *cs, pipe_waiter **w, int n)
     }
 }
 
-/* Sends the admissions of w[0..n) in one write and reads their replies in
- * order. The connection failing leaves the rest STORE_UNAVAILABLE (some
- * may have been admitted: a retry answers already_ordered, or
- * sold_out when it took the last unit). */
+/* Admits w[0..n) in one call of the script (Redis forgetting the script
+ * costs a second send as EVAL: nothing ran). A call that fails leaves
+ * them STORE_UNAVAILABLE: a connection lost after the send may have
+ * admitted the whole lot, so a retry answers already_ordered, or sold_out
+ * when it took the last unit. */
 static void pipe_send(redisContext *c, pipe_waiter **w, int n)
 {
-    int64_t t0 = util_mono_us();
-    int sent = 0, read = 0;
+    pipe_waiter *sent[PIPE_MAX];
+    store_order *o[PIPE_MAX];
+    admit_call ac;
+    redisReply *r;
+    int ns = 0;
 
     for (int i = 0; i < n; i++) {
         w[i]->state = PIPE_UNSENT;
         w[i]->st = STORE_UNAVAILABLE;
-        if (stock_past_deadline(w[i]->b) || admit_prepare(&w[i]->a, &w[i]->b->order) != 0)
+        if (stock_past_deadline(w[i]->b))
             continue;
-        if (script_file_append(c, &admit_script, 4, 7, w[i]->a.argv, NULL) != 0)
-            break;
-        w[i]->state = PIPE_SETTLED;
-        sent++;
+        sent[ns] = w[i];
+        o[ns++] = &w[i]->b->order;
     }
-    if (sent == 0)
+    if (ns == 0 || admit_call_build(&ac, o, ns) != 0)
         return;
-    rec_admit_round(sent);
-    for (int i = 0; i < n && read < sent; i++) {
-        redisReply *r;
-        int missing;
-        if (w[i]->state == PIPE_UNSENT)
-            continue;
-        r = script_file_recv(c, &admit_script, 4, 7, w[i]->a.argv, NULL, 0);
-        if (r == NULL)
-            break;                              /* the rest: unavailable */
-        read++;
-        if (script_is_noscript(r)) {
-            w[i]->state = PIPE_NOSCRIPT;
-        } else {
-            w[i]->st = admit_parse(r, &w[i]->a, &w[i]->b->order, &missing);
-            if (missing)
-                w[i]->state = PIPE_MISSING;
+    rec_admit_round(ns);
+    r = script_file_run(c, &admit_script, ac.nkeys, ac.argc, ac.argv, NULL);
+    if (r != NULL && admit_reply_ok(r, ns)) {
+        for (int i = 0; i < ns; i++) {
+            int missing;
+            sent[i]->st = admit_parse(r->element[i], ac.now, o[i], &missing);
+            sent[i]->state = missing ? PIPE_MISSING : PIPE_SETTLED;
         }
-        freeReplyObject(r);
     }
-    script_observe(util_mono_us() - t0, c->err == 0);
+    freeReplyObject(r);
+    admit_call_free(&ac);
 }
 
-/* The few whose script Redis forgot or whose voucher it lost, once the
- * others are answered: the first of each kind alone (EVAL loads the
- * script; a rebuild loads the voucher), the rest sent again together. A
- * voucher whose rebuild failed fails its other buyers here at once, so a
- * Postgres that does not answer costs one rebuild, not one per buyer. */
+/* The buyers of vouchers Redis lost, once the others are answered: the
+ * voucher's first buyer here rebuilds it and is admitted alone, the rest
+ * are sent again together. A voucher whose rebuild failed fails its other
+ * buyers here at once, so a Postgres that does not answer costs one
+ * rebuild, not one per buyer. */
 static void pipe_retry(conn_set *cs, redisContext *c, pipe_waiter **w, int n)
 {
     pipe_waiter *again[PIPE_MAX];
-    int nagain = 0, script_done = 0;
+    int nagain = 0;
 
     for (int i = 0; i < n && c->err == 0; i++) {
         int first = 1, failed = 0;
@@ -535,18 +601,14 @@ static void pipe_retry(conn_set *cs, redisContext *c, pipe_waiter **w, int n)
             w[i]->state = PIPE_UNSENT;          /* unavailable, and no voucher's first */
             continue;
         }
-        if (w[i]->state == PIPE_NOSCRIPT) {
-            first = !script_done;
-        } else {
-            /* The voucher's first buyer here ran its rebuild: unavailable
-             * means the rebuild failed (a refusal means it worked). */
-            for (int j = 0; j < i && first; j++)
-                if (w[j]->state == PIPE_MISSING &&
-                    w[j]->b->order.voucher_id == w[i]->b->order.voucher_id) {
-                    first = 0;
-                    failed = w[j]->st == STORE_UNAVAILABLE;
-                }
-        }
+        /* The voucher's first buyer here ran its rebuild: unavailable
+         * means the rebuild failed (a refusal means it worked). */
+        for (int j = 0; j < i && first; j++)
+            if (w[j]->state == PIPE_MISSING &&
+                w[j]->b->order.voucher_id == w[i]->b->order.voucher_id) {
+                first = 0;
+                failed = w[j]->st == STORE_UNAVAILABLE;
+            }
         if (failed)
             continue;                           /* unavailable */
         if (!first) {
@@ -554,14 +616,13 @@ static void pipe_retry(conn_set *cs, redisContext *c, pipe_waiter **w, int n)
             continue;
         }
         w[i]->st = admit_one(cs, c, &w[i]->b->order);
-        script_done = script_done || w[i]->state == PIPE_NOSCRIPT;
     }
     if (nagain > 0 && c->err == 0)
-        pipe_send(c, again, nagain);            /* a second forgetting: unavailable */
+        pipe_send(c, again, nagain);            /* lost again: unavailable */
 }
 
-/* Settles and answers the lot w[0..n): the ones Redis answered first, then
- * the rare ones (pipe_retry). */
+/* Settles and answers the lot w[0..n): the ones Redis decided first, then
+ * those of lost vouchers (pipe_retry). */
 static void pipe_settle(conn_set *cs, pipe_waiter **w, int n)
 {
     pipe_waiter *rare[PIPE_MAX], *done[PIPE_MAX];
@@ -574,7 +635,7 @@ static void pipe_settle(conn_set *cs, pipe_waiter **w, int n)
         for (int i = 0; i < n; i++)
             w[i]->state = PIPE_UNSENT, w[i]->st = STORE_UNAVAILABLE;
     for (int i = 0; i < n; i++) {
-        if (w[i]->state == PIPE_NOSCRIPT || w[i]->state == PIPE_MISSING)
+        if (w[i]->state == PIPE_MISSING)
             rare[nrare++] = w[i];
         else
             done[ndone++] = w[i];

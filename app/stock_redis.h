@@ -2,9 +2,10 @@
  *
  * A voucher's stock and buyers live in Redis (loaded when it is created or
  * reset, rebuilt from Postgres when missing). One Lua script
- * (lua/order_admit.lua) decides a buyer atomically - sale window, buyer,
- * stock - takes the unit, records the buyer, draws the order id and appends
- * the order to the stream STOCK_REDIS_STREAM. Postgres gets the orders
+ * (lua/order_admit.lua) decides a lot of buyers atomically, each as if
+ * alone - sale window, stock, buyer - and for each admitted one takes the
+ * unit, records the buyer, draws the order id and appends the order to the
+ * stream STOCK_REDIS_STREAM. Postgres gets the orders
  * later, from the consumers (consumer.h), in batches.
  *
  * A 200 is sent only when the order survives a Redis crash

@@ -1,18 +1,22 @@
--- order_admit: Redis-first admission (SECKILL_STOCK=redis). One buyer's
--- whole decision, atomically: the sale window, the stock, the buyer recorded
--- (the one-order-per-user check), then the unit taken, the order id drawn and
--- the order appended to the stream that the consumers persist to Postgres.
+-- order_admit: Redis-first admission (SECKILL_STOCK=redis). A lot of buyers
+-- decided in one call, each as if alone and in the lot's order, atomically:
+-- the sale window, the stock, the buyer recorded (the one-order-per-user
+-- check), then the unit taken, the order id drawn and the order appended to
+-- the stream that the consumers persist to Postgres.
 --
--- KEYS[1]  voucher hash "seckill:v:{<id>}": stock, initial, begin, end (Unix
---          seconds), gen (the sale's generation, bumped by each reset)
--- KEYS[2]  buyers set "seckill:v:{<id>}:buyers" (user ids)
--- KEYS[3]  the orders stream "seckill:orders"
--- KEYS[4]  the order id counter of the day "icr:<prefix>:<yyyy>:<MM>:<dd>"
--- ARGV[1]  voucher id
--- ARGV[2]  user id
--- ARGV[3]  the id's seconds (since the id epoch): the counter's day
+-- KEYS[1]      the orders stream "seckill:orders"
+-- KEYS[2]      the order id counter of the day "icr:<prefix>:<yyyy>:<MM>:<dd>"
+-- KEYS[2j+1]   voucher j's hash "seckill:v:{<id>}": stock, initial, begin,
+--              end (Unix seconds), gen (the sale's generation, bumped by
+--              each reset), for j = 1..m
+-- KEYS[2j+2]   voucher j's buyers set "seckill:v:{<id>}:buyers" (user ids)
+-- ARGV[1]      the ids' seconds (since the id epoch): the counter's day
+-- ARGV[2]      m, the number of vouchers
+-- ARGV[3..m+2] the vouchers' ids, in the order of their keys
+-- then, per buyer, two: the buyer's voucher (1..m) and user id
 --
--- Reply: {0, count, stream id}  admitted: the order id is (ARGV[3] << 32) |
+-- Reply: one array per buyer, in the buyers' order:
+--        {0, count, stream id}  admitted: the order id is (ARGV[1] << 32) |
 --                               count, composed by the caller (Lua numbers
 --                               are doubles: 64-bit ids do not fit)
 --        {1} sold out   {2} this user already ordered
@@ -24,27 +28,76 @@
 -- who already ordered hears sold_out once nothing is left), then the
 -- buyer, then the deduction. The duplicate check comes before the
 -- deduction, so a buyer refused as a duplicate never takes a unit that is
--- then never sold; SADD is that check (0: the buyer was recorded before),
--- one command where SISMEMBER and SADD were two.
-local v = redis.call('hmget', KEYS[1], 'stock', 'begin', 'end', 'gen')
-if not v[1] then
-    return {-1}
-end
+-- then never sold. The writes are gathered: one SMISMEMBER, SADD and
+-- HINCRBY per voucher and one INCRBY for the lot, where one call per buyer
+-- made four writes each; XADD stays one entry per order.
+local m = tonumber(ARGV[2])
+local first = m + 3
+local nbuyers = (#ARGV - m - 2) / 2
 local now = tonumber(redis.call('time')[1])
-if now < tonumber(v[2]) then
-    return {3}
+local v, stock, asked, known, seen, added = {}, {}, {}, {}, {}, {}
+
+for j = 1, m do
+    v[j] = redis.call('hmget', KEYS[2 * j + 1], 'stock', 'begin', 'end', 'gen')
+    stock[j] = tonumber(v[j][1])
+    asked[j], seen[j], added[j] = {}, {}, {}
 end
-if now > tonumber(v[3]) then
-    return {4}
+for i = 0, nbuyers - 1 do
+    local j = tonumber(ARGV[first + 2 * i])
+    local a = asked[j]
+    a[#a + 1] = ARGV[first + 2 * i + 1]
 end
-if tonumber(v[1]) <= 0 then
-    return {1}
+for j = 1, m do
+    if stock[j] ~= nil and #asked[j] > 0 then
+        known[j] = redis.call('smismember', KEYS[2 * j + 2], unpack(asked[j]))
+    end
 end
-if redis.call('sadd', KEYS[2], ARGV[2]) == 0 then
-    return {2}
+
+local verdict, nth, total = {}, {}, 0
+for i = 1, nbuyers do
+    local j = tonumber(ARGV[first + 2 * (i - 1)])
+    local u = ARGV[first + 2 * (i - 1) + 1]
+    nth[j] = (nth[j] or 0) + 1
+    if stock[j] == nil then
+        verdict[i] = -1
+    elseif now < tonumber(v[j][2]) then
+        verdict[i] = 3
+    elseif now > tonumber(v[j][3]) then
+        verdict[i] = 4
+    elseif stock[j] <= 0 then
+        verdict[i] = 1
+    elseif known[j][nth[j]] == 1 or seen[j][u] then
+        verdict[i] = 2
+    else
+        verdict[i] = 0
+        seen[j][u] = true
+        stock[j] = stock[j] - 1
+        added[j][#added[j] + 1] = u
+        total = total + 1
+    end
 end
-redis.call('hincrby', KEYS[1], 'stock', -1)
-local count = redis.call('incr', KEYS[4])
-local id = redis.call('xadd', KEYS[3], '*', 'v', ARGV[1], 'u', ARGV[2], 't', ARGV[3],
-                      'c', count, 'g', v[4])
-return {0, count, id}
+
+local reply = {}
+local count = 0
+if total > 0 then
+    count = redis.call('incrby', KEYS[2], total) - total
+    for j = 1, m do
+        local n = #added[j]
+        if n > 0 then
+            redis.call('sadd', KEYS[2 * j + 2], unpack(added[j]))
+            redis.call('hincrby', KEYS[2 * j + 1], 'stock', -n)
+        end
+    end
+end
+for i = 1, nbuyers do
+    if verdict[i] == 0 then
+        local j = tonumber(ARGV[first + 2 * (i - 1)])
+        count = count + 1
+        reply[i] = {0, count, redis.call('xadd', KEYS[1], '*', 'v', ARGV[2 + j],
+                                         'u', ARGV[first + 2 * (i - 1) + 1], 't', ARGV[1],
+                                         'c', count, 'g', v[j][4])}
+    else
+        reply[i] = {verdict[i]}
+    end
+end
+return reply

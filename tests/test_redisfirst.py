@@ -11,7 +11,8 @@ every acknowledged order id is a row, no user has two orders, nothing is
 oversold.
 
   script          the admission script alone: sold out, then the buyer, then
-                  the deduction; a duplicate takes no unit
+                  the deduction; a duplicate takes no unit; a lot of buyers in
+                  one call is decided as its buyers one after another
   refusal         an instance refuses to start against a Redis that would
                   lose acknowledged orders (no AOF, or appendfsync everysec)
   sale            concurrent buyers through two instances, each user twice
@@ -151,9 +152,8 @@ def the_admission_script_checks_sold_out_then_the_buyer_then_deducts():
     now = int(time.time())
 
     def admit(user):
-        out = rcli(rs, "EVAL", script, 4, h, buyers, "seckill:orders", "icr:order:test",
-                   424242, user, 1000).split()
-        return int(out[0]), int(rcli(rs, "HGET", h, "stock"))
+        out = admit_lot(rs, script, [(424242, user)])
+        return out[0][0], int(rcli(rs, "HGET", h, "stock"))
 
     try:
         rcli(rs, "HSET", h, "stock", 2, "initial", 2, "begin", now - 60, "end", now + 60, "gen", 1)
@@ -167,6 +167,89 @@ def the_admission_script_checks_sold_out_then_the_buyer_then_deducts():
             fail("with nothing left, the answer is not sold out for everyone")
         if rcli(rs, "SISMEMBER", buyers, 3) != "0" or int(rcli(rs, "XLEN", "seckill:orders")) != 2:
             fail("a refused buyer was recorded, or an order appended")
+    finally:
+        rs.kill()
+
+
+def admit_lot(rs, script, buyers, seconds=1000):
+    """One call of lua/order_admit.lua for 'buyers' [(voucher, user)]: each
+    buyer's reply, (code,) or (0, count, stream id)."""
+    vouchers = list(dict.fromkeys(v for v, _ in buyers))
+    keys = ["seckill:orders", "icr:order:test"]
+    for v in vouchers:
+        keys += [f"seckill:v:{{{v}}}", f"seckill:v:{{{v}}}:buyers"]
+    args = [seconds, len(vouchers), *vouchers]
+    for v, u in buyers:
+        args += [vouchers.index(v) + 1, u]
+    out = rcli(rs, "EVAL", script, len(keys), *keys, *args).split()
+    replies = []
+    while out:
+        code = int(out.pop(0))
+        replies.append((code, int(out.pop(0)), out.pop(0)) if code == 0 else (code,))
+    if len(replies) != len(buyers):
+        fail(f"{len(buyers)} buyers, {len(replies)} replies: {replies}")
+    return replies
+
+
+@test
+def a_lot_is_decided_as_its_buyers_one_after_another():
+    # One call for a lot of buyers of several vouchers gives each the
+    # verdict it would get alone, in the lot's order: a duplicate of the
+    # set or of the lot itself, sold out in the middle of the lot, a
+    # voucher not loaded, not started, ended; the counter, the stock, the
+    # buyers and the stream move as many single calls would move them.
+    rs = durable_redis()
+    with open(os.path.join(ss.LUA_DIR, "order_admit.lua")) as f:
+        script = f.read()
+    now = int(time.time())
+    lot = [(11, 1), (12, 1), (11, 9), (11, 1), (13, 5), (11, 2), (14, 4), (11, 3), (11, 9),
+           (15, 7), (15, 7), (15, 8)]
+
+    def load():
+        rcli(rs, "FLUSHALL")
+        rcli(rs, "HSET", "seckill:v:{11}", "stock", 2, "initial", 3, "begin", now - 60,
+             "end", now + 60, "gen", 4)
+        rcli(rs, "SADD", "seckill:v:{11}:buyers", 9)
+        rcli(rs, "HSET", "seckill:v:{13}", "stock", 5, "initial", 5, "begin", now + 600,
+             "end", now + 900, "gen", 1)
+        rcli(rs, "HSET", "seckill:v:{14}", "stock", 5, "initial", 5, "begin", now - 900,
+             "end", now - 600, "gen", 1)
+        rcli(rs, "HSET", "seckill:v:{15}", "stock", 9, "initial", 9, "begin", now - 60,
+             "end", now + 60, "gen", 2)
+        rcli(rs, "SET", "icr:order:test", 40)
+
+    def state():
+        entries = rcli(rs, "XRANGE", "seckill:orders", "-", "+").split()
+        return ([rcli(rs, "HGET", f"seckill:v:{{{v}}}", "stock") for v in (11, 13, 14, 15)],
+                [sorted(rcli(rs, "SMEMBERS", f"seckill:v:{{{v}}}:buyers").split())
+                 for v in (11, 13, 14, 15)],
+                rcli(rs, "GET", "icr:order:test"), rcli(rs, "EXISTS", "seckill:v:{12}"),
+                [e for e in entries if "-" not in e])
+    try:
+        load()
+        together = admit_lot(rs, script, lot)
+        after_lot = state()
+        load()
+        alone = [admit_lot(rs, script, [b])[0] for b in lot]
+        after_alone = state()
+        codes = [r[0] for r in together]
+        if codes != [0, -1, 2, 2, 3, 0, 4, 1, 1, 0, 2, 0]:
+            fail(f"verdicts {codes}")
+        if [r[:2] for r in together] != [r[:2] for r in alone]:
+            fail(f"one call: {together}; one call each: {alone}")
+        if [r[1] for r in together if r[0] == 0] != [41, 42, 43, 44]:
+            fail(f"the order counts are not drawn in the lot's order: {together}")
+        if after_lot != after_alone:
+            fail(f"one call left {after_lot}; one call each {after_alone}")
+        stocks, buyers, counter_, exists, fields = after_lot
+        if stocks != ["0", "5", "5", "7"] or buyers != [["1", "2", "9"], [], [], ["7", "8"]] \
+                or counter_ != "44" or exists != "0":
+            fail(f"after the lot: {after_lot}")
+        if fields != ["v", "11", "u", "1", "t", "1000", "c", "41", "g", "4",
+                      "v", "11", "u", "2", "t", "1000", "c", "42", "g", "4",
+                      "v", "15", "u", "7", "t", "1000", "c", "43", "g", "2",
+                      "v", "15", "u", "8", "t", "1000", "c", "44", "g", "2"]:
+            fail(f"the stream: {fields}")
     finally:
         rs.kill()
 
