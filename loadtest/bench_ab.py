@@ -30,6 +30,9 @@ Environment (all optional):
                    of its run paced to half its rate), with the stack's nginx
                    started without the sold-out edge (NGINX_EDGE=off) so that the
                    requests reach the instances whose settings are compared
+  AB_NGINX_EDGE    off: the stack's nginx without the sold-out edge in every mode
+                   (a setting cannot change it: nginx is the stack's, not the
+                   instances'); compare with a second run that leaves it on
   AB_JSON          results file (default <repo>/build/bench-ab.json)
   BENCH_RUN_DIR    the stack's run directory (default <repo>/build/bench-ab-run)
 An invariant violation makes it exit 1.
@@ -97,7 +100,7 @@ def main():
     def rounds_of_settings():
         os.makedirs(b.run_dir, exist_ok=True)
         b.tmp = bench.tempfile.mkdtemp(prefix="bench-ab.", dir=b.run_dir)
-        if mode == "soldout":
+        if mode == "soldout" or os.environ.get("AB_NGINX_EDGE") == "off":
             b.stack.set({"NGINX_EDGE": "off"})     # the instances answer, not nginx
         b.stack.start(fresh=True)
         if any(s["SECKILL_STOCK"] == "redis" for s in settings):
