@@ -322,7 +322,7 @@ static void write_stream(FILE *f)
 
     rec_admit_counts(&rounds, &admissions, &largest);
     write_counter(f, "seckill_redis_admission_round_trips_total",
-                  "Round trips to Redis that carried admissions (redis; several when pipelined).",
+                  "Round trips to Redis that carried admissions (redis; several in a lot).",
                   rounds);
     write_counter(f, "seckill_redis_admissions_total", "Admissions sent to Redis in them.",
                   admissions);

@@ -56,7 +56,7 @@ void rec_add(enum rec_event ev, uint64_t n);
 /* Group commit ("batched"): one settled batch of 'buyers'. */
 void rec_batch(int buyers);
 
-/* Redis-first: one round trip to Redis carrying 'admissions' (pipelined). */
+/* Redis-first: one round trip to Redis carrying 'admissions' (a lot). */
 void rec_admit_round(int admissions);
 
 /* Redis-first: one batch of 'n' orders persisted by the consumer; 'lag_us'

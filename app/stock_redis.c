@@ -24,7 +24,7 @@ static script_file load_script = { .name = "stock_load" };
 enum durability { DUR_UNKNOWN, DUR_OK, DUR_NOT };
 static atomic_int durability = DUR_UNKNOWN;
 
-/* Workers that may send pipelined admissions at once (0: each its own
+/* Workers that may send admissions in lots at once (0: each its own
  * buyer's, alone). Set at start, read-only after. */
 static int pipe_senders_max;
 
@@ -398,6 +398,9 @@ static store_status admit_parse(const redisReply *e, int64_t now, store_order *o
         return STORE_ENDED;
     case -1:
         *missing = 1;
+        return STORE_UNAVAILABLE;
+    case -2:
+        log_error("stock_redis: voucher %" PRId64 ": its Redis hash is malformed", o->voucher_id);
         return STORE_UNAVAILABLE;
     default:
         return STORE_UNAVAILABLE;

@@ -23,23 +23,37 @@
 --        {3} not started   {4} ended (by Redis's clock: one clock for every
 --                               instance)
 --        {-1} the voucher is not loaded: rebuild it from Postgres, retry
+--        {-2} the voucher's hash is malformed (a field missing or not an
+--             integer: written by hand?); its buyers only are refused, and
+--             nothing is written for them
 --
 -- The order of the checks is the service's: the window, sold out (a buyer
 -- who already ordered hears sold_out once nothing is left), then the
 -- buyer, then the deduction. The duplicate check comes before the
 -- deduction, so a buyer refused as a duplicate never takes a unit that is
--- then never sold. The writes are gathered: one SMISMEMBER, SADD and
+-- then never sold. The commands are gathered: one SMISMEMBER, SADD and
 -- HINCRBY per voucher and one INCRBY for the lot, where one call per buyer
--- made four writes each; XADD stays one entry per order.
+-- made four writes each; XADD stays one entry per order. Every field is
+-- checked before anything is written, so no write can fail half-way.
 local m = tonumber(ARGV[2])
 local first = m + 3
 local nbuyers = (#ARGV - m - 2) / 2
 local now = tonumber(redis.call('time')[1])
 local v, stock, asked, known, seen, added = {}, {}, {}, {}, {}, {}
 
+local function integer(x)
+    return x and string.match(x, '^%-?%d+$') ~= nil
+end
+
 for j = 1, m do
     v[j] = redis.call('hmget', KEYS[2 * j + 1], 'stock', 'begin', 'end', 'gen')
-    stock[j] = tonumber(v[j][1])
+    if not v[j][1] then
+        stock[j] = nil
+    elseif integer(v[j][1]) and integer(v[j][2]) and integer(v[j][3]) and integer(v[j][4]) then
+        stock[j] = tonumber(v[j][1])
+    else
+        stock[j] = false
+    end
     asked[j], seen[j], added[j] = {}, {}, {}
 end
 for i = 0, nbuyers - 1 do
@@ -48,7 +62,7 @@ for i = 0, nbuyers - 1 do
     a[#a + 1] = ARGV[first + 2 * i + 1]
 end
 for j = 1, m do
-    if stock[j] ~= nil and #asked[j] > 0 then
+    if stock[j] and #asked[j] > 0 then
         known[j] = redis.call('smismember', KEYS[2 * j + 2], unpack(asked[j]))
     end
 end
@@ -60,6 +74,8 @@ for i = 1, nbuyers do
     nth[j] = (nth[j] or 0) + 1
     if stock[j] == nil then
         verdict[i] = -1
+    elseif stock[j] == false then
+        verdict[i] = -2
     elseif now < tonumber(v[j][2]) then
         verdict[i] = 3
     elseif now > tonumber(v[j][3]) then
