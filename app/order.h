@@ -46,7 +46,7 @@ int order_join(int64_t voucher_id, int64_t user_id, int64_t deadline_us, order_r
 
 /* 1 when the strategies in force let a batch's leader take the whole
  * order (lock, id and statement), or the stock strategy admits alone and
- * pipelines its admissions: then order_join may take it. */
+ * sends its admissions in lots: then order_join may take it. */
 int order_joinable(void);
 
 #endif
