@@ -274,12 +274,19 @@ typedef struct admit_call {
     char *text;
 } admit_call;
 
-/* Text each argument may take: a voucher's two keys and its id; a buyer's
- * voucher index and user id; the stream, the counter's key, the id's
- * seconds and the number of vouchers. */
-#define ADMIT_VOUCHER_TEXT (64 + 72 + 24)
-#define ADMIT_BUYER_TEXT (12 + 24)
-#define ADMIT_LOT_TEXT (128 + 24 + 12)
+/* Most buyers in one call: a sender's lot. */
+#define PIPE_MAX 256
+
+/* Text each argument may take: a voucher's two keys (as vkeys holds them)
+ * and its id; a buyer's voucher index and user id; the counter's key, the
+ * id's seconds and the number of vouchers. */
+#define ADMIT_HASH_KEY sizeof(((vkeys *)0)->hash)
+#define ADMIT_BUYERS_KEY sizeof(((vkeys *)0)->buyers)
+#define ADMIT_ID_KEY 128
+#define ADMIT_INT 24
+#define ADMIT_VOUCHER_TEXT (ADMIT_HASH_KEY + ADMIT_BUYERS_KEY + ADMIT_INT)
+#define ADMIT_BUYER_TEXT (2 * ADMIT_INT)
+#define ADMIT_LOT_TEXT (ADMIT_ID_KEY + 2 * ADMIT_INT)
 
 static void admit_call_free(admit_call *ac)
 {
@@ -300,15 +307,15 @@ static const char *text_int(char **cur, char *end, int64_t x)
     return s;
 }
 
-/* The arguments of one call for the buyers o[0..n), n >= 1, each voucher's
- * keys once (the script counts a voucher's stock per key pair: a voucher
- * listed twice would be sold twice). 0, or -1 when the clock is before the
- * order id epoch. */
+/* The arguments of one call for the buyers o[0..n), 1 <= n <= PIPE_MAX,
+ * each voucher's keys once (the script counts a voucher's stock per key
+ * pair: a voucher listed twice would be sold twice). 0, or -1 when the
+ * clock is before the order id epoch. */
 static int admit_call_build(admit_call *ac, store_order *const *o, int n)
 {
-    int64_t *vid = xcalloc((size_t)n, sizeof *vid);
-    int *vj = xcalloc((size_t)n, sizeof *vj);
-    int m = 0, a = 0, rc = -1;
+    int64_t vid[PIPE_MAX];
+    int vj[PIPE_MAX];
+    int m = 0, a = 0;
     char *cur, *end;
     size_t room;
 
@@ -316,7 +323,7 @@ static int admit_call_build(admit_call *ac, store_order *const *o, int n)
     ac->now = util_now_s();
     if (ac->now < IDW_EPOCH) {
         log_error("stock_redis: clock before the order id epoch");
-        goto out;
+        return -1;
     }
     for (int i = 0; i < n; i++) {
         int j = 0;
@@ -333,14 +340,14 @@ static int admit_call_build(admit_call *ac, store_order *const *o, int n)
     cur = ac->text = xcalloc(room, 1);
     end = cur + room;
     ac->argv[a++] = STOCK_REDIS_STREAM;
-    idw_key(g_cfg.id_prefix, ac->now, cur, 128);
+    idw_key(g_cfg.id_prefix, ac->now, cur, ADMIT_ID_KEY);
     ac->argv[a++] = cur;
     cur += strlen(cur) + 1;
     for (int j = 0; j < m; j++) {
-        stock_redis_key(cur, 64, vid[j], "");
+        stock_redis_key(cur, ADMIT_HASH_KEY, vid[j], "");
         ac->argv[a++] = cur;
         cur += strlen(cur) + 1;
-        stock_redis_key(cur, 72, vid[j], ":buyers");
+        stock_redis_key(cur, ADMIT_BUYERS_KEY, vid[j], ":buyers");
         ac->argv[a++] = cur;
         cur += strlen(cur) + 1;
     }
@@ -352,13 +359,7 @@ static int admit_call_build(admit_call *ac, store_order *const *o, int n)
         ac->argv[a++] = text_int(&cur, end, vj[i]);
         ac->argv[a++] = text_int(&cur, end, o[i]->user_id);
     }
-    rc = 0;
-out:
-    free(vid);
-    free(vj);
-    if (rc != 0)
-        admit_call_free(ac);
-    return rc;
+    return 0;
 }
 
 /* The reply 'r' answers a call of 'n' buyers: one element each. */
@@ -483,7 +484,6 @@ out:
  * before it replies; the instance pays one round trip and one write for
  * the lot, not one each, and Redis one script call. There is no gathering
  * window: a buyer who comes while the call is out waits only for the next. */
-#define PIPE_MAX 256
 
 /* Where a queued buyer's admission stands. */
 enum pipe_state {

@@ -40,6 +40,7 @@ local first = m + 3
 local nbuyers = (#ARGV - m - 2) / 2
 local now = tonumber(redis.call('time')[1])
 local v, stock, asked, known, seen, added = {}, {}, {}, {}, {}, {}
+local bv, bu = {}, {}          -- buyer i's voucher (1..m) and user id
 
 local function integer(x)
     return x and string.match(x, '^%-?%d+$') ~= nil
@@ -56,10 +57,11 @@ for j = 1, m do
     end
     asked[j], seen[j], added[j] = {}, {}, {}
 end
-for i = 0, nbuyers - 1 do
-    local j = tonumber(ARGV[first + 2 * i])
-    local a = asked[j]
-    a[#a + 1] = ARGV[first + 2 * i + 1]
+for i = 1, nbuyers do
+    bv[i] = tonumber(ARGV[first + 2 * i - 2])
+    bu[i] = ARGV[first + 2 * i - 1]
+    local a = asked[bv[i]]
+    a[#a + 1] = bu[i]
 end
 for j = 1, m do
     if stock[j] and #asked[j] > 0 then
@@ -69,8 +71,7 @@ end
 
 local verdict, nth, total = {}, {}, 0
 for i = 1, nbuyers do
-    local j = tonumber(ARGV[first + 2 * (i - 1)])
-    local u = ARGV[first + 2 * (i - 1) + 1]
+    local j, u = bv[i], bu[i]
     nth[j] = (nth[j] or 0) + 1
     if stock[j] == nil then
         verdict[i] = -1
@@ -107,11 +108,10 @@ if total > 0 then
 end
 for i = 1, nbuyers do
     if verdict[i] == 0 then
-        local j = tonumber(ARGV[first + 2 * (i - 1)])
+        local j = bv[i]
         count = count + 1
-        reply[i] = {0, count, redis.call('xadd', KEYS[1], '*', 'v', ARGV[2 + j],
-                                         'u', ARGV[first + 2 * (i - 1) + 1], 't', ARGV[1],
-                                         'c', count, 'g', v[j][4])}
+        reply[i] = {0, count, redis.call('xadd', KEYS[1], '*', 'v', ARGV[2 + j], 'u', bu[i],
+                                         't', ARGV[1], 'c', count, 'g', v[j][4])}
     else
         reply[i] = {verdict[i]}
     end
