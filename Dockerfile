@@ -10,7 +10,7 @@ FROM debian:bookworm AS build
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         build-essential make pkg-config \
-        libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev \
+        libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev libzookeeper-mt-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Makefile VERSION ./
@@ -34,7 +34,7 @@ CMD ["nginx", "-c", "/etc/nginx/nginx.conf", "-g", "daemon off;"]
 FROM debian:bookworm-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libmicrohttpd12 libhiredis0.14 libpq5 libcjson1 curl ca-certificates \
+        libmicrohttpd12 libhiredis0.14 libpq5 libcjson1 libzookeeper-mt2 curl ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --no-create-home --shell /usr/sbin/nologin seckill
 COPY --from=build /src/build/seckill /usr/local/bin/seckill

@@ -17,6 +17,8 @@ with the local stack (scripts/stack.sh), without a Docker engine.
   the compose file's nginx is Debian's, built from the Dockerfile's stage
   'nginx' with the Lua module docker.conf loads (the sold-out edge, whose
   behaviour tests/test_edge.py checks on docker.conf itself).
+- the Dockerfile's build stage installs the -dev package, and its runtime
+  stage the package, of every shared library build/seckill links;
 - docker-compose.ha.yml on top of it (Redis with Sentinel): valid; a master,
   two replicas of it and three Sentinels watching it (quorum 2) with a config
   file of their own; the instances wait for the Sentinels and name them in
@@ -534,6 +536,56 @@ def dockerfile_builds_like_the_makefile():
         fail("Dockerfile must copy VERSION (no .git in the build context: --version reads it)")
     if app_service()["environment"].get("LUA_DIR") != "/app/lua":
         fail(f"app sets LUA_DIR {app_service()['environment'].get('LUA_DIR')!r}, the image has /app/lua")
+
+
+def stage_packages(df, name):
+    """The packages that a Dockerfile stage's apt-get install names: the
+    stage 'AS name', or the last stage when name is None."""
+    stages = re.split(r"^(?=FROM )", df, flags=re.M)[1:]
+    stage = stages[-1] if name is None else next(
+        (s for s in stages if re.match(rf"FROM \S+ AS {name}\n", s)), "")
+    pkgs = set()
+    for m in re.finditer(r"apt-get install((?:[^&\\]|\\\n)*)", stage):
+        pkgs |= {w for w in m.group(1).replace("\\\n", " ").split() if not w.startswith("-")}
+    return pkgs
+
+
+def package_of(path):
+    """The Debian package that ships path itself (dpkg -S; its directory
+    resolved, as /lib is /usr/lib here), or None."""
+    p = run(["dpkg", "-S", os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))])
+    return p.stdout.split(":")[0] if p.returncode == 0 else None
+
+
+@test
+def docker_stages_install_the_libraries_the_binary_links():
+    """Every shared library build/seckill needs (its ELF NEEDED entries, as
+    the linker resolved them here): the runtime stage installs the package
+    that ships it, the build stage the package that ships its link-time .so
+    (the -dev package). The C library and the compilers' runtimes come with
+    the base image and build-essential."""
+    df = open(os.path.join(ROOT, "Dockerfile")).read()
+    build, runtime = stage_packages(df, "build"), stage_packages(df, None)
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(\S+)\]",
+                        run(["readelf", "-d", ss.SECKILL_BIN]).stdout)
+    resolved = dict(re.findall(r"^\s*(\S+) => (/\S+)", run(["ldd", ss.SECKILL_BIN]).stdout, re.M))
+    if not needed or not resolved:
+        fail(f"cannot read the libraries of {ss.SECKILL_BIN}")
+    base = re.compile(r"^(libc6|libgcc-s1|libstdc\+\+6|lib[a-z]*san\d*)(:\S+)?$")
+    checked = 0
+    for lib in needed:
+        pkg = package_of(resolved.get(lib, lib))
+        if pkg is None or base.match(pkg):
+            continue
+        checked += 1
+        if pkg.split(":")[0] not in runtime:
+            fail(f"{lib} ({pkg}): the Dockerfile's runtime stage does not install it")
+        stem = re.sub(r"\.so\..*", ".so", resolved[lib])
+        dev = package_of(stem) if os.path.exists(stem) else None
+        if dev is None or dev.split(":")[0] not in build:
+            fail(f"{lib}: the Dockerfile's build stage does not install {dev or 'its -dev package'}")
+    if checked < 5:
+        fail(f"only {checked} of the binary's libraries checked: {needed}")
 
 
 @test
