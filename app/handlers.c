@@ -390,10 +390,10 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
     store_voucher v;
     int64_t id;
 
+    if (admin_denied(r))                        /* first: nothing is told to a stranger */
+        return HTTP_ANSWERED;
     if (util_parse_id(arg, arg_len, &id) != 0)
         return http_send_error(r, API_INVALID_VOUCHER_ID, NULL);
-    if (admin_denied(r))
-        return HTTP_ANSWERED;
     if ((err = payload_voucher_reset(r->body, r->body_len, &in, &why)) != API_OK)
         return http_send_error(r, err, why);
     cs = conn_get();

@@ -531,8 +531,10 @@ def admin_disabled_without_token():
         for headers in ({}, AUTH, {"Authorization": "Bearer "}):
             expect_error(srv.post("/admin/vouchers", headers, body), 403, "admin_disabled",
                          f"create with {headers}")
-            expect_error(srv.post("/admin/vouchers/1/reset", headers, {"stock": 1}), 403,
-                         "admin_disabled", f"reset with {headers}")
+            # The token is checked before anything else, the path's id too.
+            for vid in ("1", "abc", "0"):
+                expect_error(srv.post(f"/admin/vouchers/{vid}/reset", headers, {"stock": 1}), 403,
+                             "admin_disabled", f"reset of {vid!r} with {headers}")
     finally:
         srv.stop_ok()
 
@@ -547,8 +549,9 @@ def admin_unauthorized():
                     {"Authorization": f"Bearer {TOKEN[:-1]}"}, {"Authorization": "Bearer"}):
         expect_error(a.post("/admin/vouchers", headers, body), 401, "unauthorized",
                      f"create with {headers}")
-        expect_error(a.post("/admin/vouchers/1/reset", headers, {"stock": 1}), 401,
-                     "unauthorized", f"reset with {headers}")
+        for vid in ("1", "abc", "-1"):
+            expect_error(a.post(f"/admin/vouchers/{vid}/reset", headers, {"stock": 1}), 401,
+                         "unauthorized", f"reset of {vid!r} with {headers}")
 
 
 @test
