@@ -167,6 +167,34 @@ def no_lock_sells_twice_to_one_user_without_the_constraint():
 
 
 @test
+def no_lock_runs_unprotected_on_the_default_stock_without_a_delay():
+    """lock=none with the default stock and no DEMO_DELAY_MS: nothing in the
+    instance stands in for the missing lock (the per-voucher gate that the
+    optimistic order takes with a safe lock would serialize one instance's
+    statements and hide the race), so a single-user storm on one instance
+    sells more than once once the constraint is gone. The race is the
+    statement's own length (it showed in one storm of two to four here):
+    up to twenty storms, each a new user."""
+    srv = ss.Server("storm-none-nodelay", {"ADMIN_TOKEN": TOKEN, "SECKILL_LOCK": "none",
+                                           "THREADS": 16, "LOG_LEVEL": "warn"})
+    try:
+        crowd(srv, create_voucher(srv, 200), list(range(4_244_000, 4_244_200)))   # warm
+        seen = []
+        with without_unique():
+            for user in range(4_245_000, 4_245_020):
+                vid = create_voucher(srv, 200)
+                statuses = crowd(srv, vid, [user] * 200)
+                orders, _left, dups = db_state(vid)
+                seen.append((orders, statuses))
+                if orders > 1 and dups == 1:
+                    break
+            else:
+                fail(f"lock=none, optimistic, no delay: one order per storm in {len(seen)} storms: {seen}")
+    finally:
+        srv.stop_ok()
+
+
+@test
 def reentrant_lock_sells_once_to_one_user_without_the_constraint():
     srv = ss.Server("storm-reentrant", {"ADMIN_TOKEN": TOKEN, "DEMO_DELAY_MS": 30,
                                         "THREADS": 16, "LOG_LEVEL": "warn"})
