@@ -137,14 +137,20 @@ tsan: ## every test with ThreadSanitizer builds in build/tsan (TESTS="...": a su
 	SECKILL_SANITIZER=tsan $(MAKE) BUILD=build/tsan OPT="-O1 -g" EXTRA_CFLAGS="-fsanitize=thread" \
 	    EXTRA_LDFLAGS="-fsanitize=thread" test
 
-# The programs that exercise the threads: the lock's C tests (lock, lock
-# wait, watchdog, order ids, MultiLock's storm), the server's worker pool and strategies,
-# Redis-first's pipelined admissions, and the server following a Redis failover (the
-# Sentinel follower thread).
-TSAN_CONCURRENCY_TESTS := test_lock test_watchdog test_idw test_mlock test_workers test_strategies test_sentinel test_redisfirst.py
+# The programs that exercise the threads: the lock's C tests (lock, lock wait,
+# watchdog, order ids, MultiLock's storm, the ZooKeeper lock with its client's
+# threads), the server's worker pool and strategies, Redis-first's admissions in
+# lots, and the server following a Redis failover (the Sentinel follower thread).
+# Left out: test_locks.py, which the name test_lock matches (the lock backends'
+# storms through the server: 72 s under TSan), and the strategies' sale one buyer
+# at a time (46 s with no two buyers at once).
+TSAN_CONCURRENCY_TESTS := test_lock test_watchdog test_idw test_mlock test_zkl test_workers test_strategies test_sentinel test_redisfirst.py
+TSAN_CONCURRENCY_SKIP  := test_locks.py
+TSAN_CONCURRENCY_EXCEPT := one_at_a_time
 
-tsan-concurrency: ## ThreadSanitizer on the concurrency tests only (what CI runs; ~90 s with the build)
-	@$(MAKE) --no-print-directory tsan TESTS="$(TSAN_CONCURRENCY_TESTS)"
+tsan-concurrency: ## ThreadSanitizer on the concurrency tests only (what CI runs)
+	@TEST_SKIP="$(TSAN_CONCURRENCY_SKIP)" TEST_EXCEPT="$(TSAN_CONCURRENCY_EXCEPT)" \
+	    $(MAKE) --no-print-directory tsan TESTS="$(TSAN_CONCURRENCY_TESTS)"
 
 ##@ Packages
 
