@@ -20,6 +20,8 @@ LDLIBS    += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lzookeeper_mt -pthr
 LDFLAGS   += $(EXTRA_LDFLAGS)
 
 BUILD     ?= build
+# Parallel compiles for the builds that make test, asan, tsan and fuzz run.
+JOBS      ?= $(shell nproc 2>/dev/null || echo 1)
 V         ?= 0
 Q         := $(if $(filter 1,$(V)),,@)
 TESTS     ?=
@@ -110,8 +112,8 @@ $(BUILD)/slow_fsync.so: loadtest/slow_fsync.c
 
 tests-bin: $(BUILD)/seckill $(TEST_BINS) $(BUILD)/upstream200 $(BUILD)/slow_fsync.so ## build the server and every C test program
 
-test: deps-check ## every test against a throwaway Postgres and Redis (~6-8 min; installs what is missing first)
-	@$(MAKE) --no-print-directory tests-bin
+test: deps-check ## every test against a throwaway Postgres and Redis (~14 min; installs what is missing first)
+	@$(MAKE) --no-print-directory -j$(JOBS) tests-bin
 	BUILD=$(BUILD) tests/run.sh $(TESTS)
 
 # The fast tier: no Postgres, no nginx, no load. A throwaway redis-server
