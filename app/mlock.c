@@ -67,12 +67,22 @@ long mlock_drift_ms(long lease_ms)
 /* hiredis keeps an I/O error as strerror's text; strerror itself need not
  * be thread-safe, so the two texts are made once. */
 static pthread_once_t texts_once = PTHREAD_ONCE_INIT;
-static char reset_text[128], pipe_text[128];
+static char reset_text[128], pipe_text[128], timeout_text[128];
 
 static void texts_init(void)
 {
     snprintf(reset_text, sizeof reset_text, "%s", strerror(ECONNRESET));
     snprintf(pipe_text, sizeof pipe_text, "%s", strerror(EPIPE));
+    snprintf(timeout_text, sizeof timeout_text, "%s", strerror(EAGAIN));
+}
+
+/* The node did not answer within the timeout: it may be stalled or slow,
+ * and may still run what was sent (a closed connection means a node that
+ * is gone or refused it). */
+static int timed_out(const redisContext *c)
+{
+    pthread_once(&texts_once, texts_init);
+    return c->err == REDIS_ERR_IO && strcmp(c->errstr, timeout_text) == 0;
 }
 
 /* The node closed this connection (end of file, reset, broken pipe) after
@@ -118,8 +128,9 @@ static int reply_ok(redisContext *c, redisReply *r, char *err, size_t errlen, co
     return ok;
 }
 
-/* Node i's connection, opened if need be; NULL while it is down (err says why). */
-static redisContext *conn(mlock_set *s, size_t i, char *err, size_t errlen)
+/* Node i's connection, opened if need be; NULL while it is down (err says
+ * why). 'now': try even within the reconnect pause (see mlock_release). */
+static redisContext *conn(mlock_set *s, size_t i, int now, char *err, size_t errlen)
 {
     node_conn *nc = &s->conns[i];
     struct timeval tv = { s->timeout_ms / 1000, (s->timeout_ms % 1000) * 1000 };
@@ -129,7 +140,7 @@ static redisContext *conn(mlock_set *s, size_t i, char *err, size_t errlen)
         return nc->c;
     if (nc->c != NULL)
         drop(s, i);
-    if (util_mono_us() < nc->retry_at_us) {
+    if (!now && util_mono_us() < nc->retry_at_us) {
         snprintf(err, errlen, "not retried yet after a failure");
         return NULL;
     }
@@ -163,25 +174,29 @@ fail:
 }
 
 /* Node i's answer to one attempt: LOCK_OK, LOCK_BUSY or LOCK_ERR (down,
- * not answering in time, or any other failure). */
+ * not answering in time, or any other failure). '*unanswered' is set when
+ * the attempt went out and no answer came in time: the node may run it. */
 static lock_status acquire_on(mlock_set *s, size_t i, const char *key, const char *owner,
-                              long lease_ms)
+                              long lease_ms, int *unanswered)
 {
     lock_acquire_op op;
     char why[256];
-    redisContext *c = conn(s, i, why, sizeof why);
+    redisContext *c = conn(s, i, 0, why, sizeof why);
     lock_status sent, ls;
 
+    *unanswered = 0;
     if (c == NULL)
         return LOCK_ERR;
     sent = lock_acquire_send_within(c, &op, key, owner, lease_ms, s->timeout_ms);
     ls = lock_acquire_recv(c, &op, NULL);   /* sends, reads, frees the op: runs whatever was sent */
     if (sent != LOCK_OK || (ls != LOCK_OK && ls != LOCK_BUSY))
         ls = LOCK_ERR;
-    if (c->err)
+    if (c->err) {
+        *unanswered = timed_out(c);
         drop(s, i);
-    else
+    } else {
         s->conns[i].answered = 1;
+    }
     return ls;
 }
 
@@ -202,8 +217,10 @@ mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const 
      * one it grants meets no rival further on (sent to all nodes at once,
      * a storm split the nodes between contenders, and all of them lost). */
     for (i = 0; i < s->n && ngranted + left >= needed; i++) {
+        int unanswered;
+
         left--;
-        switch (acquire_on(s, i, key, owner, lease_ms)) {
+        switch (acquire_on(s, i, key, owner, lease_ms, &unanswered)) {
         case LOCK_OK:
             g->granted |= 1u << i;
             ngranted++;
@@ -213,6 +230,8 @@ mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const 
             break;
         default:
             g->failed |= 1u << i;
+            if (unanswered)
+                g->unanswered |= 1u << i;
             break;
         }
     }
@@ -227,12 +246,12 @@ mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const 
         log_warn("mlock %s: granted by %zu nodes but no validity left (%lld ms after %lld us)",
                  key, ngranted, (long long)g->validity_ms, (long long)g->elapsed_us);
     /* A failed attempt: undone wherever it may have been granted. */
-    mlock_release(s, key, owner, lease_ms, g->granted | g->failed, NULL);
+    mlock_release(s, key, owner, lease_ms, g->granted | g->failed, g->unanswered, NULL);
     return st;
 }
 
 int mlock_release(mlock_set *s, const char *key, const char *owner, long lease_ms,
-                  unsigned mask, int *not_owner)
+                  unsigned mask, unsigned reach, int *not_owner)
 {
     char why[256];
     int released = 0, refused = 0;
@@ -240,7 +259,7 @@ int mlock_release(mlock_set *s, const char *key, const char *owner, long lease_m
     for (size_t i = 0; i < s->n; i++) {
         redisContext *c;
         lock_status ls;
-        if (!(mask & (1u << i)) || (c = conn(s, i, why, sizeof why)) == NULL)
+        if (!(mask & (1u << i)) || (c = conn(s, i, (reach >> i) & 1u, why, sizeof why)) == NULL)
             continue;
         ls = lock_release(c, key, owner, lease_ms, NULL);
         if (ls == LOCK_OK)
@@ -263,7 +282,7 @@ int mlock_check(mlock_set *s, char *err, size_t errlen)
 
     for (size_t i = 0; i < s->n; i++) {
         const mlock_node *nd = &s->conns[i].node;
-        redisContext *c = conn(s, i, why, sizeof why);
+        redisContext *c = conn(s, i, 0, why, sizeof why);
         if (c == NULL || !reply_ok(c, redisCommand(c, "PING"), why, sizeof why, "PING")) {
             snprintf(err, errlen, "node %zu (%s:%d): %s", i + 1, nd->host, nd->port, why);
             if (c != NULL)

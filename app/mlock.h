@@ -69,6 +69,8 @@ typedef struct mlock_grant {
     unsigned busy;         /* nodes where another owner holds it */
     unsigned failed;       /* nodes that failed, were down or did not answer in time */
                            /* (a node in none of the three was not asked) */
+    unsigned unanswered;   /* of 'failed': sent the attempt, no answer within the
+                              timeout: they may have granted it */
     int64_t elapsed_us;    /* the attempt's time, first node's send to last node's reply */
     int64_t validity_ms;   /* lease - elapsed - drift (may be <= 0) */
 } mlock_grant;
@@ -94,9 +96,13 @@ mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const 
 /* Releases the hold on every node of 'mask' (the nodes that did not answer
  * "busy" at the acquire). Returns how many counted it down; a node that is
  * down keeps it until the lease ends, one that no longer knows the owner
- * (expired, restarted) counts as 'not_owner' (may be NULL). */
+ * (expired, restarted) counts as 'not_owner' (may be NULL). A node whose
+ * connection failed is skipped until its reconnect pause ends, except the
+ * nodes of 'reach' (the grant's 'unanswered'): a node that ran the attempt
+ * but answered late is asked on a new connection at once, or it would keep
+ * the hold for the whole lease. */
 int mlock_release(mlock_set *s, const char *key, const char *owner, long lease_ms,
-                  unsigned mask, int *not_owner);
+                  unsigned mask, unsigned reach, int *not_owner);
 
 /* Connects to every node once (PING); 0, or -1 with the first node that
  * failed and why in 'err'. For a start-up check. */

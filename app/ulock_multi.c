@@ -22,6 +22,7 @@
 
 typedef struct priv {
     unsigned mask;           /* nodes to release on */
+    unsigned reach;          /* of those, nodes that did not answer: asked at once */
 } priv;
 
 _Static_assert(sizeof(priv) <= ULOCK_PRIV_BYTES, "ulock_hold.priv too small");
@@ -179,6 +180,7 @@ static ulock_status acquire(mlock_quorum q, ulock_hold *h)
     switch (mlock_acquire(s, q, h->key, h->owner, h->lease_ms, &g)) {
     case MLOCK_OK:
         ((priv *)(void *)h->priv)->mask = ~g.busy;
+        ((priv *)(void *)h->priv)->reach = g.unanswered;
         rec_note(REC_DEMO_LOCK_ACQUIRED);
         if (g.failed != 0)
             log_debug("%s: held without %d node(s), %lld ms of validity left", h->key,
@@ -215,7 +217,8 @@ static void multi_release(conn_set *cs, ulock_hold *h)
     if (s == NULL)
         return;
     released = mlock_release(s, h->key, h->owner, h->lease_ms,
-                             ((priv *)(void *)h->priv)->mask, &not_owner);
+                             ((priv *)(void *)h->priv)->mask,
+                             ((priv *)(void *)h->priv)->reach, &not_owner);
     if (released > 0)
         rec_note(REC_DEMO_LOCK_RELEASED);
     if (not_owner > 0) {

@@ -195,7 +195,7 @@ static int give(client *c, const char *key, const char *owner)
     if (strcmp(b, "zk") == 0)
         return zkl_release(zk, key, owner, NULL) == ZKL_OK ? 0 : -1;
     if (multi())
-        return mlock_release(c->nodes, key, owner, o.lease_ms, ~0u, NULL) > 0 ? 0 : -1;
+        return mlock_release(c->nodes, key, owner, o.lease_ms, ~0u, 0, NULL) > 0 ? 0 : -1;
     if (strcmp(b, "pg-table") == 0)
         return pgl_table_release(c->pg, key, owner, o.lease_ms, NULL) == PGL_OK ? 0 : -1;
     return pgl_advisory_release(c->pg, adv_key(key)) == PGL_OK ? 0 : -1;

@@ -7,7 +7,8 @@
  * release of a failed attempt on every node, a node down, a node that
  * stopped answering (per-node timeout, validity), nodes that restarted
  * (reconnected at the next attempt), a node that closes every new
- * connection (it keeps the reconnect pause), reentry, release by a
+ * connection (it keeps the reconnect pause), a node that answers late (it
+ * ran the attempt: released all the same), reentry, release by a
  * non-owner, lease expiry, and the RedLock failure with a node that restarts
  * without persistence (two holders) next to its "delayed restart" fix (one
  * holder); a one-key storm of threads, where MultiLock grants exactly one
@@ -143,7 +144,7 @@ static void test_quorums_and_release_of_a_failed_attempt(void)
     T_EQ_I64(g.granted, 0x1f);
     T_EQ_I64(mlock_acquire(b, MLOCK_MAJORITY, key, "B", 10000, &g), MLOCK_BUSY);
     T_EQ_I64(g.busy, 0x07);             /* no majority left after three: 4 and 5 not asked */
-    T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), 5);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), 5);
     T_EQ_I64(present(key), 0);
 
     /* a rival holds nodes 1 and 2: a majority (3, 4, 5) is still free */
@@ -151,7 +152,7 @@ static void test_quorums_and_release_of_a_failed_attempt(void)
     T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
     T_EQ_I64(g.granted, 0x1c);
     T_EQ_I64(g.busy, 0x03);
-    T_EQ_I64(mlock_release(a, key, "A", 10000, ~g.busy, NULL), 3);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, ~g.busy, 0, NULL), 3);
     T_EQ_I64(present(key), 0x03);
 
     /* ... but not all of them: MultiLock stops at node 1 and leaves nothing of A's */
@@ -182,14 +183,14 @@ static void test_reentry_and_not_owner(void)
         for (int i = 0; i < N; i++)
             T_EQ_I64(count_on(i, key, "A"), 2);
         /* a non-owner's release changes nothing */
-        T_EQ_I64(mlock_release(b, key, "B", 10000, 0x1f, &not_owner), 0);
+        T_EQ_I64(mlock_release(b, key, "B", 10000, 0x1f, 0, &not_owner), 0);
         T_EQ_I64(not_owner, 5);
-        T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), 5);
+        T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), 5);
         T_EQ_I64(mlock_acquire(b, quorum, key, "B", 10000, &g), MLOCK_BUSY);  /* still held once */
-        T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), 5);
+        T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), 5);
         T_EQ_I64(present(key), 0);
         T_EQ_I64(mlock_acquire(b, quorum, key, "B", 10000, &g), MLOCK_OK);
-        T_EQ_I64(mlock_release(b, key, "B", 10000, 0x1f, NULL), 5);
+        T_EQ_I64(mlock_release(b, key, "B", 10000, 0x1f, 0, NULL), 5);
     }
     mlock_set_free(a);
     mlock_set_free(b);
@@ -207,7 +208,7 @@ static void test_validity_and_lease_expiry(void)
     T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
     T_EQ_I64(g.validity_ms, 10000 - (g.elapsed_us + 999) / 1000 - 102);
     T_ASSERT(g.validity_ms > 9800 && g.validity_ms <= 9897);
-    mlock_release(a, key, "A", 10000, 0x1f, NULL);
+    mlock_release(a, key, "A", 10000, 0x1f, 0, NULL);
     /* a 300 ms lease: another owner gets it once the lease is over */
     T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 300, &g), MLOCK_OK);
     t0 = util_mono_us();
@@ -216,7 +217,7 @@ static void test_validity_and_lease_expiry(void)
            util_mono_us() - t0 < 2000000)
         usleep(10 * 1000);
     T_ASSERT(util_mono_us() - t0 >= 250000 && util_mono_us() - t0 < 600000);
-    mlock_release(b, key, "B", 300, 0x1f, NULL);
+    mlock_release(b, key, "B", 300, 0x1f, 0, NULL);
     mlock_set_free(a);
     mlock_set_free(b);
 }
@@ -236,7 +237,7 @@ static void test_a_node_down(void)
     /* RedLock: four of five */
     T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
     T_EQ_I64(g.granted, 0x0f);
-    T_EQ_I64(mlock_release(a, key, "A", 10000, ~g.busy, NULL), 4);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, ~g.busy, 0, NULL), 4);
     /* three down: no majority, an error; the two grants undone */
     nodes_cmd("kill", 3);
     nodes_cmd("kill", 2);
@@ -248,7 +249,7 @@ static void test_a_node_down(void)
     after_retry();
     T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_OK);
     T_EQ_I64(g.granted, 0x1f);
-    mlock_release(a, key, "A", 10000, 0x1f, NULL);
+    mlock_release(a, key, "A", 10000, 0x1f, 0, NULL);
     mlock_set_free(a);
 }
 
@@ -265,7 +266,7 @@ static void test_a_silent_node_costs_one_node_timeout(void)
     printf("# one node silent: attempt took %lld us, validity %lld ms\n",
            (long long)g.elapsed_us, (long long)g.validity_ms);
     T_ASSERT(g.elapsed_us >= NODE_TIMEOUT_MS * 1000 && g.elapsed_us < 4 * NODE_TIMEOUT_MS * 1000);
-    mlock_release(a, key, "A", 10000, ~g.busy, NULL);
+    mlock_release(a, key, "A", 10000, ~g.busy, 0, NULL);
     after_retry();
     /* a lease the silent node's timeout eats: no validity left, released everywhere */
     T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "B", NODE_TIMEOUT_MS + 2, &g), MLOCK_ERR);
@@ -294,7 +295,7 @@ static void test_restarted_nodes_are_reconnected_at_once(void)
 
     fresh_key(key, sizeof key);
     T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_OK);
-    T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), N);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), N);
     for (int i = 0; i < N; i++) {
         nodes_cmd("kill", i);
         nodes_cmd("start-node", i);
@@ -308,7 +309,7 @@ static void test_restarted_nodes_are_reconnected_at_once(void)
            (long long)(util_mono_us() - t0));
     T_EQ_I64(st, MLOCK_OK);
     T_ASSERT(failures <= N);
-    T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, NULL), N);
+    T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), N);
     /* a silent node: the first attempt waits for it, the next does not */
     nodes_cmd("pause", 0);
     T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
@@ -371,6 +372,126 @@ static void test_a_node_that_closes_new_connections_keeps_the_pause(void)
     pthread_join(th, NULL);
 }
 
+/* A node whose answers come late: a proxy in front of node 2 that passes
+ * each request on at once and each answer LATE_MS later, past the node
+ * timeout. The node runs the attempt; the client gives up before it hears. */
+#define LATE_MS (3 * NODE_TIMEOUT_MS)
+static int late_fd = -1;
+
+typedef struct late_pipe {
+    int from, to, delay_ms;
+} late_pipe;
+
+static void *late_pipe_main(void *arg)
+{
+    late_pipe p = *(late_pipe *)arg;
+    char buf[16384];
+    ssize_t n;
+
+    free(arg);
+    while ((n = read(p.from, buf, sizeof buf)) > 0) {
+        if (p.delay_ms > 0)
+            usleep((useconds_t)p.delay_ms * 1000);
+        if (send(p.to, buf, (size_t)n, MSG_NOSIGNAL) != n)
+            break;
+    }
+    shutdown(p.to, SHUT_RDWR);
+    shutdown(p.from, SHUT_RDWR);
+    return NULL;
+}
+
+static void late_pipe_start(int from, int to, int delay_ms)
+{
+    late_pipe *p = malloc(sizeof *p);
+    pthread_t th;
+
+    p->from = from;
+    p->to = to;
+    p->delay_ms = delay_ms;
+    if (pthread_create(&th, NULL, late_pipe_main, p) != 0) {
+        fprintf(stderr, "pthread_create failed\n");
+        exit(2);
+    }
+    pthread_detach(th);
+}
+
+static void *late_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        struct sockaddr_in sa = { .sin_family = AF_INET,
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                                  .sin_port = htons((uint16_t)nodes[1].port) };
+        int fd = accept(late_fd, NULL, NULL), up;
+        if (fd < 0)
+            return NULL;
+        up = socket(AF_INET, SOCK_STREAM, 0);
+        if (up < 0 || connect(up, (struct sockaddr *)&sa, sizeof sa) != 0) {
+            close(fd);
+            if (up >= 0)
+                close(up);
+            continue;
+        }
+        late_pipe_start(fd, up, 0);          /* requests: at once */
+        late_pipe_start(up, fd, LATE_MS);    /* answers: late */
+    }
+}
+
+/* A failed attempt is undone on a node that ran it but answered late (the
+ * node's connection is in its reconnect pause then: the release reaches it
+ * on a new one), and so is a RedLock hold granted without that node. */
+static void test_a_node_that_answers_late_keeps_no_hold(void)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof sa;
+    mlock_node with_late[N];
+    mlock_set *a;
+    pthread_t th;
+    char key[64];
+    mlock_grant g;
+
+    late_fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (!T_ASSERT(late_fd >= 0 && bind(late_fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+                  listen(late_fd, 16) == 0 &&
+                  getsockname(late_fd, (struct sockaddr *)&sa, &len) == 0))
+        return;
+    pthread_create(&th, NULL, late_main, NULL);
+    memcpy(with_late, nodes, sizeof nodes);
+    with_late[1].port = ntohs(sa.sin_port);
+    a = mlock_set_new(with_late, N, NODE_TIMEOUT_MS);
+    /* node 2 knows both scripts: a NOSCRIPT answer, late, would run nothing */
+    fresh_key(key, sizeof key);
+    hold_on(0x02, key, "W", 10000);
+    T_EQ_I64(lock_release(raw_conn(1), key, "W", 10000, NULL), LOCK_OK);
+
+    /* MultiLock: node 1 granted, node 2 late: failed, undone on both */
+    fresh_key(key, sizeof key);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+    T_EQ_I64(g.granted, 0x01);
+    T_EQ_I64(g.failed, 0x02);
+    T_EQ_I64(g.unanswered, 0x02);
+    usleep(2 * LATE_MS * 1000);
+    T_EQ_I64(count_on(1, key, "A"), 0);
+    T_EQ_I64(present(key), 0);
+
+    /* RedLock: held without node 2, which ran it: released there too */
+    after_retry();
+    fresh_key(key, sizeof key);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(g.granted, 0x1d);
+    T_EQ_I64(g.unanswered, 0x02);
+    T_EQ_I64(count_on(1, key, "A"), 1);      /* it did grant it (asked directly) */
+    mlock_release(a, key, "A", 10000, ~g.busy, g.unanswered, NULL);
+    usleep(2 * LATE_MS * 1000);
+    T_EQ_I64(count_on(1, key, "A"), 0);
+    T_EQ_I64(present(key), 0);
+
+    mlock_set_free(a);
+    shutdown(late_fd, SHUT_RDWR);
+    close(late_fd);
+    pthread_join(th, NULL);
+}
+
 /* Client 1 takes KEY on nodes 1, 2, 3 (4 and 5 paused for it, and refusing
  * its attempt once resumed: past its deadline); node 3 is killed, and
  * started again at once without persistence when RESTART; then 1 and 2 are
@@ -415,8 +536,8 @@ static void test_restart_without_persistence_gives_two_holders(void)
     nodes_cmd("resume", 1);
     usleep(50 * 1000);
     T_EQ_I64(count_on(0, key, "client-1") + count_on(1, key, "client-1"), 2);
-    mlock_release(c1, key, "client-1", lease, 0x1f, NULL);
-    mlock_release(c2, key, "client-2", lease, 0x1f, NULL);
+    mlock_release(c1, key, "client-1", lease, 0x1f, 0, NULL);
+    mlock_release(c2, key, "client-2", lease, 0x1f, 0, NULL);
     mlock_set_free(c1);
     mlock_set_free(c2);
 }
@@ -441,7 +562,7 @@ static void test_delayed_restart_keeps_one_holder(void)
     nodes_cmd("start-node", 2);           /* the delayed restart */
     after_retry();
     T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_OK);
-    mlock_release(c2, key, "client-2", lease, 0x1f, NULL);
+    mlock_release(c2, key, "client-2", lease, 0x1f, 0, NULL);
     mlock_set_free(c1);
     mlock_set_free(c2);
 }
@@ -492,7 +613,7 @@ static int storm_rounds(mlock_set *m, mlock_quorum q)
                 continue;
             winners++;
             snprintf(owner, sizeof owner, "T%d", t);
-            mlock_release(m, storm_key, owner, 10000, 0x1f, NULL);
+            mlock_release(m, storm_key, owner, 10000, 0x1f, 0, NULL);
         }
         T_ASSERT(winners <= 1);
         none += winners == 0;
@@ -577,6 +698,7 @@ int main(int argc, char **argv)
     T_RUN(test_a_silent_node_costs_one_node_timeout);
     T_RUN(test_restarted_nodes_are_reconnected_at_once);
     T_RUN(test_a_node_that_closes_new_connections_keeps_the_pause);
+    T_RUN(test_a_node_that_answers_late_keeps_no_hold);
     T_RUN(test_restart_without_persistence_gives_two_holders);
     T_RUN(test_delayed_restart_keeps_one_holder);
     T_RUN(test_a_storm_on_one_key_has_one_winner_per_round);
