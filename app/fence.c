@@ -20,6 +20,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv;             /* on CLOCK_MONOTONIC: a clock step cannot stall it */
 static int stopping, running;         /* under mu */
 static long horizon_ms;               /* set before the thread starts */
+static char key_prefix[64];           /* likewise */
 
 static int stop_requested(void)
 {
@@ -63,7 +64,7 @@ static int sweep_pass(PGconn **pg)
         return -1;
     }
     for (;;) {
-        if (store_fence_sweep(*pg, horizon_ms, after, FENCE_PAGE, &page) != STORE_OK) {
+        if (store_fence_sweep(*pg, horizon_ms, key_prefix, after, FENCE_PAGE, &page) != STORE_OK) {
             PQfinish(*pg);
             *pg = NULL;
             return -1;
@@ -102,7 +103,7 @@ static void *sweeper_main(void *arg)
     return NULL;
 }
 
-int fence_start(long horizon)
+int fence_start(long horizon, const char *prefix)
 {
     pthread_condattr_t ca;
     int rc = -1;
@@ -111,7 +112,12 @@ int fence_start(long horizon)
         log_error("fence_start: horizon %ld ms", horizon);
         return -1;
     }
+    if (strlen(prefix) >= sizeof key_prefix) {
+        log_error("fence_start: key prefix '%s' too long", prefix);
+        return -1;
+    }
     horizon_ms = horizon;
+    snprintf(key_prefix, sizeof key_prefix, "%s", prefix);
     stopping = 0;
     if (pthread_condattr_init(&ca) != 0)
         goto out;

@@ -10,8 +10,11 @@
 #ifndef SECKILL_FENCE_H
 #define SECKILL_FENCE_H
 
-/* Starts the sweeper for 'horizon_ms' (> 0). Returns 0, or -1 (logged). */
-int fence_start(long horizon_ms);
+/* Starts the sweeper for 'horizon_ms' (> 0), over the keys that begin with
+ * 'key_prefix' (copied): the rows of the lock whose tokens are clock
+ * readings. Other lock services' rows hold counters, which have no age.
+ * Returns 0, or -1 (logged). */
+int fence_start(long horizon_ms, const char *key_prefix);
 
 /* Stops it, within one page of the sweep. Idempotent. */
 void fence_stop(void);

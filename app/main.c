@@ -106,7 +106,7 @@ static void *second_signal_main(void *arg)
 
 int main(int argc, char **argv)
 {
-    char err[512];
+    char err[512], fence_prefix[64];
     sigset_t sigs;
     int sig, rc, drain_ms;
 
@@ -190,9 +190,11 @@ int main(int argc, char **argv)
         log_error("cannot start the stats thread");
         goto out_bcast;
     }
-    /* Only tokens that are clock readings have an age to sweep by. */
+    /* Only tokens that are clock readings have an age to sweep by: this
+     * strategy's rows, never another lock service's sharing the table. */
+    ulock_fence_key_prefix(fence_prefix, sizeof fence_prefix);
     if (g_cfg.fence_horizon_ms > 0 && ulock_token_clock() &&
-        fence_start(g_cfg.fence_horizon_ms) != 0)
+        fence_start(g_cfg.fence_horizon_ms, fence_prefix) != 0)
         goto out_stats;
     if (consumer_start() != 0) {
         log_error("cannot start the stream consumer thread");

@@ -220,14 +220,15 @@ static const statement statements[] = {
     /* One page of the fence sweep: the next $3 keys after $1, in key
      * order (the primary key's index: each page is a short transaction,
      * a pass costs one walk of the index); those whose token is more than
-     * two horizons ($2 ms) old are deleted. A row advanced meanwhile is
-     * re-checked on its new version and stays. */
-    { "fence_sweep", 3,
+     * two horizons ($2 ms) old and that begin with $4 are deleted. A row
+     * advanced meanwhile is re-checked on its new version and stays. */
+    { "fence_sweep", 4,
       "WITH page AS ("
       "    SELECT lock_key FROM tb_lock_fence WHERE lock_key > $1 ORDER BY lock_key LIMIT $3"
       "), gone AS ("
       "    DELETE FROM tb_lock_fence f USING page"
-      "     WHERE f.lock_key = page.lock_key AND f.token < " NOW_US " - $2::bigint * 2000"
+      "     WHERE f.lock_key = page.lock_key AND starts_with(f.lock_key, $4)"
+      "       AND f.token < " NOW_US " - $2::bigint * 2000"
       "    RETURNING 1"
       ")"
       "SELECT (SELECT max(lock_key) FROM page), (SELECT count(*) FROM page),"
@@ -1028,17 +1029,17 @@ cleanup:
     return st;
 }
 
-store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *after, int page,
-                               store_sweep_page *out)
+store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *prefix, const char *after,
+                               int page, store_sweep_page *out)
 {
     char h[24], n[24];
-    const char *vals[3] = { after, h, n };
+    const char *vals[4] = { after, h, n, prefix };
     store_status st;
     PGresult *res;
 
     snprintf(h, sizeof h, "%ld", horizon_ms);
     snprintf(n, sizeof n, "%d", page);
-    res = exec(pg, "fence_sweep", 3, vals);
+    res = exec(pg, "fence_sweep", 4, vals);
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
         st = result_error(pg, res, "fence_sweep");
         goto cleanup;

@@ -158,8 +158,9 @@ store_status store_voucher_snapshot(PGconn *pg, int64_t voucher_id, store_vouche
                                     int64_t **users, size_t *n);
 
 /* One page of the sweep of tb_lock_fence: looks at the 'page' keys after
- * 'after' (in key order; "" for the first page) and deletes those whose
- * token is more than 2 x 'horizon_ms' old by Postgres's clock. Safe while
+ * 'after' (in key order; "" for the first page) and deletes those that
+ * begin with 'prefix' and whose token is more than 2 x 'horizon_ms' old by
+ * Postgres's clock. Safe while
  * every writer refuses tokens older than one horizon (store_order's
  * fence_horizon_ms): a forgotten row's stale holder is refused by age.
  * Fills 'out': the last key looked at (resume after it), how many keys
@@ -169,7 +170,8 @@ typedef struct store_sweep_page {
     int64_t scanned, deleted;
 } store_sweep_page;
 
-store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *after, int page,
+store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *prefix, const char *after,
+                               int page,
                                store_sweep_page *out);
 
 store_status store_voucher_create(PGconn *pg, const char *title, int64_t stock,

@@ -54,6 +54,11 @@ int ulock_token_clock(void)
     return be->tokens && be->token_clock;
 }
 
+void ulock_fence_key_prefix(char *buf, size_t n)
+{
+    snprintf(buf, n, "%s" ULOCK_KEY_PREFIX, be->fence_prefix != NULL ? be->fence_prefix : "");
+}
+
 int ulock_thread_bound(void)
 {
     return be->thread_bound;

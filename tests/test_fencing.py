@@ -245,20 +245,30 @@ def write_later_than_the_horizon_after_its_grant_is_refused():
 def sweep_forgets_fence_rows_older_than_twice_the_horizon():
     """FENCE_HORIZON_MS=1000: each instance deletes, once per horizon,
     the rows whose token is more than two horizons old by Postgres's clock;
-    younger rows stay."""
+    younger rows stay, and so do the rows of the other lock services
+    (zk:, pg:), whose tokens are counters, not clock readings: the sweep of
+    a Redis-locked instance sharing the database must not open their fence
+    to a stale holder."""
     now_us = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
-    keys = {"old": "lock:order:sweep-old", "new": "lock:order:sweep-new"}
-    psql(f"DELETE FROM tb_lock_fence WHERE lock_key LIKE 'lock:order:sweep-%'")
+    keys = {"old": "lock:order:sweep-old", "new": "lock:order:sweep-new",
+            "zk": "zk:lock:order:sweep-zk", "pg": "pg:lock:order:sweep-pg"}
+    gone = "DELETE FROM tb_lock_fence WHERE lock_key LIKE '%lock:order:sweep-%'"
+    psql(gone)
     psql("INSERT INTO tb_lock_fence (lock_key, token) VALUES "
-         f"('{keys['old']}', {now_us} - 60000000), ('{keys['new']}', {now_us} + 60000000)")
+         f"('{keys['old']}', {now_us} - 60000000), ('{keys['new']}', {now_us} + 60000000),"
+         f"('{keys['zk']}', 4294967301), ('{keys['pg']}', 7)")
     srv = server("fence-sweep", {"FENCE_HORIZON_MS": 1000})
     try:
         def present():
-            rows = psql("SELECT lock_key FROM tb_lock_fence WHERE lock_key LIKE 'lock:order:sweep-%'")
+            rows = psql("SELECT lock_key FROM tb_lock_fence WHERE lock_key LIKE '%lock:order:sweep-%'")
             return {r[0] for r in rows}
         wait_for("the old row to be swept", lambda: keys["old"] not in present(), 5)
+        time.sleep(1.0)                 # a sweep or two more
         if keys["new"] not in present():
             fail(f"a row younger than the horizon was swept: {present()}")
+        for other in ("zk", "pg"):
+            if keys[other] not in present():
+                fail(f"the sweep deleted another lock service's fence row {keys[other]}: {present()}")
         swept = srv.get("/stats").body["lock"].get("fenceRowsSwept")
         if not swept or swept < 1:
             fail(f"/stats lock.fenceRowsSwept: {swept}")
@@ -267,7 +277,7 @@ def sweep_forgets_fence_rows_older_than_twice_the_horizon():
             fail("seckill_fence_rows_swept_total missing from /metrics")
     finally:
         srv.stop_ok()
-        psql("DELETE FROM tb_lock_fence WHERE lock_key LIKE 'lock:order:sweep-%'")
+        psql(gone)
 
 
 def scan_count(pattern):
