@@ -11,7 +11,9 @@
 #   make bench-edge   the ways nginx can answer a sold-out crowd by itself
 #                     (Lua's shared dictionary, proxy_cache, njs) against a bare
 #                     'return 200', one nginx, same wrk settings
-#                     (loadtest/edge_choice.py; ~6 min)
+#                     (loadtest/edge_choice.py; ~6 min); then what the edge
+#                     costs nginx on a sale, edge on against off
+#                     (loadtest/edge_sale.py; ~1 min)
 #   make stop-bench   stop a stack left running by BENCH_KEEP=1 make bench
 #   make bench-ab AB="'EARLY_LOCK_RELEASE=0' 'EARLY_LOCK_RELEASE=1'"
 #                     instance settings compared on one stack, interleaved
@@ -32,8 +34,9 @@ bench: all $(BUILD)/upstream200 ## the performance benchmark on a private stack:
 	@BENCH_RUN_DIR=$(BENCH_RUN_DIR) BENCH_JSON=$${BENCH_JSON:-$(abspath $(BUILD))/bench.json} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench.py
 
-bench-edge: ## nginx answering a sold-out crowd: Lua dict, proxy_cache, njs vs bare return 200 (~6 min)
+bench-edge: $(BUILD)/upstream200 ## nginx answering a sold-out crowd: Lua dict, proxy_cache, njs vs bare return 200; the edge's cost on a sale (~7 min)
 	@python3 loadtest/edge_choice.py
+	@BENCH_UPSTREAM200=$(abspath $(BUILD))/upstream200 python3 loadtest/edge_sale.py
 
 stop-bench: ## stop a stack left running by BENCH_KEEP=1 make bench
 	@RUN_DIR=$(BENCH_RUN_DIR) scripts/stack.sh stop
