@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <netdb.h>
 #include <string.h>
 
 typedef struct priv {
@@ -52,6 +53,33 @@ static mlock_set *thread_set(void)
 }
 
 /* LOCK_REDIS_NODES: redis://host:port[,redis://host:port...], no node twice. */
+/* Two entries name one server (one failure domain, whatever its db): the
+ * same port and a host name or address in common, as the resolver answers
+ * now (localhost and 127.0.0.1 are one). */
+static int same_server(const char *host_a, const char *host_b, int port_a, int port_b)
+{
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *a = NULL, *b = NULL;
+    int same = 0;
+
+    if (port_a != port_b)
+        return 0;
+    if (strcmp(host_a, host_b) == 0)
+        return 1;
+    if (getaddrinfo(host_a, NULL, &hints, &a) != 0 || getaddrinfo(host_b, NULL, &hints, &b) != 0)
+        goto out;                       /* the start's PING of each node says more */
+    for (const struct addrinfo *x = a; x != NULL && !same; x = x->ai_next)
+        for (const struct addrinfo *y = b; y != NULL && !same; y = y->ai_next)
+            same = x->ai_family == y->ai_family && x->ai_addrlen == y->ai_addrlen &&
+                   memcmp(x->ai_addr, y->ai_addr, x->ai_addrlen) == 0;
+out:
+    if (a != NULL)
+        freeaddrinfo(a);
+    if (b != NULL)
+        freeaddrinfo(b);
+    return same;
+}
+
 static int parse_nodes(char *err, size_t errlen)
 {
     const char *p = g_cfg.lock_redis_nodes;
@@ -83,10 +111,10 @@ static int parse_nodes(char *err, size_t errlen)
             return -1;
         }
         for (size_t i = 0; i < nnodes; i++)
-            if (strcmp(nodes[i].host, u.host) == 0 && nodes[i].port == u.port &&
-                nodes[i].db == u.db) {
-                snprintf(err, errlen, "LOCK_REDIS_NODES: %s:%d is listed twice (it would "
-                         "count twice towards the quorum)", u.host, u.port);
+            if (same_server(nodes[i].host, u.host, u.port, nodes[i].port)) {
+                snprintf(err, errlen, "LOCK_REDIS_NODES: %s:%d is listed twice (as %s:%d: "
+                         "it would count twice towards the quorum)", u.host, u.port,
+                         nodes[i].host, nodes[i].port);
                 return -1;
             }
         mlock_node *nd = &nodes[nnodes++];

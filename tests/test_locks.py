@@ -453,6 +453,12 @@ def bad_lock_redis_nodes_stop_the_server_at_start():
                     "trailing comma")
         start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": ",".join(good[:3] + good[:1])},
                     "is listed twice")
+        # the same server under another name, or another db of it: one failure domain
+        alias = good[0].replace("127.0.0.1", "localhost")
+        start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": ",".join(good[:3] + [alias])},
+                    "is listed twice")
+        start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": ",".join(good[:3] + [good[0] + "/1"])},
+                    "is listed twice")
         dead = ",".join(good[:2] + [f"redis://127.0.0.1:{ss.dead_port()}"])
         took = start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": dead}, "node 3 (127.0.0.1:")
         if took > 5:
