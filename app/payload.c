@@ -27,7 +27,7 @@ static cJSON *parse(const char *body, size_t len)
     return doc;
 }
 
-/* A whole number 0..2^53-1 in a JSON number. */
+/* A whole number 0..PAYLOAD_COUNT_MAX in a JSON number. */
 static int get_count(const cJSON *o, const char *name, int64_t *out)
 {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
@@ -37,8 +37,12 @@ static int get_count(const cJSON *o, const char *name, int64_t *out)
         return -1;
     d = it->valuedouble;
     /* Past 2^53 - 1 a double no longer holds every integer: 2^53 + 1 would
-     * arrive as 2^53 and be stored as something the client did not send. */
-    if (!(d >= 0 && d <= 9007199254740991.0) || d != (double)(int64_t)d)
+     * arrive as 2^53 and be stored as something the client did not send.
+     * And cJSON prints a number with 15 significant digits (then 17 only
+     * when those do not read back within its tolerance): from 10^15 on, a
+     * stock would come back in /voucher and /stats as an approximation or
+     * in exponent form. So at most 15 digits. */
+    if (!(d >= 0 && d <= (double)PAYLOAD_COUNT_MAX) || d != (double)(int64_t)d)
         return -1;
     *out = (int64_t)d;
     return 0;
@@ -102,7 +106,7 @@ static api_err voucher(const char *body, size_t len, payload_voucher *out, const
         memcpy(out->title, title->valuestring, strlen(title->valuestring) + 1);
     }
     if (get_count(doc, "stock", &out->stock) != 0) {
-        *why = "stock must be a whole number >= 0";
+        *why = "stock must be a whole number from 0 to 999999999999999";
         goto cleanup;
     }
     hb = get_time(doc, "beginTime", &out->begin_time);

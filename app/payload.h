@@ -9,10 +9,12 @@
 #include "api.h"
 
 #define PAYLOAD_TITLE_MAX 200
+/* The largest stock: 15 digits, what a JSON answer prints exactly. */
+#define PAYLOAD_COUNT_MAX 999999999999999LL
 
 typedef struct payload_voucher {
     char title[PAYLOAD_TITLE_MAX + 1];   /* create only */
-    int64_t stock;                       /* 0 .. 2^53-1 */
+    int64_t stock;                       /* 0 .. PAYLOAD_COUNT_MAX */
     int64_t begin_time;                  /* Unix seconds; -1 when absent (reset) */
     int64_t end_time;
 } payload_voucher;

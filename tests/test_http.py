@@ -626,6 +626,33 @@ def admin_stock_is_stored_exactly_or_refused():
 
 
 @test
+def admin_stock_is_shown_exactly_or_refused():
+    """Every stock the admin API accepts comes back exactly in GET
+    /voucher/{id} and /stats (cJSON prints numbers with 15 significant
+    digits: 2^53 - 1 came back as 9.00719925474099e+15); a larger one is
+    refused with 400 invalid_field."""
+    a = server_a()
+    now = NOW()
+    for stock in (999_999_999_999_999, 10 ** 15, 2 ** 53 - 1):
+        raw = (f'{{"title":"big","stock":{stock},"beginTime":"{iso(now)}",'
+               f'"endTime":"{iso(now + 60)}"}}')
+        r = a.post("/admin/vouchers", dict(AUTH, **{"Content-Type": "application/json"}), raw)
+        if r.status == 400 and err_code(r) == "invalid_field":
+            if stock < 10 ** 15:
+                fail(f"stock {stock} refused")
+            continue
+        expect(r, 201, what=f"create with stock {stock}")
+        vid = r.body["voucherId"]
+        v = a.get(f"/voucher/{vid}").body
+        for field in ("stock", "initialStock"):
+            if type(v.get(field)) is not int or v[field] != stock:
+                fail(f"GET /voucher/{vid}: {field} {v.get(field)!r}, created with {stock}")
+        mine = [x for x in a.get("/stats").body["vouchers"] if int(x["voucherId"]) == vid]
+        if not mine or type(mine[0]["stock"]) is not int or mine[0]["stock"] != stock:
+            fail(f"/stats: {mine[:1]}, created with {stock}")
+
+
+@test
 def admin_created_voucher_is_usable():
     a, b = server_a(), server_b()
     vid = create_voucher(a, 2, title="usable")
