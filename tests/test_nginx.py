@@ -335,6 +335,26 @@ def nginx_own_client_errors_are_json():
         fail(f"requests nginx refused reached the instance: {good.requests}")
 
 
+@nginx_test
+def nginx_own_405_names_the_routes_methods():
+    """nginx answers TRACE (and CONNECT) itself with 405: with the Allow
+    header of the route, as an instance's 405 has, or 404 not_found where
+    no route is (an instance looks for the route first)."""
+    good = upstream("ok")
+    n = Nginx([good.addr])
+    for path, allow in (("/health", "GET, HEAD"), ("/stats?x=1", "GET, HEAD"),
+                        ("/voucher/7", "GET, HEAD"), ("/voucher/7/seckill", "POST"),
+                        ("/admin/vouchers", "POST"), ("/admin/vouchers/7/reset", "POST")):
+        r = n.request("TRACE", path)
+        expect_json_error(r, 405, "method_not_allowed")
+        if r.headers.get("allow") != allow:
+            fail(f"TRACE {path}: Allow {r.headers.get('allow')!r}, want {allow!r}")
+    for path in ("/nope", "/voucher/7/seckill/more"):
+        expect_json_error(n.request("TRACE", path), 404, "not_found")
+    if good.requests:
+        fail(f"requests nginx refused reached the instance: {good.requests}")
+
+
 def request_from(source, port, method, path, headers=None, body=None, timeout=15):
     """One request from the loopback address 'source' (Linux routes all of
     127.0.0.0/8 to lo, so 127.0.0.2 reaches a server on 127.0.0.1)."""
