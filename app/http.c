@@ -840,7 +840,7 @@ int http_start(const http_route *routes, size_t nroutes)
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)g_cfg.io_threads,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)g_cfg.max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)g_cfg.conn_timeout_s,
-        /* Request line and headers must fit; nginx in front allows 4 x 8 KiB.
+        /* Request line and headers must fit; nginx in front allows 4 x 6 KiB.
          * MHD zeroes this pool on every keep-alive request and keeps one per
          * connection, so it is kept no larger than that. */
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_POOL_BYTES,
