@@ -338,6 +338,35 @@ int config_parse_sentinels(const char *s, sentinel_addr *out, int max)
     }
 }
 
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* s[0..len) into 'out' (size n), %XX decoded (a '%' not followed by two hex
+ * digits stays as it is). -1 when it does not fit or decodes to a NUL. */
+static int url_unescape(const char *s, size_t len, char *out, size_t n)
+{
+    size_t o = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '%' && i + 2 < len && hex_digit(s[i + 1]) >= 0 && hex_digit(s[i + 2]) >= 0) {
+            c = (char)(hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2]));
+            if (c == '\0')
+                return -1;
+            i += 2;
+        }
+        if (o + 1 >= n)
+            return -1;
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
 int config_parse_redis_url(const char *s, redis_url *out)
 {
     const char *p, *at, *host, *slash;
@@ -348,24 +377,26 @@ int config_parse_redis_url(const char *s, redis_url *out)
     if (strncmp(s, "redis://", 8) != 0)
         return -1;
     p = s + 8;
-    slash = strchr(p, '/');
-    at = strchr(p, '@');
-    if (at != NULL && (slash == NULL || at < slash)) {
+    /* The user information ends at the last '@': a password may hold '@',
+     * '/' or ':' as they are (host, port and db hold none of them), or
+     * percent-encoded. The user name ends at its first ':'. */
+    at = strrchr(p, '@');
+    if (at != NULL) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
         const char *user_end = colon ? colon : at;
-        if ((size_t)(user_end - p) >= sizeof out->username)
+        if (url_unescape(p, (size_t)(user_end - p), out->username, sizeof out->username) != 0)
             return -1;
-        memcpy(out->username, p, (size_t)(user_end - p));
         if (colon != NULL) {
-            if ((size_t)(at - colon - 1) >= sizeof out->password)
+            if (url_unescape(colon + 1, (size_t)(at - colon - 1), out->password,
+                             sizeof out->password) != 0)
                 return -1;
-            memcpy(out->password, colon + 1, (size_t)(at - colon - 1));
         } else {                       /* "redis://secret@host": the secret is a password */
             snprintf(out->password, sizeof out->password, "%s", out->username);
             out->username[0] = '\0';
         }
         p = at + 1;
     }
+    slash = strchr(p, '/');
     host = p;
     const char *host_end = slash ? slash : p + strlen(p);
     const char *colon = memchr(host, ':', (size_t)(host_end - host));

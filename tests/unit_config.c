@@ -240,11 +240,29 @@ static void test_redis_url(void)
     T_EQ_I64(config_parse_redis_url("redis://s3cret@h", &u), 0);  /* a lone secret: password */
     T_EQ_STR(u.username, "");
     T_EQ_STR(u.password, "s3cret");
+    /* a password holding '@', '/' or ':' as it is (the last '@' ends it), or
+     * percent-encoded as URLs spell them (%25 for a '%') */
+    T_EQ_I64(config_parse_redis_url("redis://:p@ss@127.0.0.1:7000/3", &u), 0);
+    T_EQ_STR(u.password, "p@ss");
+    T_EQ_STR(u.host, "127.0.0.1");
+    T_EQ_I64(u.port, 7000);
+    T_EQ_I64(u.db, 3);
+    T_EQ_I64(config_parse_redis_url("redis://bob:pa/ss:w@h/2", &u), 0);
+    T_EQ_STR(u.username, "bob");
+    T_EQ_STR(u.password, "pa/ss:w");
+    T_EQ_STR(u.host, "h");
+    T_EQ_I64(u.db, 2);
+    T_EQ_I64(config_parse_redis_url("redis://b%6Fb:s3cr%3At%40x%2f%25@h", &u), 0);
+    T_EQ_STR(u.username, "bob");
+    T_EQ_STR(u.password, "s3cr:t@x/%");
+    T_EQ_I64(config_parse_redis_url("redis://:100%@h", &u), 0);   /* no hex after '%': as it is */
+    T_EQ_STR(u.password, "100%");
 
     static const char *const bad[] = { "", "h:6379", "rediss://h", "redis://", "redis://:1",
                                        "redis://h:0", "redis://h:65536", "redis://h:x",
                                        "redis://h:", "redis://h/x", "redis://h/-1",
-                                       "redis://h:6379/1/2" };
+                                       "redis://h:6379/1/2", "redis://:pw@", "redis://:pw@/1",
+                                       "redis://:a%00b@h" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (!T_EQ_I64(config_parse_redis_url(bad[i], &u), -1))
             printf("    accepted \"%s\"\n", bad[i]);
