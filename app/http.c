@@ -845,7 +845,10 @@ int http_start(const http_route *routes, size_t nroutes)
          * connection, so it is kept no larger than that. */
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_POOL_BYTES,
         MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+        /* No MHD_OPTION_LISTENING_ADDRESS_REUSE: its 1 is SO_REUSEPORT, which
+         * let a second instance given the same PORT start and take half the
+         * connections. libmicrohttpd's default, SO_REUSEADDR, still lets a
+         * restart bind past connections in TIME_WAIT. */
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
         MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL,

@@ -222,5 +222,27 @@ def instance_id_defaults_to_hostname_and_port():
         srv.stop_ok()
 
 
+
+@test
+def a_second_instance_on_a_port_in_use_does_not_start():
+    """Two instances given one PORT: the second stops at start with the
+    reason, instead of sharing the port (SO_REUSEPORT) and letting the
+    kernel split the connections between them."""
+    first = ss.Server("port-first", {})
+    try:
+        second = ss.Server("port-second", {}, start=False)
+        e = second.build_env()
+        e["PORT"] = str(first.port)
+        try:
+            p = subprocess.run([ss.SECKILL_BIN], env=e, capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            fail(f"a second instance on port {first.port} kept running")
+        if p.returncode == 0 or "cannot listen" not in p.stderr:
+            fail(f"second instance on port {first.port}: exit {p.returncode}, stderr {p.stderr[-400:]!r}")
+        if first.get("/health").status != 200:
+            fail("the first instance stopped answering")
+    finally:
+        first.stop_ok()
+
 if __name__ == "__main__":
     ss.main()
