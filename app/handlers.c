@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 
 /* ---- small helpers ---- */
@@ -333,9 +334,11 @@ static int admin_denied(http_req *r)
         return 1;
     }
     auth = http_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0 ||
+    /* The scheme's name is case-insensitive (RFC 9110, section 11.1). */
+    if (auth == NULL || strncasecmp(auth, "Bearer ", 7) != 0 ||
         !util_secret_equal(g_cfg.admin_token, auth + 7)) {
-        http_send_error(r, API_UNAUTHORIZED, NULL);
+        http_send_error_header(r, API_UNAUTHORIZED, NULL, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                               "Bearer realm=\"seckill admin\"");
         return 1;
     }
     return 0;

@@ -552,6 +552,13 @@ def admin_unauthorized():
         for vid in ("1", "abc", "-1"):
             expect_error(a.post(f"/admin/vouchers/{vid}/reset", headers, {"stock": 1}), 401,
                          "unauthorized", f"reset of {vid!r} with {headers}")
+    r = a.post("/admin/vouchers", {"Authorization": "Bearer wrong"}, body)
+    if not r.headers.get("www-authenticate", "").startswith("Bearer"):
+        fail(f"401 without WWW-Authenticate: Bearer: {r.headers}")
+    # the scheme's name is case-insensitive (RFC 9110, 11.1)
+    for scheme in ("bearer", "BEARER"):
+        expect(a.post("/admin/vouchers", {"Authorization": f"{scheme} {TOKEN}"}, body), 201,
+               what=f"create with scheme {scheme!r}")
 
 
 @test
