@@ -96,7 +96,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -544,13 +543,7 @@ class Bench:
                 self.stand_ins.append(subprocess.Popen([binary, str(port), threads],
                                                        stdin=subprocess.DEVNULL, stderr=err))
         for port in ports:
-            for _ in range(50):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            else:
+            if not kit.wait_port(port, 5):
                 raise BenchError(f"upstream200 on port {port} did not start")
         return ports
 

@@ -28,12 +28,10 @@ Python 3 standard library only.
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,16 +48,6 @@ def env_int(name, default):
 
 def log(msg):
     print(f"edge-sale: {msg}", file=sys.stderr, flush=True)
-
-
-def wait_port(port):
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise kit.KitError(f"nothing listens on {port}")
 
 
 def main():
@@ -88,7 +76,8 @@ def main():
         for p in up_ports:
             ups.append(subprocess.Popen([binary, str(p), "2"], stdin=subprocess.DEVNULL))
         for p in up_ports:
-            wait_port(p)
+            if not kit.wait_port(p, 5):
+                raise kit.KitError(f"upstream200 on port {p} did not start")
         for edge, port in zip(("on", "off"), kit.free_ports(2)):
             pid = kit.start_nginx(os.path.join(run_dir, f"nginx-{edge}"), port,
                                   [f"127.0.0.1:{p}" for p in up_ports], gen_args=("--edge", edge))

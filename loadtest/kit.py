@@ -109,6 +109,20 @@ def free_ports(n=1):
             s.close()
 
 
+def wait_port(port, timeout=5.0):
+    """True once something accepts connections on 127.0.0.1:port, False
+    after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
 def proc_status(pid):
     """From /proc/PID/status: State (its letter), and VmRSS, VmHWM (KiB) and
     Threads as numbers; None when there is no such process."""

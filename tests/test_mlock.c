@@ -339,26 +339,37 @@ static void *closer_main(void *arg)
     }
 }
 
+/* A stand-in for node 'node': a loopback listener in '*fd' served by
+ * 'serve' on thread '*th'; 'set' gets the nodes with that one replaced.
+ * 0, or -1 (asserted). */
+static int stand_in(int node, int *fd, void *(*serve)(void *), pthread_t *th, mlock_node *set)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof sa;
+
+    *fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (!T_ASSERT(*fd >= 0 && bind(*fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+                  listen(*fd, 16) == 0 && getsockname(*fd, (struct sockaddr *)&sa, &len) == 0))
+        return -1;
+    if (!T_ASSERT(pthread_create(th, NULL, serve, NULL) == 0))
+        return -1;
+    memcpy(set, nodes, sizeof nodes);
+    set[node].port = ntohs(sa.sin_port);
+    return 0;
+}
+
 /* Such a node costs one connect per RETRY_MS, not one per attempt: a
  * connection it closed never answered, so it keeps the pause. */
 static void test_a_node_that_closes_new_connections_keeps_the_pause(void)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof sa;
     mlock_node with_closer[N];
     mlock_set *a;
     pthread_t th;
     char key[64];
     mlock_grant g;
 
-    closer_fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (!T_ASSERT(closer_fd >= 0 && bind(closer_fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-                  listen(closer_fd, 16) == 0 &&
-                  getsockname(closer_fd, (struct sockaddr *)&sa, &len) == 0))
+    if (stand_in(0, &closer_fd, closer_main, &th, with_closer) != 0)
         return;
-    pthread_create(&th, NULL, closer_main, NULL);
-    memcpy(with_closer, nodes, sizeof nodes);
-    with_closer[0].port = ntohs(sa.sin_port);
     a = mlock_set_new(with_closer, N, NODE_TIMEOUT_MS);
     fresh_key(key, sizeof key);
     for (int i = 0; i < 20; i++)
@@ -442,22 +453,14 @@ static void *late_main(void *arg)
  * on a new one), and so is a RedLock hold granted without that node. */
 static void test_a_node_that_answers_late_keeps_no_hold(void)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof sa;
     mlock_node with_late[N];
     mlock_set *a;
     pthread_t th;
     char key[64];
     mlock_grant g;
 
-    late_fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (!T_ASSERT(late_fd >= 0 && bind(late_fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-                  listen(late_fd, 16) == 0 &&
-                  getsockname(late_fd, (struct sockaddr *)&sa, &len) == 0))
+    if (stand_in(1, &late_fd, late_main, &th, with_late) != 0)
         return;
-    pthread_create(&th, NULL, late_main, NULL);
-    memcpy(with_late, nodes, sizeof nodes);
-    with_late[1].port = ntohs(sa.sin_port);
     a = mlock_set_new(with_late, N, NODE_TIMEOUT_MS);
     /* node 2 knows both scripts: a NOSCRIPT answer, late, would run nothing */
     fresh_key(key, sizeof key);
