@@ -473,6 +473,31 @@ void config_mask_redis_url(const char *url, char *out, size_t n)
     sb_str(&sb, at);
 }
 
+void config_mask_redis_urls(const char *list, char *out, size_t n)
+{
+    sbuf sb = sb_init(out, n);
+    const char *p = list;
+
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        char one[1200], masked[1200];
+
+        if (len >= sizeof one) {       /* longer than any entry the parser takes */
+            sb_str(&sb, MASK);
+        } else {
+            memcpy(one, p, len);
+            one[len] = '\0';
+            config_mask_redis_url(one, masked, sizeof masked);
+            sb_str(&sb, masked);
+        }
+        if (comma == NULL)
+            break;
+        sb_str(&sb, ",");
+        p = comma + 1;
+    }
+}
+
 static int is_space(char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
@@ -614,6 +639,8 @@ void config_describe(char *buf, size_t n)
                 snprintf(val, sizeof val, "%s", *(const char *)field ? MASK : "");
             else if (strcmp(o->env, "REDIS_URL") == 0)
                 config_mask_redis_url(field, val, sizeof val);
+            else if (strcmp(o->env, "LOCK_REDIS_NODES") == 0)
+                config_mask_redis_urls(field, val, sizeof val);
             else if (strcmp(o->env, "PG_DSN") == 0)
                 config_mask_dsn(field, val, sizeof val);
             else

@@ -110,6 +110,8 @@ void config_describe(char *buf, size_t n);
 
 /* 'url' (redis://...) with the password replaced by ***. */
 void config_mask_redis_url(const char *url, char *out, size_t n);
+/* The same for each entry of a comma-separated list (LOCK_REDIS_NODES). */
+void config_mask_redis_urls(const char *list, char *out, size_t n);
 
 /* A libpq connection string, key=value or postgres[ql]:// URI, with every
  * password replaced by *** (password=... and the URI's user:password@). */

@@ -343,6 +343,12 @@ static void test_masks(void)
     mask_redis("redis://alice:pw@h", "redis://alice:***@h");
     mask_redis("redis://pw@h", "redis://***@h");
     mask_redis("redis://:p@w:x@h/1", "redis://:***@h/1");
+    /* LOCK_REDIS_NODES: each entry of the list */
+    char out[256];
+    config_mask_redis_urls("redis://:a@h:1,redis://h:2,redis://u:b@h:3/1", out, sizeof out);
+    T_EQ_STR(out, "redis://:***@h:1,redis://h:2,redis://u:***@h:3/1");
+    config_mask_redis_urls("", out, sizeof out);
+    T_EQ_STR(out, "");
 
     mask_dsn("", "");
     mask_dsn("host=127.0.0.1 port=5432 dbname=seckill", "host=127.0.0.1 port=5432 dbname=seckill");
