@@ -192,10 +192,14 @@ int main(int argc, char **argv)
     }
     /* Only tokens that are clock readings have an age to sweep by: this
      * strategy's rows, never another lock service's sharing the table. */
-    ulock_fence_key_prefix(fence_prefix, sizeof fence_prefix);
-    if (g_cfg.fence_horizon_ms > 0 && ulock_token_clock() &&
-        fence_start(g_cfg.fence_horizon_ms, fence_prefix) != 0)
-        goto out_stats;
+    if (g_cfg.fence_horizon_ms > 0 && ulock_token_clock()) {
+        if (ulock_fence_key_prefix(fence_prefix, sizeof fence_prefix) != 0) {
+            log_error("the lock's fence key prefix does not fit in %zu bytes", sizeof fence_prefix);
+            goto out_stats;
+        }
+        if (fence_start(g_cfg.fence_horizon_ms, fence_prefix) != 0)
+            goto out_stats;
+    }
     if (consumer_start() != 0) {
         log_error("cannot start the stream consumer thread");
         goto out_fence;

@@ -54,9 +54,11 @@ int ulock_token_clock(void)
     return be->tokens && be->token_clock;
 }
 
-void ulock_fence_key_prefix(char *buf, size_t n)
+int ulock_fence_key_prefix(char *buf, size_t n)
 {
-    snprintf(buf, n, "%s" ULOCK_KEY_PREFIX, be->fence_prefix != NULL ? be->fence_prefix : "");
+    int len = snprintf(buf, n, "%s" ULOCK_KEY_PREFIX, be->fence_prefix != NULL ? be->fence_prefix : "");
+
+    return len >= 0 && (size_t)len < n ? 0 : -1;
 }
 
 int ulock_thread_bound(void)

@@ -123,8 +123,9 @@ void ulock_stop(void);
 int ulock_tokens(void);
 int ulock_token_clock(void);
 /* The start shared by the strategy's keys in tb_lock_fence (its fence
- * prefix, then ULOCK_KEY_PREFIX): what its sweep may touch. */
-void ulock_fence_key_prefix(char *buf, size_t n);
+ * prefix, then ULOCK_KEY_PREFIX): what its sweep may touch. 0, or -1 when
+ * it does not fit in 'n' (a cut prefix would widen the sweep). */
+int ulock_fence_key_prefix(char *buf, size_t n);
 int ulock_thread_bound(void);
 int ulock_batchable(void);
 const char *ulock_unavailable(void);

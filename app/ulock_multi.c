@@ -52,34 +52,51 @@ static mlock_set *thread_set(void)
     return my_set;
 }
 
-/* LOCK_REDIS_NODES: redis://host:port[,redis://host:port...], no node twice. */
 /* Two entries name one server (one failure domain, whatever its db): the
- * same port and a host name or address in common, as the resolver answers
- * now (localhost and 127.0.0.1 are one). */
-static int same_server(const char *host_a, const char *host_b, int port_a, int port_b)
+ * same port and the same host name, or an address in common as the
+ * resolver answers now (localhost and 127.0.0.1 are one). 'ra', 'rb': the
+ * hosts' addresses (NULL: not resolved). */
+static int same_server(const mlock_node *a, const mlock_node *b, const struct addrinfo *ra,
+                       const struct addrinfo *rb)
 {
-    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
-    struct addrinfo *a = NULL, *b = NULL;
-    int same = 0;
-
-    if (port_a != port_b)
+    if (a->port != b->port)
         return 0;
-    if (strcmp(host_a, host_b) == 0)
+    if (strcmp(a->host, b->host) == 0)
         return 1;
-    if (getaddrinfo(host_a, NULL, &hints, &a) != 0 || getaddrinfo(host_b, NULL, &hints, &b) != 0)
-        goto out;                       /* the start's PING of each node says more */
-    for (const struct addrinfo *x = a; x != NULL && !same; x = x->ai_next)
-        for (const struct addrinfo *y = b; y != NULL && !same; y = y->ai_next)
-            same = x->ai_family == y->ai_family && x->ai_addrlen == y->ai_addrlen &&
-                   memcmp(x->ai_addr, y->ai_addr, x->ai_addrlen) == 0;
-out:
-    if (a != NULL)
-        freeaddrinfo(a);
-    if (b != NULL)
-        freeaddrinfo(b);
-    return same;
+    for (const struct addrinfo *x = ra; x != NULL; x = x->ai_next)
+        for (const struct addrinfo *y = rb; y != NULL; y = y->ai_next)
+            if (x->ai_family == y->ai_family && x->ai_addrlen == y->ai_addrlen &&
+                memcmp(x->ai_addr, y->ai_addr, x->ai_addrlen) == 0)
+                return 1;
+    return 0;
 }
 
+/* No server listed twice: each host resolved once (a name that does not
+ * resolve is compared by name; the start's PING of each node says more). */
+static int check_distinct(char *err, size_t errlen)
+{
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *res[MLOCK_MAX_NODES] = { NULL };
+    int rc = 0;
+
+    for (size_t i = 0; i < nnodes; i++)
+        if (getaddrinfo(nodes[i].host, NULL, &hints, &res[i]) != 0)
+            res[i] = NULL;
+    for (size_t i = 1; i < nnodes && rc == 0; i++)
+        for (size_t j = 0; j < i && rc == 0; j++)
+            if (same_server(&nodes[j], &nodes[i], res[j], res[i])) {
+                snprintf(err, errlen, "LOCK_REDIS_NODES: %s:%d is listed twice (as %s:%d: "
+                         "it would count twice towards the quorum)", nodes[i].host,
+                         nodes[i].port, nodes[j].host, nodes[j].port);
+                rc = -1;
+            }
+    for (size_t i = 0; i < nnodes; i++)
+        if (res[i] != NULL)
+            freeaddrinfo(res[i]);
+    return rc;
+}
+
+/* LOCK_REDIS_NODES: redis://host:port[,redis://host:port...], no node twice. */
 static int parse_nodes(char *err, size_t errlen)
 {
     const char *p = g_cfg.lock_redis_nodes;
@@ -110,13 +127,6 @@ static int parse_nodes(char *err, size_t errlen)
             snprintf(err, errlen, "LOCK_REDIS_NODES: more than %d nodes", MLOCK_MAX_NODES);
             return -1;
         }
-        for (size_t i = 0; i < nnodes; i++)
-            if (same_server(nodes[i].host, u.host, u.port, nodes[i].port)) {
-                snprintf(err, errlen, "LOCK_REDIS_NODES: %s:%d is listed twice (as %s:%d: "
-                         "it would count twice towards the quorum)", u.host, u.port,
-                         nodes[i].host, nodes[i].port);
-                return -1;
-            }
         mlock_node *nd = &nodes[nnodes++];
         memset(nd, 0, sizeof *nd);
         snprintf(nd->host, sizeof nd->host, "%s", u.host);
@@ -130,7 +140,7 @@ static int parse_nodes(char *err, size_t errlen)
             return -1;
         }
     }
-    return 0;
+    return check_distinct(err, errlen);
 }
 
 static int start(size_t min_nodes, char *err, size_t errlen)

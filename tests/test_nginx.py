@@ -343,7 +343,8 @@ def nginx_own_405_names_the_routes_methods():
     good = upstream("ok")
     n = Nginx([good.addr])
     for path, allow in (("/health", "GET, HEAD"), ("/stats?x=1", "GET, HEAD"),
-                        ("/voucher/7", "GET, HEAD"), ("/voucher/7/seckill", "POST"),
+                        ("/voucher/7", "GET, HEAD"), ("/voucher/", "GET, HEAD"),
+                        ("/voucher/7/seckill", "POST"),
                         ("/admin/vouchers", "POST"), ("/admin/vouchers/7/reset", "POST")):
         r = n.request("TRACE", path)
         expect_json_error(r, 405, "method_not_allowed")
