@@ -855,8 +855,8 @@ cmd_start() {
     elif [[ -z "$EXTERNAL_REDIS_URL" ]]; then
         start_redis "$P_REDIS"
     else
-        redis-cli -u "$STACK_REDIS_URL" ping 2>/dev/null | grep -q PONG ||
-            die "EXTERNAL_REDIS_URL $STACK_REDIS_URL does not answer PING"
+        redis_url_ping "$STACK_REDIS_URL" ||
+            die "EXTERNAL_REDIS_URL $(mask_redis_url "$STACK_REDIS_URL") does not answer PING"
     fi
     STACK_ZK_HOSTS=""
     if lock_service zk; then start_zk "$P_ZK"; fi
@@ -1009,6 +1009,35 @@ cmd_status() {
         echo "running, but $(state_get BASE_URL)/health does not answer"
         return 1
     fi
+}
+
+# PING through a redis:// URL read as the instances read it (app/config.c):
+# the password ends at the last '@' and %XX is decoded; redis-cli -u ends
+# it at the first '@' and decodes nothing.
+url_unescape() {
+    python3 -c 'import sys, urllib.parse; sys.stdout.write(urllib.parse.unquote(sys.argv[1]))' "$1"
+}
+
+redis_url_ping() {
+    local rest=${1#redis://} user="" pw="" hostport db=0 host port=6379
+    if [[ "$rest" == *@* ]]; then
+        local info=${rest%@*}
+        rest=${rest##*@}
+        if [[ "$info" == *:* ]]; then user=${info%%:*}; pw=${info#*:}; else pw=$info; fi
+        user=$(url_unescape "$user")
+        pw=$(url_unescape "$pw")
+    fi
+    hostport=${rest%%/*}
+    [[ "$rest" == */* && -n "${rest#*/}" ]] && db=${rest#*/}
+    host=${hostport%%:*}
+    [[ "$hostport" == *:* ]] && port=${hostport##*:}
+    local args=(-h "$host" -p "$port" -n "$db")
+    [[ -n "$user" ]] && args+=(--user "$user")
+    REDISCLI_AUTH="$pw" redis-cli "${args[@]}" ping 2>/dev/null | grep -q PONG
+}
+
+mask_redis_url() {
+    if [[ "$1" == *@* ]]; then printf 'redis://***@%s' "${1##*@}"; else printf '%s' "$1"; fi
 }
 
 # Stops or starts one service of a running stack on the same port.
