@@ -439,6 +439,13 @@ http_outcome http_hand_off(http_req *r)
     return HTTP_HANDED_OFF;
 }
 
+static http_worker_init_fn worker_init;   /* set before the workers start */
+
+void http_set_worker_init(http_worker_init_fn fn)
+{
+    worker_init = fn;
+}
+
 static void *worker_main(void *arg)
 {
     http_outcome out;
@@ -446,6 +453,8 @@ static void *worker_main(void *arg)
     int closing;
 
     (void)arg;
+    if (worker_init != NULL)
+        worker_init();
     while ((r = wq_pop(&closing)) != NULL) {
         if (closing)
             out = http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");

@@ -96,6 +96,11 @@ int http_route_find(const http_route *routes, size_t n, const char *method, cons
  * (borrowed for the daemon's lifetime). Returns 0 or -1. */
 int http_start(const http_route *routes, size_t nroutes);
 
+/* Runs on each worker thread as it starts, before it takes a request
+ * (main opens the thread's connections there). Call before http_start. */
+typedef void (*http_worker_init_fn)(void);
+void http_set_worker_init(http_worker_init_fn fn);
+
 /* The first half of a shutdown: the drain. At once: http_draining() turns
  * 1, every answer carries "Connection: close", and the listening socket is
  * closed (a new connection is refused, so a proxy sends that request

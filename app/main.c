@@ -104,6 +104,21 @@ static void *second_signal_main(void *arg)
     return NULL;
 }
 
+/* A worker opens its Postgres and Redis connections as it starts, not at
+ * its first request: the first second of a sale would otherwise open
+ * 2 x THREADS connections per instance at once, and on a busy machine some
+ * missed PG_CONNECT_TIMEOUT_S and answered 503. One that fails now is
+ * opened again at the first request that needs it. */
+static void warm_worker(void)
+{
+    conn_set *cs = conn_get();
+
+    if (conn_pg(cs) == NULL)
+        log_debug("worker: no Postgres connection at start; opened at its first use");
+    if (conn_redis(cs) == NULL)
+        log_debug("worker: no Redis connection at start; opened at its first use");
+}
+
 int main(int argc, char **argv)
 {
     char err[512], fence_prefix[64];
@@ -204,6 +219,7 @@ int main(int argc, char **argv)
         log_error("cannot start the stream consumer thread");
         goto out_fence;
     }
+    http_set_worker_init(warm_worker);
     if (http_start(handlers_routes, handlers_route_count) != 0)
         goto out_consumer;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",

@@ -89,6 +89,28 @@ def in_background(fn, out):
 
 
 @test
+def workers_open_their_connections_before_the_first_request():
+    """Each worker opens its Postgres session as it starts: the first burst
+    of a sale does not open 2 x THREADS connections at once (on a busy
+    machine some of those missed the connect timeout and answered 503)."""
+    threads = 12
+    srv = ss.Server("warm-workers", {"THREADS": threads})
+    try:
+        name = srv.name
+        deadline = time.monotonic() + 10
+        while True:
+            n = int(ss.psql_value("SELECT count(*) FROM pg_stat_activity "
+                                  f"WHERE application_name = '{name}'"))
+            if n >= threads:
+                break
+            if time.monotonic() > deadline:
+                fail(f"{n} Postgres sessions of {name} before any request, want at least {threads}")
+            time.sleep(0.1)
+    finally:
+        srv.stop_ok()
+
+
+@test
 def event_threads_refuse_from_memory_while_every_worker_is_busy():
     """THREADS=1: while the worker sleeps inside a buyer's transaction, a
     voucher known to be sold out, a bad user id and /health are answered at
