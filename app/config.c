@@ -147,6 +147,9 @@ static const option_def options[] = {
     { "CONSUMER_BATCH_MAX", "consumer-batch-max", OPT_INT, F(consumer_batch_max), 1, 10000,
       "500", "redis: orders the consumer reads from the stream and persists in one transaction "
       "at most" },
+    { "CONSUMER_LINGER_MS", "consumer-linger-ms", OPT_INT, F(consumer_linger_ms), 0, 1000,
+      "20", "redis: the consumer reads new orders at most once in this many ms unless its "
+      "last read was full, so that each transaction carries more of them (0: as they come)" },
     { "CONSUMER_CLAIM_IDLE_MS", "consumer-claim-idle-ms", OPT_INT, F(consumer_claim_idle_ms),
       100, 3600000, "20000", "redis: orders delivered to a consumer that has not acknowledged "
       "them for this long are claimed by another (XAUTOCLAIM); must exceed the slowest batch, "

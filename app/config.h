@@ -86,6 +86,7 @@ typedef struct config {
     int consumers;              /* redis: 1 runs a stream consumer here */
     int redis_admit_pipelines;  /* redis: workers sending admissions in lots at once (0: none) */
     int consumer_batch_max;     /* redis: stream entries persisted in one transaction */
+    int consumer_linger_ms;     /* redis: least time between two reads of new entries */
     int consumer_claim_idle_ms; /* redis: XAUTOCLAIM's min-idle-time */
     int test_clock_step_ms;     /* testing only: util_set_test_clock_step_ms */
     char instance_uuid[37];     /* random per process; lock owner prefix */

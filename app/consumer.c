@@ -44,6 +44,7 @@ typedef struct consumer {
     char cursor[48];                  /* XAUTOCLAIM's, between rounds */
     int own_pending;                  /* entries delivered to us and not settled */
     int64_t next_claim_us, next_check_us, next_trim_us;
+    int64_t next_read_us;             /* CONSUMER_LINGER_MS after the last short read */
     entry *e;                         /* CONSUMER_BATCH_MAX of them */
     store_order *orders;
     const char **argv;                /* XACK arguments */
@@ -489,8 +490,17 @@ static void round_once(consumer *k)
         if (n == 0)
             k->own_pending = 0;
     }
-    if (n == 0 && k->c->err == 0)
+    if (n == 0 && k->c->err == 0) {
+        if (k->next_read_us > now) {
+            int64_t wait = k->next_read_us - now;
+            struct timespec ts = { (time_t)(wait / 1000000), (long)(wait % 1000000) * 1000L };
+            nanosleep(&ts, NULL);
+        }
+        k->next_read_us = util_mono_us() + (int64_t)g_cfg.consumer_linger_ms * 1000;
         n = read_stream(k, ">", block < 1 ? 1 : block);
+        if (n >= g_cfg.consumer_batch_max)
+            k->next_read_us = 0;
+    }
     if (n > 0 && process(k, n) != 0) {
         k->own_pending = 1;
         pause_ms(RETRY_PAUSE_MS);

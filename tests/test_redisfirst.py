@@ -23,6 +23,9 @@ oversold.
   stall           a voucher Redis lost, with the instance's Postgres silent,
                   costs one rebuild and holds up no other voucher's buyers
                   of the same round trip
+  linger          the consumer gathers a trickle of orders into a few
+                  transactions (CONSUMER_LINGER_MS) and reads again at once
+                  after a full read
   claim           an instance killed while holding delivered entries: another
                   claims them (XAUTOCLAIM) and they land
   poison          unreadable entries and entries Postgres refuses go to the
@@ -138,6 +141,49 @@ def a_sale_through_two_instances_sells_once_per_user_and_every_order_lands():
     finally:
         a.stop_ok()
         b.stop_ok()
+        rs.kill()
+
+
+@test
+def the_consumer_gathers_a_trickle_into_few_batches_and_reads_on_after_a_full_one():
+    rs = durable_redis()
+    a = None
+    try:
+        # A trickle: 30 orders, one every 20 ms. Read as they come, each is a
+        # batch of its own; with a 300 ms linger they land in a few.
+        a = server("rf-linger", rs, CONSUMER_LINGER_MS=300)
+        vid = ss.new_voucher(a, TOKEN, 30)
+        acked = {}
+        for u in range(7150001, 7150031):
+            r = a.post(f"/voucher/{vid}/seckill", headers={"X-User-Id": str(u)})
+            if r.status != 200:
+                fail(f"user {u}: {r.status} {r.body!r}")
+            acked[u] = int(r.body["orderId"])
+            time.sleep(0.02)
+        reconcile(a, rs, vid, acked, 30)
+        batches = stats(a)["consumer"]["batches"]
+        if batches > 8:
+            fail(f"30 orders over 0.6 s landed in {batches} batches with a 300 ms linger")
+        a.stop_ok()
+        a = None
+        # A burst larger than a batch: after a full read the consumer reads
+        # on at once. Waiting its 1 s linger after each of the 10 reads would
+        # take 10 s.
+        a = server("rf-linger-full", rs, CONSUMER_LINGER_MS=1000, CONSUMER_BATCH_MAX=10)
+        vid = ss.new_voucher(a, TOKEN, 100)
+        acked, _ = buy_all([a], vid, range(7150101, 7150201), workers=8)
+        if len(acked) != 100:
+            fail(f"{len(acked)} of 100 acknowledged")
+        t0 = time.monotonic()
+        reconcile(a, rs, vid, acked, 100)
+        took = time.monotonic() - t0
+        if took > 4:
+            fail(f"100 orders in batches of 10 took {took:.1f}s to land with a 1 s linger")
+        print(f"# a trickle of 30 orders: {batches} batches; 100 orders in batches of 10 "
+              f"landed {took:.1f}s after the burst (linger 1 s)", flush=True)
+    finally:
+        if a is not None:
+            a.stop_ok()
         rs.kill()
 
 
