@@ -3,6 +3,7 @@
 #include "conn.h"
 #include "log.h"
 #include "script.h"
+#include "util.h"
 #include "vcache.h"
 
 #include <errno.h>
@@ -43,6 +44,7 @@ static void *bcast_main(void *arg)
     redisContext *c = NULL;
     struct timespec backoff = { 0, 200 * 1000 * 1000 };
 
+    util_thread_name("sk-bcast");
     (void)arg;
     while (!atomic_load(&stop_flag)) {
         redisReply *r = NULL;

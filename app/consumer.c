@@ -520,6 +520,7 @@ static void *consumer_main(void *arg)
     consumer *k = arg;
     char err[256];
 
+    util_thread_name("sk-consumer");
     while (!atomic_load(&stop_flag)) {
         if (k->c == NULL) {
             if ((k->c = conn_redis_open(err, sizeof err)) == NULL || ensure_group(k->c) != 0) {

@@ -4,6 +4,7 @@
 #include "log.h"
 #include "rec.h"
 #include "store.h"
+#include "util.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -95,6 +96,7 @@ static void *sweeper_main(void *arg)
     PGconn *pg = NULL;
     long period = sweep_period_ms(horizon_ms);
 
+    util_thread_name("sk-fence-sweep");
     (void)arg;
     while (!idle(period))
         sweep_pass(&pg);

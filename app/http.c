@@ -452,6 +452,7 @@ static void *worker_main(void *arg)
     http_req *r;
     int closing;
 
+    util_thread_name("sk-worker");
     (void)arg;
     if (worker_init != NULL)
         worker_init();

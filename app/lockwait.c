@@ -389,6 +389,7 @@ static void *subscriber_main(void *arg)
     int ever_connected = 0;
     int64_t last_rx_us = 0, ping_sent_us = 0;
 
+    util_thread_name("sk-lockwait");
     (void)arg;
     for (;;) {
         if (c == NULL) {

@@ -94,6 +94,7 @@ static void *second_signal_main(void *arg)
     const sigset_t *sigs = arg;
     int sig;
 
+    util_thread_name("sk-signals");
     for (;;) {
         if (sigwait(sigs, &sig) != 0 || sig == SIGHUP)
             continue;

@@ -173,6 +173,7 @@ static void *publisher_main(void *arg)
     redisContext *c = NULL;
     struct timespec deadline;
 
+    util_thread_name("sk-peers");
     (void)arg;
     pthread_mutex_lock(&pub_mu);
     while (!pub_stop) {

@@ -215,6 +215,7 @@ static void *follow_main(void *arg)
     redisContext *cmd = NULL, *sub = NULL;
     int64_t next_ask = ms_now() + ASK_PERIOD_MS, last_ask = 0, next_sub = 0;
 
+    util_thread_name("sk-sentinel");
     (void)arg;
     for (;;) {
         int64_t now = ms_now();

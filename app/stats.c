@@ -296,6 +296,7 @@ static void *stats_main(void *arg)
     int64_t next, t0;
     uint64_t gen;
 
+    util_thread_name("sk-stats");
     (void)arg;
     pthread_mutex_lock(&st.mu);
     for (;;) {

@@ -62,6 +62,7 @@ static void *sweep_main(void *arg)
     PGconn *pg = NULL;
     char err[256];
 
+    util_thread_name("sk-pglock-sweep");
     (void)arg;
     pthread_mutex_lock(&sweeper.mu);
     while (!sweeper.stop) {

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,4 +278,10 @@ char *xstrdup(const char *s)
     if (p == NULL)
         abort();
     return p;
+}
+
+void util_thread_name(const char *name)
+{
+    /* Only a label for tools: a failure (a name too long) changes nothing. */
+    (void)pthread_setname_np(pthread_self(), name);
 }

@@ -303,6 +303,7 @@ static void *renewal_main(void *arg)
     int64_t next = util_mono_us() + period_us;
     struct timespec ts;
 
+    util_thread_name("sk-watchdog");
     (void)arg;
     pthread_mutex_lock(&wd.mu);
     while (!wd.stopping) {

@@ -6,7 +6,8 @@ input, a voucher the cache knows is sold out, /health - and hand everything
 that needs Redis or Postgres to the workers (THREADS), keeping the connection
 suspended meanwhile. These tests hold the only worker busy (DEMO_DELAY_MS
 sleeps inside the order's transaction) and check what is and is not answered
-meanwhile, and that a shutdown answers every queued request and exits cleanly.
+meanwhile, and that a shutdown answers every queued request and exits cleanly;
+and that each thread is named after its job.
 """
 
 import os
@@ -105,6 +106,32 @@ def workers_open_their_connections_before_the_first_request():
                 break
             if time.monotonic() > deadline:
                 fail(f"{n} Postgres sessions of {name} before any request, want at least {threads}")
+            time.sleep(0.1)
+    finally:
+        srv.stop_ok()
+
+
+@test
+def every_thread_carries_the_name_of_its_job():
+    """top -H and /proc/<pid>/task/*/comm tell the workers, the event threads
+    and the background threads apart (a profile of a sale is read by them)."""
+    srv = ss.Server("named-threads", {"THREADS": 3, "IO_THREADS": 2})
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            names = {}
+            for tid in os.listdir(f"/proc/{srv.proc.pid}/task"):
+                try:
+                    with open(f"/proc/{srv.proc.pid}/task/{tid}/comm") as f:
+                        n = f.read().strip()
+                except FileNotFoundError:
+                    continue
+                names[n] = names.get(n, 0) + 1
+            want = {"sk-worker": 3, "MHD-worker": 2, "sk-stats": 1, "sk-peers": 1}
+            if all(names.get(k) == v for k, v in want.items()):
+                break
+            if time.monotonic() > deadline:
+                fail(f"threads {names}, want at least {want}")
             time.sleep(0.1)
     finally:
         srv.stop_ok()
