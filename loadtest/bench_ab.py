@@ -14,7 +14,8 @@ build/bench-ab-run), then runs the settings in turn, round after round
 running make bench's sale (a fresh voucher, warm-up, VACUUM + CHECKPOINT, a
 wrk sale to distinct users, the invariants checked). It prints, per setting,
 the median orders/s and the median CPU milliseconds per order of every
-process of the stack, and writes them to AB_JSON.
+process of the stack (and, for a sale, the share of the machine left idle),
+and writes them to AB_JSON.
 
 Environment (all optional):
   AB_ROUNDS        rounds (default 3)
@@ -126,7 +127,8 @@ def main():
                     res = b.sale(f"round {r}, {text}", conns, seconds)
                 cpu = res["cpuMsPerOrder"] or {}
                 runs[text].append({"ordersPerSec": res["ordersPerSec"], "cpuMsPerOrder": cpu,
-                                   "p99Ms": res["wrk"]["p99Ms"]})
+                                   "p99Ms": res["wrk"]["p99Ms"],
+                                   "idlePct": (res.get("cpu") or {}).get("idlePct")})
     rc = 2 if b.guarded(rounds_of_settings) else 0
     if b.violations:
         rc = 1
@@ -141,7 +143,7 @@ def main():
                   + [Col(c[:8], "r", 8, 1, False) for c in cols]
                   + [Col("total", "r", 7, 1, False), Col("p99 ms", "r", 7, 1, False)]
                   + ([Col("paced p99", "r", 9, 1, False), Col("its steal", "r", 9, 1, False)]
-                     if mode == "soldout" else []))
+                     if mode == "soldout" else [Col("idle %", "r", 7, 1, False)]))
     rows = []
     for text in args:
         rs = runs[text]
@@ -159,6 +161,10 @@ def main():
             med["pacedP99Ms"] = statistics.median(x["pacedP99Ms"] for x in rs)
             med["pacedStealPct"] = statistics.median(x["pacedStealPct"] or 0 for x in rs)
             row += [f"{med['pacedP99Ms']:.2f}", f"{med['pacedStealPct']:.1f}%"]
+        else:
+            idle = [x["idlePct"] for x in rs if x.get("idlePct") is not None]
+            med["idlePct"] = statistics.median(idle) if idle else None
+            row.append(f"{med['idlePct']:.0f}" if idle else "-")
         summary.append({"setting": text, "runs": rs, "median": med})
         rows.append(row)
     print(kit.table(table_cols, rows))
