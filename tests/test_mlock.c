@@ -389,7 +389,15 @@ static void test_a_node_that_closes_new_connections_keeps_the_pause(void)
 #define LATE_MS (3 * NODE_TIMEOUT_MS)
 static int late_fd = -1;
 
+/* One proxied connection: two sockets, each read by one pipe thread; the
+ * second thread to finish closes both. */
+typedef struct late_pair {
+    int fd[2];
+    atomic_int left;
+} late_pair;
+
 typedef struct late_pipe {
+    late_pair *pair;
     int from, to, delay_ms;
 } late_pipe;
 
@@ -406,16 +414,22 @@ static void *late_pipe_main(void *arg)
         if (send(p.to, buf, (size_t)n, MSG_NOSIGNAL) != n)
             break;
     }
-    shutdown(p.to, SHUT_RDWR);
+    shutdown(p.to, SHUT_RDWR);               /* wakes the other thread's read */
     shutdown(p.from, SHUT_RDWR);
+    if (atomic_fetch_sub(&p.pair->left, 1) == 1) {
+        close(p.pair->fd[0]);
+        close(p.pair->fd[1]);
+        free(p.pair);
+    }
     return NULL;
 }
 
-static void late_pipe_start(int from, int to, int delay_ms)
+static void late_pipe_start(late_pair *pair, int from, int to, int delay_ms)
 {
-    late_pipe *p = malloc(sizeof *p);
+    late_pipe *p = xmalloc(sizeof *p);
     pthread_t th;
 
+    p->pair = pair;
     p->from = from;
     p->to = to;
     p->delay_ms = delay_ms;
@@ -443,8 +457,12 @@ static void *late_main(void *arg)
                 close(up);
             continue;
         }
-        late_pipe_start(fd, up, 0);          /* requests: at once */
-        late_pipe_start(up, fd, LATE_MS);    /* answers: late */
+        late_pair *pair = xmalloc(sizeof *pair);
+        pair->fd[0] = fd;
+        pair->fd[1] = up;
+        atomic_init(&pair->left, 2);
+        late_pipe_start(pair, fd, up, 0);          /* requests: at once */
+        late_pipe_start(pair, up, fd, LATE_MS);    /* answers: late */
     }
 }
 
