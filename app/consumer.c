@@ -56,6 +56,16 @@ static void pause_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+/* Sleeps until 'until_us' (monotonic), in slices so that a stop is not
+ * held up by a long CONSUMER_LINGER_MS. */
+static void linger_until(int64_t until_us)
+{
+    int64_t left;
+
+    while (!atomic_load(&stop_flag) && (left = until_us - util_mono_us()) > 0)
+        pause_ms(left > 50000 ? 50 : (int)((left + 999) / 1000));
+}
+
 static void redis_drop(consumer *k)
 {
     if (k->c != NULL)
@@ -491,11 +501,9 @@ static void round_once(consumer *k)
             k->own_pending = 0;
     }
     if (n == 0 && k->c->err == 0) {
-        if (k->next_read_us > now) {
-            int64_t wait = k->next_read_us - now;
-            struct timespec ts = { (time_t)(wait / 1000000), (long)(wait % 1000000) * 1000L };
-            nanosleep(&ts, NULL);
-        }
+        linger_until(k->next_read_us);
+        if (atomic_load(&stop_flag))
+            return;
         k->next_read_us = util_mono_us() + (int64_t)g_cfg.consumer_linger_ms * 1000;
         n = read_stream(k, ">", block < 1 ? 1 : block);
         if (n >= g_cfg.consumer_batch_max)

@@ -51,10 +51,10 @@ int util_secret_equal(const char *a, const char *b);
 /* 1 if 'len' bytes are well-formed UTF-8 (no overlongs, no surrogates). */
 int util_utf8_valid(const char *s, size_t len);
 
-/* Allocation that aborts on failure: our own code never sees NULL. */
 /* Names the calling thread (at most 15 bytes: top -H, /proc/<pid>/task/<tid>/comm). */
 void util_thread_name(const char *name);
 
+/* Allocation that aborts on failure: our own code never sees NULL. */
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t m);
 void *xrealloc(void *p, size_t n);

@@ -131,7 +131,7 @@ def every_thread_carries_the_name_of_its_job():
             if all(names.get(k) == v for k, v in want.items()):
                 break
             if time.monotonic() > deadline:
-                fail(f"threads {names}, want at least {want}")
+                fail(f"threads {names}, want among them {want}")
             time.sleep(0.1)
     finally:
         srv.stop_ok()
