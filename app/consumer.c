@@ -44,7 +44,8 @@ typedef struct consumer {
     char cursor[48];                  /* XAUTOCLAIM's, between rounds */
     int own_pending;                  /* entries delivered to us and not settled */
     int64_t next_claim_us, next_check_us, next_trim_us;
-    int64_t next_read_us;             /* CONSUMER_LINGER_MS after the last short read */
+    int64_t next_read_us;             /* next read of new entries: CONSUMER_LINGER_MS
+                                       * after the last, 0 after a full one */
     entry *e;                         /* CONSUMER_BATCH_MAX of them */
     store_order *orders;
     const char **argv;                /* XACK arguments */

@@ -171,8 +171,7 @@ typedef struct store_sweep_page {
 } store_sweep_page;
 
 store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *prefix, const char *after,
-                               int page,
-                               store_sweep_page *out);
+                               int page, store_sweep_page *out);
 
 store_status store_voucher_create(PGconn *pg, const char *title, int64_t stock,
                                   int64_t begin_time, int64_t end_time, int64_t *voucher_id);

@@ -38,12 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import kit  # noqa: E402
-from bench import CpuMeter  # noqa: E402
-
-
-def env_int(name, default):
-    v = os.environ.get(name, "")
-    return int(v) if v.isdigit() else default
+from bench import CpuMeter, env_int  # noqa: E402
 
 
 def log(msg):
