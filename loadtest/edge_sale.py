@@ -10,22 +10,37 @@ nginx/nginx.conf.tmpl, one generated with --edge on, one with --edge off.
 wrk -t2 -c64 with loadtest/wrk_sale.lua (a POST /voucher/7/seckill with a
 new X-User-Id each) on each in turn, round after round (on, off, on, ...).
 With the edge on, each such request runs the edge's Lua: the access check
-(a shared-dictionary lookup that misses), the jump to @seckill_edge_fill
-and its header and body filters; the answers are 200s, so nothing is kept.
+(a shared-dictionary lookup), which sends the request to @seckill_edge_fill
+and its header and body filters unless an answer of the last 0.1 s marked
+the voucher open; the answers are 200s, so nothing is kept.
 Prints, per setting, the medians of the rounds: req/s and nginx's CPU
 milliseconds per request (its master and workers, from /proc), and the
 difference: the edge's cost per sale request.
+
+With EDGE_SALE_BASE=<git revision>, a third nginx, "base", runs that
+revision's nginx/ (its template and gen-conf.sh, edge on) in the same
+rounds: a change to the template measured against the one before it.
+
+Then, since nginx's CPU per request moves by a fifth or more between runs
+on a shared VM, the same request is counted in instructions, which do not
+move: each setting's nginx again as one process (worker_processes 1,
+master_process off) under valgrind's callgrind, EDGE_CALLGRIND_REQUESTS
+requests from ab -k -c 8 (one user id; counted from after 200 more as a
+warm-up), nginx's instructions per request printed. EDGE_CALLGRIND=0 skips
+it; without valgrind or ab it is skipped with a note.
 
 A run during which programs outside this measurement (or the hypervisor)
 took more than EDGE_NOISE_PCT of the machine is left out.
 
 Environment: EDGE_ROUNDS (5), EDGE_SECONDS (4), EDGE_CONNECTIONS (64),
-EDGE_NOISE_PCT (5), EDGE_RUN_DIR (<repo>/build/edge-sale-run),
+EDGE_NOISE_PCT (5), EDGE_SALE_BASE, EDGE_CALLGRIND (1), EDGE_CALLGRIND_REQUESTS
+(5000), EDGE_RUN_DIR (<repo>/build/edge-sale-run),
 BENCH_UPSTREAM200 (<repo>/build/upstream200; make build/upstream200).
 Python 3 standard library only.
 """
 
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -45,6 +60,50 @@ def log(msg):
     print(f"edge-sale: {msg}", file=sys.stderr, flush=True)
 
 
+def instructions(prefix, port, requests):
+    """nginx's instructions per request (callgrind) on the configuration in
+    prefix, run as one process on port: ab -k's POSTs after a warm-up."""
+    conf = os.path.join(prefix, "nginx.conf")
+    with open(conf) as f:
+        text = f.read()
+    if "worker_processes auto;" not in text:
+        raise kit.KitError(f"{conf}: no 'worker_processes auto;' to replace")
+    one = os.path.join(prefix, "nginx-callgrind.conf")
+    with open(one, "w") as f:
+        f.write(text.replace("worker_processes auto;", "worker_processes 1;\nmaster_process off;"))
+    out = os.path.join(prefix, "callgrind.out")
+    empty = os.path.join(prefix, "empty-body")
+    open(empty, "w").close()
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    vg = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", nginx,
+                           "-p", prefix, "-c", one, "-e", os.path.join(prefix, "error.log"),
+                           "-g", "daemon off;"],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+    try:
+        if not kit.wait_port(port, 60):
+            raise kit.KitError(f"nginx under callgrind in {prefix} did not listen")
+        ab = ["ab", "-q", "-k", "-c", "8", "-p", empty, "-H", "X-User-Id: 5",
+              f"http://127.0.0.1:{port}/voucher/7/seckill"]
+        kit.run(ab[:2] + ["-n", "200"] + ab[2:], 300)
+        kit.run(["callgrind_control", "-z", str(vg.pid)], 60)
+        p = kit.run(ab[:2] + ["-n", str(requests)] + ab[2:], 600)
+        done = re.search(r"Complete requests:\s+(\d+)", p.stdout)
+        if not done or int(done.group(1)) != requests or "Non-2xx" in p.stdout:
+            raise kit.KitError(f"ab under callgrind: {p.stdout[-400:]}")
+        kit.run(["callgrind_control", "-d", str(vg.pid)], 60)
+        with open(out + ".1") as f:
+            total = next(int(line.split()[1]) for line in f if line.startswith("summary:"))
+        return total / requests
+    finally:
+        vg.send_signal(signal.SIGQUIT)
+        try:
+            vg.wait(60)
+        except subprocess.TimeoutExpired:
+            vg.kill()
+            vg.wait()
+
+
 def main():
     if sys.argv[1:2] in (["-h"], ["--help"]):
         print(__doc__)
@@ -60,7 +119,10 @@ def main():
     os.makedirs(run_dir)
     tmp = tempfile.mkdtemp(prefix="wrk.", dir=run_dir)
     ups, nginx = [], {}
-    results = {"on": [], "off": []}
+    base = os.environ.get("EDGE_SALE_BASE", "")
+    settings = ("on", "off", "base") if base else ("on", "off")
+    results = {edge: [] for edge in settings}
+    counted = {}
     user = 1_000_000_000_000
 
     def on_signal(signum, _frame):
@@ -73,12 +135,27 @@ def main():
         for p in up_ports:
             if not kit.wait_port(p, 5):
                 raise kit.KitError(f"upstream200 on port {p} did not start")
-        for edge, port in zip(("on", "off"), kit.free_ports(2)):
+        gen_conf = kit.GEN_CONF
+        if base:
+            # That revision's nginx/ and the dashboard/ its gen-conf.sh copies.
+            tree = os.path.join(run_dir, "base")
+            os.makedirs(tree)
+            archive = subprocess.run(["git", "-C", ROOT, "archive", base, "nginx", "dashboard"],
+                                     capture_output=True, timeout=60)
+            if archive.returncode != 0:
+                raise kit.KitError(f"git archive {base}: {archive.stderr.decode().strip()}")
+            if subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout,
+                              timeout=60).returncode != 0:
+                raise kit.KitError(f"could not unpack {base}'s nginx/")
+            gen_conf = os.path.join(tree, "nginx", "gen-conf.sh")
+        for edge, port in zip(settings, kit.free_ports(len(settings))):
             pid = kit.start_nginx(os.path.join(run_dir, f"nginx-{edge}"), port,
-                                  [f"127.0.0.1:{p}" for p in up_ports], gen_args=("--edge", edge))
+                                  [f"127.0.0.1:{p}" for p in up_ports],
+                                  gen_args=("--edge", "on" if edge == "base" else edge),
+                                  gen_conf=gen_conf if edge == "base" else kit.GEN_CONF)
             nginx[edge] = (port, pid)
         for i in range(1, rounds + 1):
-            for edge in ("on", "off"):
+            for edge in settings:
                 port, pid = nginx[edge]
                 url = f"http://127.0.0.1:{port}/voucher/7/seckill"
                 user += 10_000_000_000
@@ -97,6 +174,16 @@ def main():
                 results[edge].append(r)
                 log(f"round {i}: edge {edge}: {w['rps']:.0f} req/s, nginx {r['nginxMs']:.4f} ms/request"
                     f"{'; DISTURBED' if r['disturbed'] else ''} (others {r['othersPct']} %)")
+        if env_int("EDGE_CALLGRIND", 1) and not (shutil.which("valgrind") and shutil.which("ab")):
+            log("no valgrind or no ab: instructions per request not counted")
+        elif env_int("EDGE_CALLGRIND", 1):
+            requests = env_int("EDGE_CALLGRIND_REQUESTS", 5000)
+            for edge in settings:
+                port, pid = nginx.pop(edge)
+                kit.stop_pid(pid, signal.SIGQUIT, 10)
+                counted[edge] = instructions(os.path.join(run_dir, f"nginx-{edge}"), port, requests)
+                log(f"edge {edge}: {counted[edge]:,.0f} instructions per request (callgrind, "
+                    f"{requests} requests)")
     except (kit.KitError, KeyboardInterrupt) as e:
         log(f"error: {e}")
         return 2
@@ -117,9 +204,20 @@ def main():
     print(f"\n== the sold-out edge on a sale (wrk -t2 -c{conns}, {seconds} s, {rounds} rounds; "
           "nginx -> 2 upstream200)")
     for edge, (rps, ms, good, total) in med.items():
-        print(f"  edge {edge:3}  {rps:8.0f} req/s   nginx {ms:.4f} ms/request   ({good}/{total} runs)")
+        ins = f"   {counted[edge]:,.0f} instructions/request" if edge in counted else ""
+        print(f"  edge {edge:4}  {rps:8.0f} req/s   nginx {ms:.4f} ms/request   ({good}/{total} runs)"
+              f"{ins}")
     print(f"  the edge's Lua: {med['on'][1] - med['off'][1]:+.4f} ms of nginx's CPU per sale request, "
-          f"{med['on'][0] / med['off'][0]:.2f} of the req/s\n")
+          f"{med['on'][0] / med['off'][0]:.2f} of the req/s")
+    if counted:
+        print(f"  the edge's Lua: {counted['on'] - counted['off']:+,.0f} instructions per sale request")
+    if base:
+        print(f"  against {base}: {med['on'][1] - med['base'][1]:+.4f} ms of nginx's CPU per sale "
+              f"request, {med['on'][0] / med['base'][0]:.2f} of its req/s")
+        if counted:
+            print(f"  against {base}: {counted['on'] - counted['base']:+,.0f} instructions per sale "
+                  f"request ({counted['on'] / counted['base']:.2f} of its count)")
+    print()
     return 0
 
 

@@ -542,15 +542,15 @@ def redis_info_count(port, section, prefix, field):
     return 0
 
 
-def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30):
-    """nginx/gen-conf.sh's configuration (with gen_args) in directory prefix
+def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30, gen_conf=GEN_CONF):
+    """gen_conf's configuration (nginx/gen-conf.sh, with gen_args) in directory prefix
     (made if need be), listening on 127.0.0.1:port in front of upstreams
     ("host:port"), with extra_conf (e.g. another server block) added at the
     end of its http block; nginx started on it as a daemon. Returns its
     master's pid. KitError on any failure."""
     os.makedirs(prefix, exist_ok=True)
     conf = os.path.join(prefix, "nginx.conf")
-    gen = [GEN_CONF, "--prefix", prefix, "--listen", f"127.0.0.1:{port}", "-o", conf]
+    gen = [gen_conf, "--prefix", prefix, "--listen", f"127.0.0.1:{port}", "-o", conf]
     for u in upstreams:
         gen += ["--upstream", u]
     # The caller's NGINX_ALLOW and NGINX_EDGE would change gen-conf.sh's

@@ -13,7 +13,8 @@
 #                     'return 200', one nginx, same wrk settings
 #                     (loadtest/edge_choice.py; ~6 min); then what the edge
 #                     costs nginx on a sale, edge on against off
-#                     (loadtest/edge_sale.py; ~1 min)
+#                     (loadtest/edge_sale.py: CPU, then instructions under
+#                     callgrind; ~3 min)
 #   make stop-bench   stop a stack left running by BENCH_KEEP=1 make bench
 #   make bench-ab AB="'EARLY_LOCK_RELEASE=0' 'EARLY_LOCK_RELEASE=1'"
 #                     instance settings compared on one stack, interleaved
