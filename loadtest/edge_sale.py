@@ -26,7 +26,10 @@ on a shared VM, the same request is counted in instructions, which do not
 move: each setting's nginx again as one process (worker_processes 1,
 master_process off) under valgrind's callgrind, EDGE_CALLGRIND_REQUESTS
 requests from ab -k -c 8 (one user id; counted from after 200 more as a
-warm-up), nginx's instructions per request printed. EDGE_CALLGRIND=0 skips
+warm-up), nginx's instructions per request printed. The count moves by
+well under 1 % between runs: the requests that go through the edge's
+filters depend on how many arrive before each answer that marks the
+voucher open. EDGE_CALLGRIND=0 skips
 it; without valgrind or ab it is skipped with a note.
 
 A run during which programs outside this measurement (or the hypervisor)
@@ -64,8 +67,11 @@ def instructions(prefix, port, requests):
     """nginx's instructions per request (callgrind) on the configuration in
     prefix, run as one process on port: ab -k's POSTs after a warm-up."""
     conf = os.path.join(prefix, "nginx.conf")
-    with open(conf) as f:
-        text = f.read()
+    try:
+        with open(conf) as f:
+            text = f.read()
+    except OSError as e:
+        raise kit.KitError(f"{conf}: {e}") from None
     if "worker_processes auto;" not in text:
         raise kit.KitError(f"{conf}: no 'worker_processes auto;' to replace")
     one = os.path.join(prefix, "nginx-callgrind.conf")
@@ -85,16 +91,23 @@ def instructions(prefix, port, requests):
             raise kit.KitError(f"nginx under callgrind in {prefix} did not listen")
         ab = ["ab", "-q", "-k", "-c", "8", "-p", empty, "-H", "X-User-Id: 5",
               f"http://127.0.0.1:{port}/voucher/7/seckill"]
+        # A dump holds what ran since the one before: the first ends the
+        # start and the warm-up, the second holds the measured requests.
         kit.run(ab[:2] + ["-n", "200"] + ab[2:], 300)
-        kit.run(["callgrind_control", "-z", str(vg.pid)], 60)
+        kit.run(["callgrind_control", "-d", str(vg.pid)], 60)
         p = kit.run(ab[:2] + ["-n", str(requests)] + ab[2:], 600)
         done = re.search(r"Complete requests:\s+(\d+)", p.stdout)
         if not done or int(done.group(1)) != requests or "Non-2xx" in p.stdout:
             raise kit.KitError(f"ab under callgrind: {p.stdout[-400:]}")
         kit.run(["callgrind_control", "-d", str(vg.pid)], 60)
-        with open(out + ".1") as f:
-            total = next(int(line.split()[1]) for line in f if line.startswith("summary:"))
-        return total / requests
+        try:
+            with open(out + ".2") as f:
+                total = [int(line.split()[1]) for line in f if line.startswith("summary:")]
+        except (OSError, ValueError, IndexError) as e:
+            raise kit.KitError(f"callgrind's second dump {out}.2: {e}") from None
+        if len(total) != 1:
+            raise kit.KitError(f"callgrind's second dump {out}.2: no single summary line")
+        return total[0] / requests
     finally:
         vg.send_signal(signal.SIGQUIT)
         try:
@@ -140,13 +153,16 @@ def main():
             # That revision's nginx/ and the dashboard/ its gen-conf.sh copies.
             tree = os.path.join(run_dir, "base")
             os.makedirs(tree)
-            archive = subprocess.run(["git", "-C", ROOT, "archive", base, "nginx", "dashboard"],
-                                     capture_output=True, timeout=60)
-            if archive.returncode != 0:
-                raise kit.KitError(f"git archive {base}: {archive.stderr.decode().strip()}")
-            if subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout,
-                              timeout=60).returncode != 0:
-                raise kit.KitError(f"could not unpack {base}'s nginx/")
+            try:
+                archive = subprocess.run(["git", "-C", ROOT, "archive", base, "nginx", "dashboard"],
+                                         capture_output=True, timeout=60)
+                if archive.returncode != 0:
+                    raise kit.KitError(f"git archive {base}: {archive.stderr.decode().strip()}")
+                if subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout,
+                                  timeout=60).returncode != 0:
+                    raise kit.KitError(f"could not unpack {base}'s nginx/")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise kit.KitError(f"{base}'s nginx/: {e}") from None
             gen_conf = os.path.join(tree, "nginx", "gen-conf.sh")
         for edge, port in zip(settings, kit.free_ports(len(settings))):
             pid = kit.start_nginx(os.path.join(run_dir, f"nginx-{edge}"), port,
@@ -180,7 +196,9 @@ def main():
             requests = env_int("EDGE_CALLGRIND_REQUESTS", 5000)
             for edge in settings:
                 port, pid = nginx.pop(edge)
-                kit.stop_pid(pid, signal.SIGQUIT, 10)
+                if not kit.stop_pid(pid, signal.SIGQUIT, 10):
+                    raise kit.KitError(f"nginx {pid} (edge {edge}) did not stop: its port is "
+                                       "needed for the count")
                 counted[edge] = instructions(os.path.join(run_dir, f"nginx-{edge}"), port, requests)
                 log(f"edge {edge}: {counted[edge]:,.0f} instructions per request (callgrind, "
                     f"{requests} requests)")

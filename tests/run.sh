@@ -236,7 +236,7 @@ start_redis() {
 # Runs one test program; adds its counts to PASSED and FAILED.
 run_one() {
     local name=$1; shift
-    local out="$TMP/logs/$name.log" rc line p f
+    local out="$TMP/logs/$name.log" rc line p f ds started=${EPOCHREALTIME/[.,]/}
     printf '\n=== %s\n' "$name"
     # In the background, so that a signal to this script runs its trap at once
     # (bash defers traps while a foreground command runs); tail shows the output.
@@ -271,7 +271,10 @@ run_one() {
     fi
     PASSED=$((PASSED + p))
     FAILED=$((FAILED + f))
-    SUMMARY+=("$(printf '%-28s %s passed, %s failed (exit %s)' "$name" "$p" "$f" "$rc")")
+    # Each program's wall time: what CI's 30 minutes are spent on.
+    ds=$(((${EPOCHREALTIME/[.,]/} - started) / 100000))
+    SUMMARY+=("$(printf '%-28s %s passed, %s failed (exit %s) %4d.%d s' "$name" "$p" "$f" "$rc" \
+        $((ds / 10)) $((ds % 10)))")
 }
 
 main() {
