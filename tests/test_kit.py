@@ -399,5 +399,67 @@ def stack_environment_is_scrubbed_and_on_free_ports():
         os.environ.update(saved)
 
 
+# ---------------------------------------------------------------- bench's CPU meter
+
+# Two threads of one process send one byte back and forth over loopback TCP:
+# the receiving side's softirq runs inside the sender's system call, so the
+# kernel counts it in this process's time and in the machine's softirq time.
+PING_PONG = r"""
+import socket, sys, threading, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+def echo():
+    c, _ = srv.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while True:
+        b = c.recv(64)
+        if not b:
+            return
+        c.sendall(b)
+threading.Thread(target=echo, daemon=True).start()
+s = socket.create_connection(srv.getsockname())
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+print("ready", flush=True)
+sys.stdin.readline()
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    s.sendall(b"x")
+    s.recv(64)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+@test
+def cpu_meter_counts_interrupt_work_once():
+    import bench
+    p = subprocess.Popen([sys.executable, "-c", PING_PONG, "2"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        eq(p.stdout.readline().strip(), "ready", "the ping-pong's first line")
+        meter = bench.CpuMeter({"load": [p.pid]})
+        meter.start()
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        eq(p.stdout.readline().strip(), "done", "the ping-pong's second line")
+        cpu = meter.stop()                     # before it ends: its time is still its own
+    finally:
+        p.kill()
+        p.wait()
+    if cpu["load"] < 0.5:
+        fail(f"the ping-pong used {cpu['load']} s of CPU in 2 s: no load to measure")
+    # Each busy second is in one column: 'other' (everyone not measured) is
+    # not below zero beyond rounding (it was, by the ping-pong's softirq,
+    # when 'interrupts' held all of the machine's), and the columns cover
+    # the machine's busy time, exceeding it by at most the gap between the
+    # kernel's clock of each process and its tick count of each CPU (a few %).
+    parts = cpu["load"] + cpu["loadTool"] + cpu["other"] + cpu["interrupts"]
+    busy = cpu["machineBusy"]
+    if cpu["other"] < -0.05 or not busy - 0.05 <= parts <= 1.1 * busy + 0.05:
+        fail(f"columns {parts:.2f} s against {busy} s busy: {cpu}")
+    if not 0 <= cpu["interrupts"] <= cpu["interruptsAll"]:
+        fail(f"interrupt time outside processes: {cpu}")
+
 if __name__ == "__main__":
     ss.main()
