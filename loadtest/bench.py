@@ -184,6 +184,31 @@ def all_pids():
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
+def thread_switches(pid):
+    """{tid: (sleeps, preemptions)} of the process's live threads: the
+    kernel's voluntary and involuntary context switches of each, from
+    /proc/<pid>/task/<tid>/status; {} when it is gone."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        v = nv = None
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        v = int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        nv = int(line.split()[1])
+        except OSError:
+            continue                        # a thread that ended meanwhile
+        if v is not None and nv is not None:
+            out[int(tid)] = (v, nv)
+    return out
+
+
 def machine_cpu():
     """CPU seconds of the whole machine since boot: (process time (user, nice,
     system), interrupts (irq, softirq: loopback TCP is processed there), steal,
@@ -236,7 +261,7 @@ class CpuMeter:
         children = {}
         for pid, (ppid, _, _) in stats.items():
             children.setdefault(ppid, []).append(pid)
-        out = {}
+        out, switches = {}, {}
         for name, roots in self.groups.items():
             total = 0.0
             seen = set()
@@ -252,13 +277,16 @@ class CpuMeter:
                 total += stats[p][1]
                 todo.extend(children.get(p, []))
             out[name] = total
+            switches[name] = {}
+            for p in seen:
+                switches[name].update(thread_switches(p))
         ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         out["loadTool"] = ru.ru_utime + ru.ru_stime
         # Every process's time, its reaped children's included: a process
         # that ends between two samples moves its time to its parent's
         # children's time, so the sum keeps it.
         everyone = sum(own + reaped for _, own, reaped in stats.values())
-        return out, machine_cpu(), everyone
+        return out, machine_cpu(), everyone, switches
 
     def start(self):
         self.t0 = time.monotonic()
@@ -267,8 +295,15 @@ class CpuMeter:
     def stop(self):
         s1 = self._sample()
         wall = time.monotonic() - self.t0
-        (a, m0, e0), (c, m1, e1) = self.s0, s1
+        (a, m0, e0, w0), (c, m1, e1, w1) = self.s0, s1
         out = {k: round(c[k] - a.get(k, 0.0), 2) for k in c}
+        # Thread switches of each measured group's threads that lived
+        # through the run (one that ended took its count with it).
+        out["switches"] = {}
+        for k, now in w1.items():
+            both = [(now[t], w0[k][t]) for t in now if t in w0.get(k, {})]
+            out["switches"][k] = {"sleeps": sum(b[0] - a[0] for b, a in both),
+                                  "preempted": sum(b[1] - a[1] for b, a in both)}
         procs = m1[0] - m0[0]
         irq = m1[1] - m0[1]
         # The kernel counts interrupt work (loopback TCP's softirq) done
@@ -1413,6 +1448,9 @@ class Bench:
         Col(t, "r", w, 1, False) for t, w in (("seckill", 7), ("nginx", 6), ("postgres", 8), ("redis", 6),
                                               ("client", 6), ("softirq", 7), ("others", 6), ("busy", 5),
                                               ("steal", 5), ("idle", 5))]
+    SWITCH_COLS = [Col("thread switches per unit: sleeps / preemptions", "l", 52, fit=False)] + [
+        Col(t, "r", 11, 1, False) for t in ("seckill", "nginx", "postgres", "redis")]
+
     def cpu_units(self):
         """(key in a round, label with its concurrency, the unit counted)."""
         pg = self.pg_clients
@@ -1441,11 +1479,27 @@ class Bench:
                 if not x or not x.get("cpu") or not x.get(per):
                     continue
                 vals.append({k: 1000.0 * v / x[per] for k, v in x["cpu"].items()
-                             if k not in ("wallSeconds", "busyPct", "stealPct", "idlePct")}
+                             if k not in ("wallSeconds", "busyPct", "stealPct", "idlePct", "switches")}
                             | {"busyPct": x["cpu"].get("busyPct") or 0, "stealPct": x["cpu"].get("stealPct") or 0}
                             | ({"idlePct": x["cpu"]["idlePct"]} if x["cpu"].get("idlePct") is not None else {}))
             if vals:
                 out.append((label, {k: statistics.median(v[k] for v in vals if k in v) for k in vals[0]}))
+        return out
+
+    def switches_per_unit(self):
+        """[(label, {component: (sleeps, preemptions) per order or request})]:
+        medians of the rounds, for the runs whose processes were measured."""
+        out = []
+        for key, label, per in self.cpu_units():
+            vals = []
+            for r in self.rounds:
+                x = r.get(key) or {}
+                sw = (x.get("cpu") or {}).get("switches")
+                if sw and x.get(per):
+                    vals.append({k: (v["sleeps"] / x[per], v["preempted"] / x[per]) for k, v in sw.items()})
+            if vals:
+                out.append((label, {k: tuple(statistics.median(v[k][i] for v in vals if k in v) for i in (0, 1))
+                                    for k in vals[0]}))
         return out
 
     # The chart's sales: (figure key, CPU key in a round, bar label).
@@ -1678,6 +1732,19 @@ unset multiplot
             if stolen:
                 out.append(f"  disturbed: the hypervisor took more than {STEAL_WARN_PCT} % of the machine during "
                            + ", ".join(stolen) + ": those figures read low; a ratio to a disturbed ceiling reads high")
+        sw = self.switches_per_unit()
+        if sw:
+            def pair(v, *keys):
+                got = [v[k] for k in keys if k in v]
+                if not got:
+                    return "-"
+                return f"{sum(g[0] for g in got):.2f} / {sum(g[1] for g in got):.2f}"
+            out += ["", kit.table(self.SWITCH_COLS, [
+                ["  " + label, pair(v, "seckill", "standIn"), pair(v, "nginx", "ceilingNginx"),
+                 pair(v, "postgres"), pair(v, "redis")] for label, v in sw])]
+            out.append("  (from /proc/<pid>/task/*/status of the threads that lived through the run: a sleep is a"
+                       " thread that blocked and was woken, a preemption one the scheduler switched out; each"
+                       " costs the kernel a switch, and on a VM often an interrupt between the CPUs)")
         out.append("")
         if self.violations:
             out.append(f"INVARIANTS: VIOLATED in {len(self.violations)} run(s) (see the FAIL lines above)")

@@ -432,7 +432,7 @@ sys.stdin.readline()
 
 
 @test
-def cpu_meter_counts_interrupt_work_once():
+def cpu_meter_counts_interrupt_work_once_and_thread_switches():
     import bench
     p = subprocess.Popen([sys.executable, "-c", PING_PONG, "2"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
@@ -460,6 +460,11 @@ def cpu_meter_counts_interrupt_work_once():
         fail(f"columns {parts:.2f} s against {busy} s busy: {cpu}")
     if not 0 <= cpu["interrupts"] <= cpu["interruptsAll"]:
         fail(f"interrupt time outside processes: {cpu}")
+    # Each round trip blocks a thread in recv() until the other answers: a
+    # sleep each, thousands in 2 s.
+    sw = cpu["switches"]["load"]
+    if sw["sleeps"] < 500 or sw["preempted"] < 0:
+        fail(f"the ping-pong's thread switches: {sw}")
 
 if __name__ == "__main__":
     ss.main()
