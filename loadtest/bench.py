@@ -89,6 +89,7 @@ Environment (all optional):
 Python 3 standard library only.
 """
 
+import gzip
 import json
 import os
 import platform
@@ -182,6 +183,31 @@ def proc_stat(pid):
 
 def all_pids():
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def kernel_config(name):
+    """'y', 'n' (not set) or None (unknown) for the running kernel's option
+    'name', from /proc/config.gz or /boot/config-<release>."""
+    text = None
+    for path, opener in (("/proc/config.gz", gzip.open), (f"/boot/config-{os.uname().release}", open)):
+        try:
+            with opener(path, "rt") as f:
+                text = f.read()
+            break
+        except OSError:
+            continue
+    if text is None:
+        return None
+    return "y" if re.search(rf"^{name}=[ym]$", text, re.M) else "n"
+
+
+# Whether the kernel counts interrupt work done inside a process in that
+# process's time as well as in the machine's softirq time: tick-based
+# accounting without CONFIG_IRQ_TIME_ACCOUNTING does (account_system_index_time()
+# in kernel/sched/cputime.c). Unknown: assumed, since the estimate is bounded
+# by the machine's interrupt time either way.
+IRQ_IN_PROCESS_TIME = kernel_config("CONFIG_IRQ_TIME_ACCOUNTING") != "y" \
+    and kernel_config("CONFIG_VIRT_CPU_ACCOUNTING_GEN") != "y"
 
 
 def thread_switches(pid):
@@ -306,12 +332,16 @@ class CpuMeter:
                                   "preempted": sum(b[1] - a[1] for b, a in both)}
         procs = m1[0] - m0[0]
         irq = m1[1] - m0[1]
-        # The kernel counts interrupt work (loopback TCP's softirq) done
-        # while a process runs twice: in that process's time and in the
-        # machine's softirq time. 'interrupts' keeps only the rest, done
-        # while no process ran, so that the columns add up to the machine's
-        # busy time; 'interruptsAll' is the machine's own figure.
-        in_procs = min(irq, max(0.0, (e1 - e0) - procs))
+        # Where the kernel counts interrupt work (loopback TCP's softirq)
+        # done while a process runs twice, in that process's time and in the
+        # machine's softirq time (IRQ_IN_PROCESS_TIME), 'interrupts' keeps
+        # only the rest, so that the columns add up to the machine's busy
+        # time; 'interruptsAll' is the machine's own figure. The estimate is
+        # every process's time less the machine's process time: a process
+        # that is reaped while /proc is read, or that this process cannot
+        # see (another PID namespace), moves it, hence the bounds.
+        out["interruptsInProcesses"] = round((e1 - e0) - procs, 2)   # the raw estimate
+        in_procs = min(irq, max(0.0, (e1 - e0) - procs)) if IRQ_IN_PROCESS_TIME else 0.0
         out["interrupts"] = round(irq - in_procs, 2)
         out["interruptsAll"] = round(irq, 2)
         out["steal"] = round(m1[2] - m0[2], 2)

@@ -449,22 +449,26 @@ def cpu_meter_counts_interrupt_work_once_and_thread_switches():
         p.wait()
     if cpu["load"] < 0.5:
         fail(f"the ping-pong used {cpu['load']} s of CPU in 2 s: no load to measure")
-    # Each busy second is in one column: 'other' (everyone not measured) is
-    # not below zero beyond rounding (it was, by the ping-pong's softirq,
-    # when 'interrupts' held all of the machine's), and the columns cover
-    # the machine's busy time, exceeding it by at most the gap between the
-    # kernel's clock of each process and its tick count of each CPU (a few %).
-    parts = cpu["load"] + cpu["loadTool"] + cpu["other"] + cpu["interrupts"]
-    busy = cpu["machineBusy"]
-    if cpu["other"] < -0.05 or not busy - 0.05 <= parts <= 1.1 * busy + 0.05:
-        fail(f"columns {parts:.2f} s against {busy} s busy: {cpu}")
-    if not 0 <= cpu["interrupts"] <= cpu["interruptsAll"]:
+    # Where the kernel counts the ping-pong's softirq in its own time too
+    # (tick accounting without IRQ time accounting), most of it is found
+    # there and left out of the softirq column, and 'other' (everyone not
+    # measured) is not pulled below zero by it (it was, by -0.99 s in 2 s,
+    # when the softirq column held all of the machine's); elsewhere nothing
+    # is taken out.
+    irq, outside = cpu["interruptsAll"], cpu["interrupts"]
+    if not 0 <= outside <= irq:
         fail(f"interrupt time outside processes: {cpu}")
+    if bench.IRQ_IN_PROCESS_TIME:
+        if (irq >= 0.1 and irq - outside < 0.5 * irq) or cpu["other"] < -0.1:
+            fail(f"the ping-pong's softirq, {irq} s, counted again outside it: {cpu}")
+    elif outside != irq:
+        fail(f"interrupt time taken out of softirq on a kernel that keeps it apart: {cpu}")
     # Each round trip blocks a thread in recv() until the other answers: a
     # sleep each, thousands in 2 s.
     sw = cpu["switches"]["load"]
     if sw["sleeps"] < 500 or sw["preempted"] < 0:
         fail(f"the ping-pong's thread switches: {sw}")
+
 
 if __name__ == "__main__":
     ss.main()
