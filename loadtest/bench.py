@@ -185,20 +185,17 @@ def all_pids():
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
-def kernel_config(name):
-    """'y', 'n' (not set) or None (unknown) for the running kernel's option
-    'name', from /proc/config.gz or /boot/config-<release>."""
-    text = None
+def kernel_config():
+    """The running kernel's build options that are set ({name: value}), from
+    /proc/config.gz or /boot/config-<release>; None when neither is there."""
     for path, opener in (("/proc/config.gz", gzip.open), (f"/boot/config-{os.uname().release}", open)):
         try:
             with opener(path, "rt") as f:
-                text = f.read()
-            break
+                return dict(line.split("=", 1) for line in f.read().splitlines()
+                            if line.startswith("CONFIG_") and "=" in line)
         except OSError:
             continue
-    if text is None:
-        return None
-    return "y" if re.search(rf"^{name}=[ym]$", text, re.M) else "n"
+    return None
 
 
 # Whether the kernel counts interrupt work done inside a process in that
@@ -206,32 +203,24 @@ def kernel_config(name):
 # accounting without CONFIG_IRQ_TIME_ACCOUNTING does (account_system_index_time()
 # in kernel/sched/cputime.c). Unknown: assumed, since the estimate is bounded
 # by the machine's interrupt time either way.
-IRQ_IN_PROCESS_TIME = kernel_config("CONFIG_IRQ_TIME_ACCOUNTING") != "y" \
-    and kernel_config("CONFIG_VIRT_CPU_ACCOUNTING_GEN") != "y"
+_CONFIG = kernel_config()
+IRQ_IN_PROCESS_TIME = _CONFIG is None or not (
+    {"CONFIG_IRQ_TIME_ACCOUNTING", "CONFIG_VIRT_CPU_ACCOUNTING_GEN"} & set(_CONFIG))
 
 
 def thread_switches(pid):
     """{tid: (sleeps, preemptions)} of the process's live threads: the
-    kernel's voluntary and involuntary context switches of each, from
-    /proc/<pid>/task/<tid>/status; {} when it is gone."""
+    kernel's voluntary and involuntary context switches of each
+    (kit.proc_status); {} when it is gone."""
     out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return out
     for tid in tids:
-        v = nv = None
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith("voluntary_ctxt_switches:"):
-                        v = int(line.split()[1])
-                    elif line.startswith("nonvoluntary_ctxt_switches:"):
-                        nv = int(line.split()[1])
-        except OSError:
-            continue                        # a thread that ended meanwhile
-        if v is not None and nv is not None:
-            out[int(tid)] = (v, nv)
+        st = kit.proc_status(f"{pid}/task/{tid}")      # None: it ended meanwhile
+        if st and "voluntary_ctxt_switches" in st and "nonvoluntary_ctxt_switches" in st:
+            out[int(tid)] = (st["voluntary_ctxt_switches"], st["nonvoluntary_ctxt_switches"])
     return out
 
 
@@ -328,8 +317,8 @@ class CpuMeter:
         out["switches"] = {}
         for k, now in w1.items():
             both = [(now[t], w0[k][t]) for t in now if t in w0.get(k, {})]
-            out["switches"][k] = {"sleeps": sum(b[0] - a[0] for b, a in both),
-                                  "preempted": sum(b[1] - a[1] for b, a in both)}
+            out["switches"][k] = {"sleeps": sum(after[0] - before[0] for after, before in both),
+                                  "preempted": sum(after[1] - before[1] for after, before in both)}
         procs = m1[0] - m0[0]
         irq = m1[1] - m0[1]
         # Where the kernel counts interrupt work (loopback TCP's softirq)

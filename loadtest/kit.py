@@ -124,8 +124,10 @@ def wait_port(port, timeout=5.0):
 
 
 def proc_status(pid):
-    """From /proc/PID/status: State (its letter), and VmRSS, VmHWM (KiB) and
-    Threads as numbers; None when there is no such process."""
+    """From /proc/PID/status: State (its letter), and VmRSS, VmHWM (KiB),
+    Threads and the voluntary and nonvoluntary context switches as numbers;
+    None when there is no such process. PID may be "<pid>/task/<tid>": one
+    thread's."""
     out = {}
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -133,7 +135,8 @@ def proc_status(pid):
                 k, _, v = line.partition(":")
                 if k == "State":
                     out[k] = v.split()[0]
-                elif k in ("VmRSS", "VmHWM", "Threads"):
+                elif k in ("VmRSS", "VmHWM", "Threads", "voluntary_ctxt_switches",
+                           "nonvoluntary_ctxt_switches"):
                     out[k] = int(v.split()[0])
     except OSError:
         return None
