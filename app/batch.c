@@ -38,6 +38,10 @@ typedef struct scratch {
     ulock_hold **holds;
     ulock_id *ids;
     int *idx;
+    int nt, n, nr;            /* taken from the queue, in the batch, refused */
+    int nsend;                /* of the batch, the first nsend went to the statement */
+    int sent;                 /* store_order_batch_send's result */
+    PGconn *pg;               /* the connection the statement went to */
 } scratch;
 
 typedef struct queue {
@@ -46,7 +50,7 @@ typedef struct queue {
     int n;
     int leader;               /* a leader is gathering or settling */
     pthread_cond_t full;      /* the leader's wake-up: BATCH_MAX reached */
-    scratch *s;               /* the leader's; NULL until the first one */
+    scratch *s[2];            /* the leader's (two when pipelined); NULL until used */
 } queue;
 
 /* The batching state is shared by the workers of this process by design:
@@ -141,87 +145,209 @@ static int take_locks(conn_set *cs, scratch *s, waiter **w, int n, int *nrefused
     return kept;
 }
 
-/* Settles up to BATCH_MAX waiters taken from the head of 'q' and answers
- * them (mu held on entry and exit; released while Postgres, Redis and the
- * answers run). */
-static void settle(conn_set *cs, queue *q)
+/* Takes up to BATCH_MAX waiters from the head of 'q' into 's' (mu held). */
+static void gather(queue *q, scratch *s)
 {
-    scratch *s = q->s;
-    int nt = 0, n = 0, nr = 0, kept = 0;
-    PGconn *pg;
-    store_status st;
-
-    while (q->head != NULL && nt < g_cfg.batch_max) {
-        s->taken[nt++] = q->head;
+    s->nt = s->n = s->nr = 0;
+    while (q->head != NULL && s->nt < g_cfg.batch_max) {
+        s->taken[s->nt++] = q->head;
         q->head = q->head->next;
         q->n--;
     }
     if (q->head == NULL)
         q->tail = NULL;
-    pthread_mutex_unlock(&mu);
+}
+
+/* Readies the gathered batch for its statement (mu not held): refuses the
+ * buyers past their deadline, takes the locks and ids left to the leader,
+ * refuses a second buyer of the same user. */
+static void prepare(conn_set *cs, scratch *s)
+{
+    int kept = 0, nt;
 
     /* Buyers who waited here past their deadline are not ordered (their
      * locks, not taken yet, are not taken). */
-    for (int t = 0; t < nt; t++) {
+    for (int t = 0; t < s->nt; t++) {
         if (stock_past_deadline(s->taken[t]->b)) {
-            s->refused[nr] = s->taken[t];
-            s->why[nr++] = STORE_UNAVAILABLE;
+            s->refused[s->nr] = s->taken[t];
+            s->why[s->nr++] = STORE_UNAVAILABLE;
         } else {
             s->taken[kept++] = s->taken[t];
         }
     }
-    nt = take_locks(cs, s, s->taken, kept, &nr);
+    nt = take_locks(cs, s, s->taken, kept, &s->nr);
     for (int t = 0; t < nt; t++) {
         waiter *w = s->taken[t];
         /* The same user twice in one batch means a concurrent request of that
          * user (its lock lapsed): the later one is the duplicate. */
         int dup = 0;
-        for (int i = 0; i < n && !dup; i++)
+        for (int i = 0; i < s->n && !dup; i++)
             dup = s->orders[i].user_id == w->b->order.user_id;
         if (dup) {
-            s->refused[nr] = w;
-            s->why[nr++] = STORE_DUPLICATE;
+            s->refused[s->nr] = w;
+            s->why[s->nr++] = STORE_DUPLICATE;
             continue;
         }
-        s->batch[n] = w;
-        s->orders[n] = w->b->order;
-        n++;
+        s->batch[s->n] = w;
+        s->orders[s->n] = w->b->order;
+        s->n++;
     }
+}
 
-    if (n > 0) {
-        rec_batch(n);
-        pg = conn_pg(cs);
-        st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch(pg, s->orders, (size_t)n, s->results);
-        if (st == STORE_DUPLICATE ||
-            (st != STORE_OK && pg != NULL && PQstatus(pg) == CONNECTION_OK)) {
-            /* A unique violation (a lock lapsed) or a deadlock fails the whole
-             * statement: settle these buyers one by one so each gets its
-             * answer, those whose deadline has not passed meanwhile. */
-            log_warn("batch of %d failed as a whole; settling one by one", n);
-            for (int i = 0; i < n; i++)
-                s->results[i] = stock_past_deadline(s->batch[i]->b)
-                                    ? STORE_UNAVAILABLE
-                                    : store_order_create(pg, &s->orders[i]);
-        } else if (st != STORE_OK) {
-            for (int i = 0; i < n; i++)
-                s->results[i] = st;
+/* Sends the batch's statement; its outcome is read by settle_read. A
+ * buyer whose deadline passed since its lock was taken (a pipelined batch
+ * waits for the one before it) is left out and answered 503: moved to the
+ * end of the batch, so that its lock is released with the others. */
+static void send(conn_set *cs, scratch *s)
+{
+    int late = 0;
+
+    s->nsend = 0;
+    for (int i = 0; i < s->n; i++) {
+        waiter *w = s->batch[i];
+        if (stock_past_deadline(w->b)) {
+            s->taken[late++] = w;
+            continue;
         }
-        /* The batch's user locks go in one round trip, after the commit and
-         * before anyone is answered; a failed release is retried by its owner. */
-        for (int i = 0; i < n; i++)
-            s->holds[i] = s->batch[i]->b->hold;
-        ulock_release_many(cs, s->holds, (size_t)n);
+        s->batch[s->nsend] = w;
+        s->orders[s->nsend++] = w->b->order;
     }
+    for (int j = 0; j < late; j++) {
+        s->batch[s->nsend + j] = s->taken[j];
+        s->results[s->nsend + j] = STORE_UNAVAILABLE;
+    }
+    if (s->nsend == 0)
+        return;
+    rec_batch(s->nsend);
+    s->pg = conn_pg(cs);
+    s->sent = s->pg == NULL ? -1 : store_order_batch_send(s->pg, s->orders, (size_t)s->nsend);
+}
 
-    for (int i = 0; i < n; i++) {
+/* Reads the outcome of the batch's statement into s->results. */
+static void settle_read(scratch *s)
+{
+    PGconn *pg = s->pg;
+    int n = s->nsend;
+    store_status st;
+
+    if (n == 0)
+        return;
+    st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch_recv(pg, s->sent, (size_t)n, s->results);
+    if (st == STORE_DUPLICATE || (st != STORE_OK && pg != NULL && PQstatus(pg) == CONNECTION_OK)) {
+        /* A unique violation (a lock lapsed) or a deadlock fails the whole
+         * statement: settle these buyers one by one so each gets its
+         * answer, those whose deadline has not passed meanwhile. */
+        log_warn("batch of %d failed as a whole; settling one by one", n);
+        for (int i = 0; i < n; i++)
+            s->results[i] = stock_past_deadline(s->batch[i]->b)
+                                ? STORE_UNAVAILABLE
+                                : store_order_create(pg, &s->orders[i]);
+    } else if (st != STORE_OK) {
+        for (int i = 0; i < n; i++)
+            s->results[i] = st;
+    }
+}
+
+/* Releases the batch's user locks in one round trip, after its commit and
+ * before anyone is answered (a failed release is retried by its owner),
+ * then answers every buyer of the batch and every one refused. */
+static void release_and_answer(conn_set *cs, scratch *s)
+{
+    if (s->n > 0) {
+        for (int i = 0; i < s->n; i++)
+            s->holds[i] = s->batch[i]->b->hold;
+        ulock_release_many(cs, s->holds, (size_t)s->n);
+    }
+    for (int i = 0; i < s->n; i++) {
         s->batch[i]->done(cs, s->batch[i]->arg, s->results[i]);
         free(s->batch[i]);
     }
-    for (int i = 0; i < nr; i++) {
+    for (int i = 0; i < s->nr; i++) {
         s->refused[i]->done(cs, s->refused[i]->arg, s->why[i]);
         free(s->refused[i]);
     }
+    s->n = s->nr = 0;
+}
+
+/* Settles up to BATCH_MAX waiters taken from the head of 'q' and answers
+ * them (mu held on entry and exit; released while Postgres, Redis and the
+ * answers run). */
+static void settle(conn_set *cs, queue *q, scratch *s)
+{
+    gather(q, s);
+    pthread_mutex_unlock(&mu);
+    prepare(cs, s);
+    send(cs, s);
+    settle_read(s);
+    release_and_answer(cs, s);
     pthread_mutex_lock(&mu);
+}
+
+/* Waits for the gathering window, or until the batch is full (mu held). */
+static void gather_wait(queue *q)
+{
+    struct timespec deadline;
+
+    util_deadline(CLOCK_MONOTONIC, g_cfg.batch_window_us, &deadline);
+    while (q->n < g_cfg.batch_max && pthread_cond_timedwait(&q->full, &mu, &deadline) != ETIMEDOUT)
+        ;
+}
+
+/* While the batch 'busy' runs in Postgres and nobody is queued, watches
+ * both, in slices: returns when its outcome has come or a buyer has (mu
+ * held on entry and exit). */
+static void await_outcome_or_buyers(queue *q, scratch *busy)
+{
+    int64_t slice = g_cfg.batch_window_us < 1000 ? g_cfg.batch_window_us : 1000;
+    int ready = busy->nsend == 0;
+
+    while (q->head == NULL && !ready) {
+        pthread_mutex_unlock(&mu);
+        ready = store_order_batch_wait(busy->pg, busy->sent, slice > 100 ? slice : 100);
+        pthread_mutex_lock(&mu);
+    }
+}
+
+/* The leader's loop with batches pipelined (BATCH_PIPELINE): while one
+ * batch's transaction runs in Postgres, the next gathers its buyers and
+ * takes their locks and ids in Redis; the next statement is sent as soon
+ * as the one before it is read, and the batch before is released and
+ * answered while it runs. Statements of one voucher still run one after
+ * another on the leader's connection, each committed before the next
+ * begins, and nobody is answered before their commit (mu held on entry
+ * and exit). */
+static void lead_pipelined(conn_set *cs, queue *q)
+{
+    scratch *busy = NULL;          /* the batch whose statement is out */
+    int next = 0;
+
+    while (q->head != NULL || busy != NULL) {
+        scratch *s = NULL;
+
+        if (busy != NULL)
+            await_outcome_or_buyers(q, busy);
+        if (q->head != NULL) {
+            gather_wait(q);
+            s = q->s[next];
+            next ^= 1;
+            gather(q, s);
+        }
+        pthread_mutex_unlock(&mu);
+        if (s != NULL)
+            prepare(cs, s);
+        if (busy != NULL)
+            settle_read(busy);
+        if (s != NULL)
+            send(cs, s);
+        if (busy != NULL)
+            release_and_answer(cs, busy);
+        busy = s;
+        if (s != NULL && s->nsend == 0) {  /* nobody went to Postgres: answer now */
+            release_and_answer(cs, s);
+            busy = NULL;
+        }
+        pthread_mutex_lock(&mu);
+    }
 }
 
 static waiter *waiter_new(stock_buyer *b, stock_done_fn done, void *arg)
@@ -292,15 +418,17 @@ static void submit(conn_set *cs, stock_buyer *b, stock_done_fn done, void *arg)
     /* Lead: gather for the window, or until the batch is full, settle, and
      * go on while buyers are queued (they were refused a leader of their own). */
     q->leader = 1;
-    if (q->s == NULL)
-        q->s = scratch_new(g_cfg.batch_max);
-    while (q->head != NULL) {
-        struct timespec deadline;
-        util_deadline(CLOCK_MONOTONIC, g_cfg.batch_window_us, &deadline);
-        while (q->n < g_cfg.batch_max &&
-               pthread_cond_timedwait(&q->full, &mu, &deadline) != ETIMEDOUT)
-            ;
-        settle(cs, q);
+    if (q->s[0] == NULL)
+        q->s[0] = scratch_new(g_cfg.batch_max);
+    if (g_cfg.batch_pipeline && q->s[1] == NULL)
+        q->s[1] = scratch_new(g_cfg.batch_max);
+    if (g_cfg.batch_pipeline) {
+        lead_pipelined(cs, q);
+    } else {
+        while (q->head != NULL) {
+            gather_wait(q);
+            settle(cs, q, q->s[0]);
+        }
     }
     q->leader = 0;
     pthread_mutex_unlock(&mu);

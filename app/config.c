@@ -161,6 +161,9 @@ static const option_def options[] = {
       "batched: buyers settled in one transaction at most" },
     { "BATCH_WINDOW_US", "batch-window-us", OPT_INT, F(batch_window_us), 0, 1000000, "1000",
       "batched: how long a batch gathers buyers (microseconds)" },
+    { "BATCH_PIPELINE", "batch-pipeline", OPT_BOOL, F(batch_pipeline), 0, 1, "1",
+      "batched: the next batch gathers and takes its locks and ids while the one before it "
+      "commits; 0: one batch at a time" },
     { "DEMO_DELAY_MS", "demo-delay-ms", OPT_INT, F(demo_delay_ms), 0, 60000, "0",
       "demo only: sleep this long inside the critical section to widen races" },
     { "DEMO_PAUSE_MS", "demo-pause-ms", OPT_INT, F(demo_pause_ms), 0, 60000, "0",

@@ -868,18 +868,14 @@ static char *array_text(size_t n, const store_order *o, int field)
     return buf;
 }
 
-store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
-                               store_status *results)
+int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n)
 {
     char v[24];
     char *ids = array_text(n, orders, 0), *users = array_text(n, orders, 1);
     char *keys = array_text(n, orders, 2), *tokens = array_text(n, orders, 3);
     char horizon[24];
     const char *vals[6] = { v, ids, users, keys, tokens, horizon };
-    store_status st;
-    PGresult *res = NULL;
-    int fenced = 0, synced = 0;
-    int64_t t0 = util_mono_us();
+    int fenced = 0, rc = -1;
 
     snprintf(v, sizeof v, "%" PRId64, n > 0 ? orders[0].voucher_id : 0);
     snprintf(horizon, sizeof horizon, "%ld", n > 0 ? orders[0].fence_horizon_ms : 0L);
@@ -887,11 +883,44 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
         fenced = orders[i].fence_key != NULL;
     /* fence_batch, then order_batch, one transaction, one round trip. */
     if (!PQenterPipelineMode(pg)) {
-        st = result_error(pg, NULL, "order_batch (pipeline)");
+        log_warn("store: order_batch (pipeline): %s", PQerrorMessage(pg));
         goto cleanup;
     }
     if ((!fenced || PQsendQueryPrepared(pg, "fence_batch", 3, &vals[3], NULL, NULL, 0)) &&
         PQsendQueryPrepared(pg, "order_batch", 5, vals, NULL, NULL, 0) && PQpipelineSync(pg))
+        rc = 0;
+cleanup:
+    free(ids);
+    free(users);
+    free(keys);
+    free(tokens);
+    return rc;
+}
+
+int store_order_batch_wait(PGconn *pg, int sent, int64_t timeout_us)
+{
+    struct pollfd pfd = { .fd = -1, .events = POLLIN };
+    struct timespec ts = { .tv_sec = timeout_us / 1000000, .tv_nsec = timeout_us % 1000000 * 1000 };
+    int rc;
+
+    if (sent != 0 || pg == NULL || (pfd.fd = PQsocket(pg)) < 0 || !PQisBusy(pg))
+        return 1;                            /* nothing to wait for: _recv says what */
+    rc = ppoll(&pfd, 1, &ts, NULL);
+    if (rc < 0 && errno != EINTR)
+        return 1;
+    if (rc > 0 && !PQconsumeInput(pg))
+        return 1;
+    return !PQisBusy(pg);
+}
+
+store_status store_order_batch_recv(PGconn *pg, int sent, size_t n, store_status *results)
+{
+    store_status st;
+    PGresult *res = NULL;
+    int synced = 0;
+    int64_t t0 = util_mono_us();
+
+    if (sent == 0)
         res = segment_read(pg, &synced);
     rec_backend(REC_PG, util_mono_us() - t0, synced);
     if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
@@ -924,11 +953,13 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
     st = STORE_OK;
 cleanup:
     PQclear(res);
-    free(ids);
-    free(users);
-    free(keys);
-    free(tokens);
     return st;
+}
+
+store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
+                               store_status *results)
+{
+    return store_order_batch_recv(pg, store_order_batch_send(pg, orders, n), n, results);
 }
 
 store_status store_orders_persist(PGconn *pg, int64_t voucher_id, const store_order *orders,

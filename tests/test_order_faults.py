@@ -19,6 +19,9 @@ checks what the buyer is told and what Postgres and Redis hold after.
                       worker's next request of that user re-enter the lock
   sale window         the order statement itself refuses a sale outside the
                       voucher's window (409 ended / not_started)
+  pipelined batches   while one batch's statement waits behind the row, the
+                      next batch takes its locks (BATCH_PIPELINE=1), and a
+                      buyer whose deadline passes meanwhile is not ordered
 
 Faults come from a psql session that holds the voucher row, triggers the
 test installs (and drops) on tb_voucher_order, SIGSTOP of one Postgres
@@ -435,6 +438,100 @@ def a_batch_retried_one_by_one_respects_the_deadline():
         placed = {u: orders_of(vid, u) for u in others}
         if any(got[u] != (503, "unavailable") for u in others) or any(placed.values()):
             fail(f"after the failed batch, past the deadline: answers {got}, orders {placed}")
+    finally:
+        if holder is not None:
+            holder.release()
+        srv.stop_ok()
+
+
+def lock_held(uid):
+    return ss.redis(["EXISTS", f"lock:order:{uid}"]).strip() == "1"
+
+
+@test
+def the_next_batch_takes_its_locks_while_the_one_before_commits():
+    """Batched, a psql session holding the voucher row: the first batch's
+    statement waits behind it. The buyers who come meanwhile form the next
+    batch. Pipelined (BATCH_PIPELINE=1), the leader takes their user locks
+    in Redis while the first batch still waits; one at a time
+    (BATCH_PIPELINE=0), not before the first batch is answered. Either way,
+    once the row is free every buyer gets 200, a second request of a first-
+    batch user gets 409, Postgres has one order each and no lock is left."""
+    for pipeline in (1, 0):
+        base = 8_600_000 + 100 * pipeline
+        first, second, again = [base, base + 1], [base + 10, base + 11], base
+        srv = server(f"pipeline-{pipeline}", SECKILL_STOCK="batched", THREADS=2,
+                     BATCH_PIPELINE=pipeline, BATCH_WINDOW_US=100000,
+                     PG_STATEMENT_TIMEOUT_MS=20000)
+        holder = None
+        try:
+            vid = voucher(srv, 50)
+            if srv.seckill(vid, base + 99).status != 200:      # voucher cached
+                fail(f"pipeline={pipeline}: the first sale failed")
+            holder = RowHolder(vid)
+            a = [in_background(srv.seckill, vid, u) for u in first]
+            wait_for("the first batch waiting on the row", lambda: lock_waiters(srv.name) >= 1)
+            b = [in_background(srv.seckill, vid, u) for u in second + [again]]
+            if pipeline:
+                wait_for("the next batch's locks", lambda: all(lock_held(u) for u in second),
+                         timeout=3)
+            else:
+                time.sleep(1.0)
+                if any(lock_held(u) for u in second):
+                    fail("BATCH_PIPELINE=0: the next batch took its locks before the first "
+                         "batch was answered")
+            if lock_waiters(srv.name) < 1:
+                fail(f"pipeline={pipeline}: the first batch no longer waits on the row")
+            holder.release()
+            for t, _box in a + b:
+                t.join(15)
+            got = [answer(box.get("r")) for _t, box in a + b]
+            want = [(200, None)] * 4 + [(409, "already_ordered")]
+            if [(st, None if st == 200 else err) for st, err in got] != want:
+                fail(f"pipeline={pipeline}: answers {got}, want {want}")
+            placed = {u: orders_of(vid, u) for u in first + second}
+            if set(placed.values()) != {1} or orders_of(vid) != 5 or stock_of(vid) != 45:
+                fail(f"pipeline={pipeline}: orders {placed}, in all {orders_of(vid)}, "
+                     f"stock {stock_of(vid)}")
+            left = [u for u in first + second if lock_held(u)]
+            if left:
+                fail(f"pipeline={pipeline}: locks left {left}")
+        finally:
+            if holder is not None:
+                holder.release()
+            srv.stop_ok()
+
+
+@test
+def a_pipelined_batch_does_not_order_a_buyer_whose_deadline_passed():
+    """Pipelined: buyer B's batch took B's lock while the batch before it
+    waited behind the held row, and B's deadline passes before that batch
+    is answered. B's statement is not sent: B gets 503, no order, and its
+    lock is released; A, whose statement started in time, gets 200."""
+    srv = server("pipeline-deadline", SECKILL_STOCK="batched", THREADS=2, BATCH_PIPELINE=1,
+                 BATCH_WINDOW_US=50000, REQUEST_DEADLINE_MS=DEADLINE_MS,
+                 PG_STATEMENT_TIMEOUT_MS=20000)
+    holder = None
+    try:
+        vid = voucher(srv, 50)
+        a, b = 8_700_000, 8_700_001
+        if srv.seckill(vid, 8_700_099).status != 200:
+            fail("the first sale failed")
+        holder = RowHolder(vid)
+        ta, ra = in_background(srv.seckill, vid, a)
+        wait_for("A's batch waiting on the row", lambda: lock_waiters(srv.name) >= 1)
+        tb, rb = in_background(srv.seckill, vid, b)
+        wait_for("B's lock, taken by the next batch", lambda: lock_held(b), timeout=3)
+        time.sleep(DEADLINE_MS / 1000 + 0.5)
+        holder.release()
+        ta.join(15)
+        tb.join(15)
+        if answer(ra.get("r"))[0] != 200 or answer(rb.get("r")) != (503, "unavailable"):
+            fail(f"A {answer(ra.get('r'))}, B {answer(rb.get('r'))}: want A 200, B 503")
+        time.sleep(0.5)
+        if orders_of(vid, b) != 0 or lock_held(b) or stock_of(vid) != 48:
+            fail(f"B: orders {orders_of(vid, b)}, lock held {lock_held(b)}, "
+                 f"stock {stock_of(vid)}")
     finally:
         if holder is not None:
             holder.release()
