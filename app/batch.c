@@ -6,7 +6,9 @@
  * round trip), and settles them all in one statement (store_order_batch)
  * on its own connection: one commit, one WAL flush, one hold of the hot row
  * for the whole batch. It releases the batch's locks in one more round
- * trip, then gives each buyer its own outcome. No worker waits for a batch
+ * trip, then gives each buyer its own outcome. Pipelined (BATCH_PIPELINE),
+ * the next batch gathers and takes its locks while the one before it is
+ * in Postgres (lead_pipelined). No worker waits for a batch
  * but its leader: a buyer's request stays suspended in libmicrohttpd and
  * is answered from the leader, so a batch can hold more buyers than there
  * are workers. */
