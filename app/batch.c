@@ -42,8 +42,8 @@ typedef struct scratch {
     int *idx;
     int nt, n, nr;            /* taken from the queue, in the batch, refused */
     int nsend;                /* of the batch, the first nsend went to the statement */
-    int sent;                 /* store_order_batch_send's result */
-    PGconn *pg;               /* the connection the statement went to */
+    store_batch_call call;    /* the statement out, when nsend > 0 */
+    PGconn *pg;               /* the connection it went to: the leader's */
 } scratch;
 
 typedef struct queue {
@@ -165,7 +165,7 @@ static void gather(queue *q, scratch *s)
  * refuses a second buyer of the same user. */
 static void prepare(conn_set *cs, scratch *s)
 {
-    int kept = 0, nt;
+    int kept = 0, nlocked;
 
     /* Buyers who waited here past their deadline are not ordered (their
      * locks, not taken yet, are not taken). */
@@ -177,8 +177,8 @@ static void prepare(conn_set *cs, scratch *s)
             s->taken[kept++] = s->taken[t];
         }
     }
-    nt = take_locks(cs, s, s->taken, kept, &s->nr);
-    for (int t = 0; t < nt; t++) {
+    nlocked = take_locks(cs, s, s->taken, kept, &s->nr);
+    for (int t = 0; t < nlocked; t++) {
         waiter *w = s->taken[t];
         /* The same user twice in one batch means a concurrent request of that
          * user (its lock lapsed): the later one is the duplicate. */
@@ -196,11 +196,11 @@ static void prepare(conn_set *cs, scratch *s)
     }
 }
 
-/* Sends the batch's statement; its outcome is read by settle_read. A
+/* Sends the batch's statement; its outcome is read by read_batch. A
  * buyer whose deadline passed since its lock was taken (a pipelined batch
  * waits for the one before it) is left out and answered 503: moved to the
  * end of the batch, so that its lock is released with the others. */
-static void send(conn_set *cs, scratch *s)
+static void send_batch(conn_set *cs, scratch *s)
 {
     int late = 0;
 
@@ -222,11 +222,13 @@ static void send(conn_set *cs, scratch *s)
         return;
     rec_batch(s->nsend);
     s->pg = conn_pg(cs);
-    s->sent = s->pg == NULL ? -1 : store_order_batch_send(s->pg, s->orders, (size_t)s->nsend);
+    s->call.sent = -1;
+    if (s->pg != NULL)
+        store_order_batch_send(s->pg, s->orders, (size_t)s->nsend, &s->call);
 }
 
 /* Reads the outcome of the batch's statement into s->results. */
-static void settle_read(scratch *s)
+static void read_batch(conn_set *cs, scratch *s)
 {
     PGconn *pg = s->pg;
     int n = s->nsend;
@@ -234,7 +236,13 @@ static void settle_read(scratch *s)
 
     if (n == 0)
         return;
-    st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch_recv(pg, s->sent, (size_t)n, s->results);
+    /* Nothing on this thread touches Postgres between the send and here;
+     * were the connection replaced meanwhile, the old one is freed. */
+    if (pg != NULL && pg != cs->pg) {
+        log_error("batch: the connection of a statement in flight was replaced");
+        pg = NULL;
+    }
+    st = pg == NULL ? STORE_UNAVAILABLE : store_order_batch_recv(pg, &s->call, (size_t)n, s->results);
     if (st == STORE_DUPLICATE || (st != STORE_OK && pg != NULL && PQstatus(pg) == CONNECTION_OK)) {
         /* A unique violation (a lock lapsed) or a deadlock fails the whole
          * statement: settle these buyers one by one so each gets its
@@ -279,8 +287,8 @@ static void settle(conn_set *cs, queue *q, scratch *s)
     gather(q, s);
     pthread_mutex_unlock(&mu);
     prepare(cs, s);
-    send(cs, s);
-    settle_read(s);
+    send_batch(cs, s);
+    read_batch(cs, s);
     release_and_answer(cs, s);
     pthread_mutex_lock(&mu);
 }
@@ -295,9 +303,9 @@ static void gather_wait(queue *q)
         ;
 }
 
-/* While the batch 'busy' runs in Postgres and nobody is queued, watches
- * both, in slices: returns when its outcome has come or a buyer has (mu
- * held on entry and exit). */
+/* While the batch 'busy' runs and nobody is queued, watches both in
+ * slices: returns once a result or a buyer has come, or the statement's
+ * bound has passed (mu held on entry and exit). */
 static void await_outcome_or_buyers(queue *q, scratch *busy)
 {
     int64_t slice = g_cfg.batch_window_us < 1000 ? g_cfg.batch_window_us : 1000;
@@ -305,19 +313,16 @@ static void await_outcome_or_buyers(queue *q, scratch *busy)
 
     while (q->head == NULL && !ready) {
         pthread_mutex_unlock(&mu);
-        ready = store_order_batch_wait(busy->pg, busy->sent, slice > 100 ? slice : 100);
+        ready = store_order_batch_wait(busy->pg, &busy->call, slice > 100 ? slice : 100);
         pthread_mutex_lock(&mu);
     }
 }
 
-/* The leader's loop with batches pipelined (BATCH_PIPELINE): while one
- * batch's transaction runs in Postgres, the next gathers its buyers and
- * takes their locks and ids in Redis; the next statement is sent as soon
- * as the one before it is read, and the batch before is released and
- * answered while it runs. Statements of one voucher still run one after
- * another on the leader's connection, each committed before the next
- * begins, and nobody is answered before their commit (mu held on entry
- * and exit). */
+/* The leader's loop with batches pipelined (BATCH_PIPELINE): the next
+ * batch gathers and takes its locks while the one before is in Postgres,
+ * so that neither waits for the other's round trips. Statements still
+ * commit one after another, and nobody is answered before their commit
+ * (mu held on entry and exit). */
 static void lead_pipelined(conn_set *cs, queue *q)
 {
     scratch *busy = NULL;          /* the batch whose statement is out */
@@ -338,9 +343,9 @@ static void lead_pipelined(conn_set *cs, queue *q)
         if (s != NULL)
             prepare(cs, s);
         if (busy != NULL)
-            settle_read(busy);
+            read_batch(cs, busy);
         if (s != NULL)
-            send(cs, s);
+            send_batch(cs, s);
         if (busy != NULL)
             release_and_answer(cs, busy);
         busy = s;

@@ -508,9 +508,8 @@ static store_status order_result(PGconn *pg, const PGresult *res)
  * error comes as a result of its own after the statement's; a failed
  * statement skips the rest (PGRES_PIPELINE_ABORTED). Two NULLs in a row
  * mean the connection has nothing more to give (it broke). */
-static PGresult *segment_read(PGconn *pg, int *synced)
+static PGresult *segment_read_until(PGconn *pg, int64_t until, int *synced)
 {
-    int64_t until = util_mono_us() + (int64_t)store_round_trip_ms() * 1000;
     PGresult *kept = NULL, *r;
     int nulls = 0;
 
@@ -536,6 +535,11 @@ static PGresult *segment_read(PGconn *pg, int *synced)
         }
     }
     return kept;
+}
+
+static PGresult *segment_read(PGconn *pg, int *synced)
+{
+    return segment_read_until(pg, util_mono_us() + (int64_t)store_round_trip_ms() * 1000, synced);
 }
 
 /* A connection left in a state nobody can use: shut down, so that it reads
@@ -868,7 +872,7 @@ static char *array_text(size_t n, const store_order *o, int field)
     return buf;
 }
 
-int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n)
+int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n, store_batch_call *call)
 {
     char v[24];
     char *ids = array_text(n, orders, 0), *users = array_text(n, orders, 1);
@@ -877,6 +881,8 @@ int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n)
     const char *vals[6] = { v, ids, users, keys, tokens, horizon };
     int fenced = 0, rc = -1;
 
+    call->t0_us = util_mono_us();
+    call->sent = -1;
     snprintf(v, sizeof v, "%" PRId64, n > 0 ? orders[0].voucher_id : 0);
     snprintf(horizon, sizeof horizon, "%ld", n > 0 ? orders[0].fence_horizon_ms : 0L);
     for (size_t i = 0; i < n && !fenced; i++)
@@ -888,7 +894,7 @@ int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n)
     }
     if ((!fenced || PQsendQueryPrepared(pg, "fence_batch", 3, &vals[3], NULL, NULL, 0)) &&
         PQsendQueryPrepared(pg, "order_batch", 5, vals, NULL, NULL, 0) && PQpipelineSync(pg))
-        rc = 0;
+        rc = call->sent = 0;
 cleanup:
     free(ids);
     free(users);
@@ -897,14 +903,27 @@ cleanup:
     return rc;
 }
 
-int store_order_batch_wait(PGconn *pg, int sent, int64_t timeout_us)
+/* When the batch's round trip must end: its bound counts from the send. */
+static int64_t call_until(const store_batch_call *call)
+{
+    return call->t0_us + (int64_t)store_round_trip_ms() * 1000;
+}
+
+int store_order_batch_wait(PGconn *pg, const store_batch_call *call, int64_t timeout_us)
 {
     struct pollfd pfd = { .fd = -1, .events = POLLIN };
-    struct timespec ts = { .tv_sec = timeout_us / 1000000, .tv_nsec = timeout_us % 1000000 * 1000 };
+    int64_t left = call_until(call) - util_mono_us();
+    struct timespec ts;
     int rc;
 
-    if (sent != 0 || pg == NULL || (pfd.fd = PQsocket(pg)) < 0 || !PQisBusy(pg))
-        return 1;                            /* nothing to wait for: _recv says what */
+    /* Nothing to wait for, or the bound has passed: _recv says what. */
+    if (call->sent != 0 || pg == NULL || (pfd.fd = PQsocket(pg)) < 0 || !PQisBusy(pg) ||
+        left <= 0)
+        return 1;
+    if (timeout_us > left)
+        timeout_us = left;
+    ts.tv_sec = timeout_us / 1000000;
+    ts.tv_nsec = timeout_us % 1000000 * 1000;
     rc = ppoll(&pfd, 1, &ts, NULL);
     if (rc < 0 && errno != EINTR)
         return 1;
@@ -913,16 +932,16 @@ int store_order_batch_wait(PGconn *pg, int sent, int64_t timeout_us)
     return !PQisBusy(pg);
 }
 
-store_status store_order_batch_recv(PGconn *pg, int sent, size_t n, store_status *results)
+store_status store_order_batch_recv(PGconn *pg, const store_batch_call *call, size_t n,
+                                    store_status *results)
 {
     store_status st;
     PGresult *res = NULL;
     int synced = 0;
-    int64_t t0 = util_mono_us();
 
-    if (sent == 0)
-        res = segment_read(pg, &synced);
-    rec_backend(REC_PG, util_mono_us() - t0, synced);
+    if (call->sent == 0)
+        res = segment_read_until(pg, call_until(call), &synced);
+    rec_backend(REC_PG, util_mono_us() - call->t0_us, synced);
     if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
         (size_t)PQntuples(res) != n) {
         st = result_error(pg, res, "order_batch");
@@ -959,7 +978,10 @@ cleanup:
 store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
                                store_status *results)
 {
-    return store_order_batch_recv(pg, store_order_batch_send(pg, orders, n), n, results);
+    store_batch_call call;
+
+    store_order_batch_send(pg, orders, n, &call);
+    return store_order_batch_recv(pg, &call, n, results);
 }
 
 store_status store_orders_persist(PGconn *pg, int64_t voucher_id, const store_order *orders,

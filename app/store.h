@@ -131,16 +131,20 @@ store_status store_stock_cas(PGconn *pg, int64_t voucher_id, int64_t seen, int *
 store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
                                store_status *results);
 
-/* store_order_batch in two halves, so that a caller can work while the
- * batch's transaction runs: _send queues it on 'pg' (0, or -1 when it could
- * not), _recv waits for it and reads it, given what _send returned; 'pg'
- * carries nothing else between the two. */
-int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n);
-/* Waits at most 'timeout_us' for the outcome of the batch _send queued:
- * 1 when _recv can read it without waiting (or will fail at once), 0 when
- * the statement is still running. */
-int store_order_batch_wait(PGconn *pg, int sent, int64_t timeout_us);
-store_status store_order_batch_recv(PGconn *pg, int sent, size_t n, store_status *results);
+/* store_order_batch in parts, so that a caller can work while the batch's
+ * transaction runs: _send queues it on 'pg' and fills 'call' (returns 0,
+ * or -1 when it could not be sent); _wait waits at most 'timeout_us' for
+ * it (1 once a result has come, the bound has passed or nothing was sent:
+ * _recv will not wait long; 0 while it runs); _recv reads it. The round
+ * trip's bound counts from the send. 'pg' carries nothing else meanwhile. */
+typedef struct store_batch_call {
+    int sent;               /* 0: queued; -1: not sent */
+    int64_t t0_us;          /* when it was sent, monotonic */
+} store_batch_call;
+int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n, store_batch_call *call);
+int store_order_batch_wait(PGconn *pg, const store_batch_call *call, int64_t timeout_us);
+store_status store_order_batch_recv(PGconn *pg, const store_batch_call *call, size_t n,
+                                    store_status *results);
 
 /* Redis-first: persists 'n' orders of one voucher admitted in Redis, in
  * one transaction and one round trip (the voucher row locked first): the

@@ -458,10 +458,11 @@ def the_next_batch_takes_its_locks_while_the_one_before_commits():
     once the row is free every buyer gets 200, a second request of a first-
     batch user gets 409, Postgres has one order each and no lock is left."""
     for pipeline in (1, 0):
-        base = 8_600_000 + 100 * pipeline
-        first, second, again = [base, base + 1], [base + 10, base + 11], base
+        base = 8_800_000 + 100 * pipeline
+        # Batches of three close at once (BATCH_MAX), whenever each buyer comes.
+        first, second, again = [base, base + 1, base + 2], [base + 10, base + 11], base
         srv = server(f"pipeline-{pipeline}", SECKILL_STOCK="batched", THREADS=2,
-                     BATCH_PIPELINE=pipeline, BATCH_WINDOW_US=100000,
+                     BATCH_PIPELINE=pipeline, BATCH_MAX=3, BATCH_WINDOW_US=1000000,
                      PG_STATEMENT_TIMEOUT_MS=20000)
         holder = None
         try:
@@ -470,6 +471,7 @@ def the_next_batch_takes_its_locks_while_the_one_before_commits():
                 fail(f"pipeline={pipeline}: the first sale failed")
             holder = RowHolder(vid)
             a = [in_background(srv.seckill, vid, u) for u in first]
+            wait_for("the first batch's locks", lambda: all(lock_held(u) for u in first))
             wait_for("the first batch waiting on the row", lambda: lock_waiters(srv.name) >= 1)
             b = [in_background(srv.seckill, vid, u) for u in second + [again]]
             if pipeline:
@@ -486,11 +488,11 @@ def the_next_batch_takes_its_locks_while_the_one_before_commits():
             for t, _box in a + b:
                 t.join(15)
             got = [answer(box.get("r")) for _t, box in a + b]
-            want = [(200, None)] * 4 + [(409, "already_ordered")]
+            want = [(200, None)] * 5 + [(409, "already_ordered")]
             if [(st, None if st == 200 else err) for st, err in got] != want:
                 fail(f"pipeline={pipeline}: answers {got}, want {want}")
             placed = {u: orders_of(vid, u) for u in first + second}
-            if set(placed.values()) != {1} or orders_of(vid) != 5 or stock_of(vid) != 45:
+            if set(placed.values()) != {1} or orders_of(vid) != 6 or stock_of(vid) != 44:
                 fail(f"pipeline={pipeline}: orders {placed}, in all {orders_of(vid)}, "
                      f"stock {stock_of(vid)}")
             left = [u for u in first + second if lock_held(u)]
@@ -509,13 +511,12 @@ def a_pipelined_batch_does_not_order_a_buyer_whose_deadline_passed():
     is answered. B's statement is not sent: B gets 503, no order, and its
     lock is released; A, whose statement started in time, gets 200."""
     srv = server("pipeline-deadline", SECKILL_STOCK="batched", THREADS=2, BATCH_PIPELINE=1,
-                 BATCH_WINDOW_US=50000, REQUEST_DEADLINE_MS=DEADLINE_MS,
-                 PG_STATEMENT_TIMEOUT_MS=20000)
+                 BATCH_MAX=1, REQUEST_DEADLINE_MS=DEADLINE_MS, PG_STATEMENT_TIMEOUT_MS=20000)
     holder = None
     try:
         vid = voucher(srv, 50)
-        a, b = 8_700_000, 8_700_001
-        if srv.seckill(vid, 8_700_099).status != 200:
+        a, b = 8_900_000, 8_900_001
+        if srv.seckill(vid, 8_900_099).status != 200:
             fail("the first sale failed")
         holder = RowHolder(vid)
         ta, ra = in_background(srv.seckill, vid, a)
@@ -543,34 +544,42 @@ def a_stopped_postgres_backend_frees_its_worker_within_the_bound():
     """The worker's Postgres backend is stopped (SIGSTOP: its kernel still
     acknowledges, so neither keepalives nor statement_timeout can end the
     wait). The buyer gets 503 within PG_STATEMENT_TIMEOUT_MS + 1 s and the
-    worker serves the next request on a new session."""
-    srv = server("blackhole-pg", THREADS=1, PG_STATEMENT_TIMEOUT_MS=1000)
+    worker serves the next request on a new session. Batched too, where
+    the leader, pipelined, watches the statement and the queue at once."""
+    for k, (name, env) in enumerate([("blackhole-pg", {}),
+                                     ("blackhole-batch", {"SECKILL_STOCK": "batched"})]):
+        stopped_backend_case(name, env, 8_600_000 + 10 * k)
+
+
+def stopped_backend_case(name, env, uid):
+    srv = server(name, THREADS=1, PG_STATEMENT_TIMEOUT_MS=1000, **env)
     pid = None
     try:
         vid = voucher(srv, 50)
-        if srv.seckill(vid, 8_600_000).status != 200:
-            fail("the first sale failed")
+        if srv.seckill(vid, uid).status != 200:
+            fail(f"{name}: the first sale failed")
         pids = [int(p[0]) for p in psql(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'blackhole-pg' "
+            f"SELECT pid FROM pg_stat_activity WHERE application_name = '{name}' "
             "AND backend_type = 'client backend'")]
         if len(pids) != 1:
-            fail(f"expected the one worker's backend, found {pids}")
+            fail(f"{name}: expected the one worker's backend, found {pids}")
         pid = pids[0]
         os.kill(pid, signal.SIGSTOP)
         t0 = time.monotonic()
         try:
-            r = answer(srv.seckill(vid, 8_600_001, timeout=8))
+            r = answer(srv.seckill(vid, uid + 1, timeout=8))
         except OSError as e:
             r = answer(e)
         took = time.monotonic() - t0
         if r != (503, "unavailable") or took > 3.0:
-            fail(f"a buyer on a stopped backend: {r} after {took:.1f}s (bound: 1 s statement "
-                 "timeout + 1 s)")
-        print(f"  stopped backend: 503 after {took:.2f}s (bound 2 s)", flush=True)
+            fail(f"{name}: a buyer on a stopped backend: {r} after {took:.1f}s (bound: 1 s "
+                 "statement timeout + 1 s)")
+        print(f"  {name}: stopped backend: 503 after {took:.2f}s (bound 2 s)", flush=True)
         t0 = time.monotonic()
         g = srv.get(f"/voucher/{vid}", timeout=8)
         if g.status != 200 or time.monotonic() - t0 > 3.0:
-            fail(f"the worker's next request: {g.status} after {time.monotonic() - t0:.1f}s")
+            fail(f"{name}: the worker's next request: {g.status} after "
+                 f"{time.monotonic() - t0:.1f}s")
     finally:
         if pid is not None:
             os.kill(pid, signal.SIGCONT)
@@ -578,9 +587,9 @@ def a_stopped_postgres_backend_frees_its_worker_within_the_bound():
     # The stopped backend ran what it had been sent once resumed: an
     # answer of unknown outcome, whole or not at all.
     time.sleep(0.5)
-    orders = orders_of(vid, 8_600_001)
+    orders = orders_of(vid, uid + 1)
     if orders > 1 or stock_of(vid) != 50 - 1 - orders:
-        fail(f"after the resume: orders {orders}, stock {stock_of(vid)}")
+        fail(f"{name}: after the resume: orders {orders}, stock {stock_of(vid)}")
 
 
 # ---------------------------------------------------------------- 4. the fencing gap
