@@ -224,7 +224,8 @@ static void send_batch(conn_set *cs, scratch *s)
     s->pg = conn_pg(cs);
     s->call.sent = -1;
     if (s->pg != NULL)
-        store_order_batch_send(s->pg, s->orders, (size_t)s->nsend, &s->call);
+        store_order_batch_send(s->pg, s->orders, (size_t)s->nsend, g_cfg.batch_early_lock_release,
+                               &s->call);
 }
 
 /* Reads the outcome of the batch's statement into s->results. */

@@ -161,6 +161,10 @@ static const option_def options[] = {
       "batched: buyers settled in one transaction at most" },
     { "BATCH_WINDOW_US", "batch-window-us", OPT_INT, F(batch_window_us), 0, 1000000, "1000",
       "batched: how long a batch gathers buyers (microseconds)" },
+    { "BATCH_EARLY_LOCK_RELEASE", "batch-early-lock-release", OPT_BOOL,
+      F(batch_early_lock_release), 0, 1, "0",
+      "batched: a batch commits without waiting for the WAL flush, so the voucher row is free "
+      "at once; a second transaction waits for the flush before anyone is answered" },
     { "BATCH_PIPELINE", "batch-pipeline", OPT_BOOL, F(batch_pipeline), 0, 1, "1",
       "batched: the next batch gathers and takes its locks and ids while the one before it "
       "commits; 0: one batch at a time" },

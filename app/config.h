@@ -81,6 +81,7 @@ typedef struct config {
     int early_lock_release;     /* optimistic: async commit, then wait for the flush */
     int batch_window_us;        /* batched: how long a batch gathers buyers */
     int batch_pipeline;         /* batched: overlap a batch's commit with the next */
+    int batch_early_lock_release; /* batched: async commit, then wait for the flush */
     char redis_order_durability[8]; /* redis: "aof", "wait" or "none" */
     int redis_order_wait_replicas;
     int redis_order_wait_ms;

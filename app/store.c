@@ -137,6 +137,18 @@ static const statement statements[] = {
       "    ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token"
       "     WHERE tb_lock_fence.token <= EXCLUDED.token" },
 
+    /* Early lock release for a batch (BATCH_EARLY_LOCK_RELEASE): first in
+     * its transaction, so that the commit does not wait for the flush and
+     * the voucher row is free at the in-memory commit; wait_durable_any,
+     * in a transaction of its own behind it, waits for the flush before
+     * anyone is answered. */
+    { "async_commit", 0, "SELECT set_config('synchronous_commit', 'off', true)" },
+    { "wait_durable_any", 1,
+      "SELECT o.found,"
+      "       CASE WHEN o.found THEN pg_logical_emit_message(true, 'seckill.durable', '') END"
+      "  FROM (SELECT EXISTS (SELECT 1 FROM tb_voucher_order"
+      "                        WHERE id = ANY ($1::bigint[])) AS found) o" },
+
     /* The voucher row is locked first (FOR UPDATE), so 'win' counts against
      * the latest stock; no one wins outside the sale window ('b'efore it
      * began, 'e'nded).
@@ -872,7 +884,8 @@ static char *array_text(size_t n, const store_order *o, int field)
     return buf;
 }
 
-int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n, store_batch_call *call)
+int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n, int early,
+                           store_batch_call *call)
 {
     char v[24];
     char *ids = array_text(n, orders, 0), *users = array_text(n, orders, 1);
@@ -883,17 +896,23 @@ int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n, stor
 
     call->t0_us = util_mono_us();
     call->sent = -1;
+    call->early = early;
     snprintf(v, sizeof v, "%" PRId64, n > 0 ? orders[0].voucher_id : 0);
     snprintf(horizon, sizeof horizon, "%ld", n > 0 ? orders[0].fence_horizon_ms : 0L);
     for (size_t i = 0; i < n && !fenced; i++)
         fenced = orders[i].fence_key != NULL;
-    /* fence_batch, then order_batch, one transaction, one round trip. */
+    /* fence_batch, then order_batch, one transaction, one round trip;
+     * early, the flush wait follows as a second transaction (a segment of
+     * its own), in the same round trip. */
     if (!PQenterPipelineMode(pg)) {
         log_warn("store: order_batch (pipeline): %s", PQerrorMessage(pg));
         goto cleanup;
     }
-    if ((!fenced || PQsendQueryPrepared(pg, "fence_batch", 3, &vals[3], NULL, NULL, 0)) &&
-        PQsendQueryPrepared(pg, "order_batch", 5, vals, NULL, NULL, 0) && PQpipelineSync(pg))
+    if ((!early || PQsendQueryPrepared(pg, "async_commit", 0, NULL, NULL, NULL, 0)) &&
+        (!fenced || PQsendQueryPrepared(pg, "fence_batch", 3, &vals[3], NULL, NULL, 0)) &&
+        PQsendQueryPrepared(pg, "order_batch", 5, vals, NULL, NULL, 0) && PQpipelineSync(pg) &&
+        (!early || (PQsendQueryPrepared(pg, "wait_durable_any", 1, &vals[1], NULL, NULL, 0) &&
+                    PQpipelineSync(pg))))
         rc = call->sent = 0;
 cleanup:
     free(ids);
@@ -936,21 +955,30 @@ store_status store_order_batch_recv(PGconn *pg, const store_batch_call *call, si
                                     store_status *results)
 {
     store_status st;
-    PGresult *res = NULL;
-    int synced = 0;
+    PGresult *res = NULL, *dur = NULL;
+    int synced = 0, dsynced = 0, durable;
 
     if (call->sent == 0)
         res = segment_read_until(pg, call_until(call), &synced);
+    if (synced && call->early)
+        dur = segment_read_until(pg, call_until(call), &dsynced);
     rec_backend(REC_PG, util_mono_us() - call->t0_us, synced);
     if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
         (size_t)PQntuples(res) != n) {
         st = result_error(pg, res, "order_batch");
         goto cleanup;
     }
+    /* Early: the orders stand only once the flush wait found them. A
+     * failed wait leaves them of unknown outcome (503), and none was
+     * found when the commit failed after the statement: 503 as well, and
+     * never the one-by-one retry, which would find committed orders. */
+    durable = !call->early ||
+              (dsynced && PQresultStatus(dur) == PGRES_TUPLES_OK && PQntuples(dur) == 1 &&
+               PQgetvalue(dur, 0, 0)[0] == 't');
     for (size_t i = 0; i < n; i++) {
         switch (PQgetvalue(res, (int)i, 1)[0]) {
         case 'o':
-            results[i] = STORE_OK;
+            results[i] = durable ? STORE_OK : STORE_UNAVAILABLE;
             break;
         case 'd':
             results[i] = STORE_DUPLICATE;
@@ -969,9 +997,13 @@ store_status store_order_batch_recv(PGconn *pg, const store_batch_call *call, si
             break;
         }
     }
+    if (!durable)
+        log_warn("store: a batch's flush wait failed or found none of its orders: its orders "
+                 "are answered 503 (%s)", dur != NULL ? PQresultErrorMessage(dur) : "no answer");
     st = STORE_OK;
 cleanup:
     PQclear(res);
+    PQclear(dur);
     return st;
 }
 
@@ -980,7 +1012,7 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
 {
     store_batch_call call;
 
-    store_order_batch_send(pg, orders, n, &call);
+    store_order_batch_send(pg, orders, n, 0, &call);
     return store_order_batch_recv(pg, &call, n, results);
 }
 

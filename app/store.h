@@ -139,9 +139,15 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
  * trip's bound counts from the send. 'pg' carries nothing else meanwhile. */
 typedef struct store_batch_call {
     int sent;               /* 0: queued; -1: not sent */
+    int early;              /* early lock release */
     int64_t t0_us;          /* when it was sent, monotonic */
 } store_batch_call;
-int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n, store_batch_call *call);
+/* 'early': the batch commits without waiting for its WAL flush (the voucher
+ * row is free at the in-memory commit), and a second transaction in the
+ * same round trip waits for the flush; an order whose flush wait failed is
+ * answered STORE_UNAVAILABLE in 'results'. */
+int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n, int early,
+                           store_batch_call *call);
 int store_order_batch_wait(PGconn *pg, const store_batch_call *call, int64_t timeout_us);
 store_status store_order_batch_recv(PGconn *pg, const store_batch_call *call, size_t n,
                                     store_status *results);

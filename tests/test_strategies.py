@@ -327,6 +327,51 @@ def early_lock_release_frees_the_row_before_the_flush_and_answers_after_it():
 
 
 @test
+def batched_early_lock_release_commits_before_the_flush_and_answers_after_it():
+    """BATCH_EARLY_LOCK_RELEASE=1: while the flush cannot be confirmed, a
+    batch of instance A is committed and visible, and the row is free: a
+    batch of instance B commits too; nobody is answered. With =0, A's batch
+    is invisible and B's waits on the row. All six get 200 once the wait
+    ends, and the stock is exact."""
+    for early in ("1", "0"):
+        env = {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "batched", "BATCH_MAX": 3,
+               "BATCH_WINDOW_US": 1000000, "BATCH_EARLY_LOCK_RELEASE": early,
+               "PG_STATEMENT_TIMEOUT_MS": 20000}
+        a = ss.Server(f"strat-belr{early}a", env)
+        b = ss.Server(f"strat-belr{early}b", env)
+        answers, threads = [], []
+        try:
+            vid = create_voucher(a, 10)
+            base = 9_400_000 + 100 * int(early)
+            for srv, uid in ((a, base + 98), (b, base + 99)):   # the voucher cached in both
+                if srv.seckill(vid, uid).status != 200:
+                    fail(f"BATCH_EARLY_LOCK_RELEASE={early}: the sale before the block failed")
+            with flush_blocked():
+                for uid in range(base, base + 3):
+                    threads.append(buy_in_background(a, vid, uid, answers))
+                time.sleep(1.0)
+                for uid in range(base + 3, base + 6):
+                    threads.append(buy_in_background(b, vid, uid, answers))
+                time.sleep(1.5)
+                got = db_state(vid)
+                if answers:
+                    fail(f"BATCH_EARLY_LOCK_RELEASE={early}: answered before the flush: "
+                         f"{[(r.status, r.body) for r in answers]}")
+                want = (8, 2, 0) if early == "1" else (2, 8, 0)
+                if got != want:
+                    fail(f"BATCH_EARLY_LOCK_RELEASE={early}: while the flush waits, db {got}, "
+                         f"want {want}")
+            for t in threads:
+                t.join(15)
+            if sorted(r.status for r in answers) != [200] * 6 or db_state(vid) != (8, 2, 0):
+                fail(f"BATCH_EARLY_LOCK_RELEASE={early}: after the wait "
+                     f"{[(r.status, r.body) for r in answers]}, db {db_state(vid)}")
+        finally:
+            a.stop_ok()
+            b.stop_ok()
+
+
+@test
 def batched_sells_exactly_the_stock_across_two_instances():
     env = {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "batched", "THREADS": 32, "LOG_LEVEL": "warn"}
     a, b = ss.Server("batch-a", env), ss.Server("batch-b", env)
