@@ -372,6 +372,46 @@ def batched_early_lock_release_commits_before_the_flush_and_answers_after_it():
 
 
 @test
+def batched_early_release_answers_503_when_its_flush_wait_is_cut():
+    """BATCH_EARLY_LOCK_RELEASE=1: a batch has committed and waits for its
+    flush; its Postgres backend is terminated meanwhile. Its buyers get 503
+    (whether their orders stand they cannot be told), never 200 and never a
+    one-by-one retry; the orders committed stand, the stock exact."""
+    env = {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "batched", "BATCH_MAX": 3,
+           "BATCH_WINDOW_US": 1000000, "BATCH_EARLY_LOCK_RELEASE": 1,
+           "PG_STATEMENT_TIMEOUT_MS": 20000}
+    srv = ss.Server("strat-belr-cut", env)
+    answers, threads = [], []
+    try:
+        vid = create_voucher(srv, 10)
+        base = 9_500_000
+        if srv.seckill(vid, base + 99).status != 200:
+            fail("the sale before the block failed")
+        with flush_blocked():
+            for uid in range(base, base + 3):
+                threads.append(buy_in_background(srv, vid, uid, answers))
+            deadline = time.monotonic() + 10
+            while psql_value("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                             "'strat-belr-cut' AND wait_event = 'SyncRep'") != "1":
+                if time.monotonic() > deadline:
+                    fail("the batch's flush wait never started")
+                time.sleep(0.05)
+            psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name"
+                 " = 'strat-belr-cut' AND wait_event = 'SyncRep'")
+            for t in threads:
+                t.join(15)
+        got = sorted((r.status, r.body.get("error")) for r in answers)
+        if got != [(503, "unavailable")] * 3:
+            fail(f"buyers whose flush wait was cut: {got}, want three 503s")
+        orders, stock, dups = db_state(vid)
+        if (orders, stock, dups) != (4, 6, 0):
+            fail(f"after the cut wait: db {(orders, stock, dups)}, want the batch committed "
+                 "(4, 6, 0)")
+    finally:
+        srv.stop_ok()
+
+
+@test
 def batched_sells_exactly_the_stock_across_two_instances():
     env = {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "batched", "THREADS": 32, "LOG_LEVEL": "warn"}
     a, b = ss.Server("batch-a", env), ss.Server("batch-b", env)
