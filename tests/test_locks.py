@@ -407,6 +407,18 @@ def pg_advisory_lock_goes_with_its_session():
             f"AND classid = {user >> 32} AND objid = {user & 0xffffffff} AND granted")
         if killed != "1":
             fail(f"A's session holding the lock: {killed} found")
+        # pg_terminate_backend only signals the backend: the lock goes when
+        # it has exited, which a loaded machine may take a moment to do.
+        held = "1"
+        for _ in range(100):
+            held = psql_value(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                f"AND classid = {user >> 32} AND objid = {user & 0xffffffff} AND granted")
+            if held == "0":
+                break
+            time.sleep(0.05)
+        if held != "0":
+            fail("A's advisory lock outlived its terminated session by 5 s")
         rb = b.seckill(vid, user)
         t.join(10)
         ra = out.get("a")
