@@ -154,6 +154,14 @@ static const option_def options[] = {
       100, 3600000, "20000", "redis: orders delivered to a consumer that has not acknowledged "
       "them for this long are claimed by another (XAUTOCLAIM); must exceed the slowest batch, "
       "3 x (PG_STATEMENT_TIMEOUT_MS + 1000)" },
+    { "CONSUMER_RETRY_MAX_MS", "consumer-retry-max-ms", OPT_INT, F(consumer_retry_max_ms), 10,
+      600000, "5000", "redis: a batch Postgres refuses for now (read-only, a lock or statement "
+      "timeout, a lost connection) stays pending and is tried again after a pause that doubles "
+      "from 50 ms up to this (jittered; at most half of CONSUMER_CLAIM_IDLE_MS), for as long as "
+      "it takes" },
+    { "STREAM_BACKLOG_MAX", "stream-backlog-max", OPT_INT, F(stream_backlog_max), 0, 100000000,
+      "200000", "redis: with more admitted orders than this not yet in Postgres, admission "
+      "answers 503 and /ready is not ready until the consumers catch up (0: no bound)" },
     { "EARLY_LOCK_RELEASE", "early-lock-release", OPT_BOOL, F(early_lock_release), 0, 1, "1",
       "optimistic: commit without waiting for the WAL flush, so the voucher row is free at once; "
       "answer only after the flush (0: the row lock is held through the flush)" },

@@ -17,10 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
-#define RETRY_PAUSE_MS 200            /* after a failure of Redis or Postgres */
-#define DURABILITY_CHECK_MS 1000
-#define SINGLE_ATTEMPTS 3             /* an entry alone, Postgres answering, before it is poison */
+#define RETRY_PAUSE_MS 200            /* after a failure of Redis */
+#define RETRY_FIRST_MS 50             /* the first pause after Postgres refused for now */
+#define WATCH_EVERY_MS 1000           /* stock_redis_watch: durability and backlog */
 #define TRIM_EVERY_MS 200             /* settled entries leave the stream (stream_trim.lua) */
 
 static pthread_t thread;
@@ -43,6 +44,8 @@ typedef struct consumer {
     char name[128];                   /* consumer name in the group */
     char cursor[48];                  /* XAUTOCLAIM's, between rounds */
     int own_pending;                  /* entries delivered to us and not settled */
+    int retry_ms;                     /* the last pause after Postgres refused; 0: none */
+    unsigned seed;                    /* the pauses' jitter */
     int64_t next_claim_us, next_check_us, next_trim_us;
     int64_t next_read_us;             /* next read of new entries: CONSUMER_LINGER_MS
                                        * after the last, 0 after a full one */
@@ -339,6 +342,11 @@ static void landed(consumer *k, const int *idx, int n)
         rec_landed((now - id_ms(k->e[idx[i]].id)) * 1000);
 }
 
+/* Why Postgres refused an order for good: a refusal that will recur
+ * whenever it is tried (the data says no). NULL for every other outcome:
+ * a refusal for now (read-only, a lock or statement timeout, a
+ * serialization failure, a lost connection, a shutdown), after which the
+ * order stays pending and is tried again. */
 static const char *poison_reason(store_status st)
 {
     switch (st) {
@@ -349,67 +357,89 @@ static const char *poison_reason(store_status st)
     case STORE_DUPLICATE:
         return "the user already has another order of this voucher";
     case STORE_INVALID:
-        return "refused by a constraint";
+        return "refused by a constraint, or its sale is newer than Postgres's";
     case STORE_CONFLICT:
         return "its order id belongs to another order (the id counter went back)";
     default:
-        return "Postgres refused it";
+        return NULL;
     }
 }
 
-/* Persists the entries idx[0..n-1] of one voucher. 0 when each is settled
- * (landed or dead-lettered), -1 when Postgres or Redis failed: the rest
- * stay pending to us. */
-static int persist(consumer *k, int64_t voucher_id, const int *idx, int n)
+/* Entries of a sale that a reset ended: dropped, never written. */
+static int drop_stale(consumer *k, int64_t voucher_id, const int *idx, int n)
+{
+    if (settle(k, idx, n, voucher_id, 0, NULL) != 0)
+        return -1;
+    for (int i = 0; i < n; i++)
+        rec_note(REC_STREAM_STALE);
+    log_info("consumer: dropped %d orders of voucher %" PRId64 " from before its reset", n,
+             voucher_id);
+    return 0;
+}
+
+/* After a refusal for now: the connection is dropped when it is gone (the
+ * next try opens one, through PG_DSN's hosts), and the entries stay pending. */
+static int refused_for_now(consumer *k, PGconn *pg)
+{
+    if (PQstatus(pg) != CONNECTION_OK)
+        pg_drop(k);
+    rec_note(REC_STREAM_RETRY);
+    return -1;
+}
+
+/* Persists the entries idx[0..n-1] of one voucher and one sale. 0 when
+ * each is settled (landed, dropped as stale, or dead-lettered), -1 when
+ * Postgres refused for now or Redis failed: the rest stay pending to us. */
+static int persist(consumer *k, int64_t voucher_id, int64_t gen, const int *idx, int n)
 {
     int64_t inserted;
     store_status st;
     PGconn *pg;
 
-    if ((pg = pg_get(k)) == NULL)
+    if ((pg = pg_get(k)) == NULL) {
+        rec_note(REC_STREAM_RETRY);
         return -1;
+    }
     for (int i = 0; i < n; i++) {
         const entry *e = &k->e[idx[i]];
         k->orders[i] = (store_order){ .order_id = e->order_id, .voucher_id = voucher_id,
                                       .user_id = e->user_id };
     }
-    st = store_orders_persist(pg, voucher_id, k->orders, (size_t)n, &inserted);
+    st = store_orders_persist(pg, voucher_id, gen, k->orders, (size_t)n, &inserted);
     if (st == STORE_OK) {
         landed(k, idx, n);
         return settle(k, idx, n, voucher_id, n, NULL);
     }
-    if (PQstatus(pg) != CONNECTION_OK) {
-        pg_drop(k);
-        return -1;
-    }
-    /* Refused as a whole: one by one, so that the one that cannot be
-     * persisted is found and set aside, and the others land. */
+    if (st == STORE_STALE_SALE)
+        return drop_stale(k, voucher_id, idx, n);
+    if (poison_reason(st) == NULL)
+        return refused_for_now(k, pg);
+    /* Refused for good as a whole: one by one, so that the one that cannot
+     * be persisted is found and set aside, and the others land. */
     log_warn("consumer: batch of %d orders of voucher %" PRId64 " refused (%d): one by one", n,
              voucher_id, (int)st);
     for (int i = 0; i < n; i++) {
-        int attempts = 0;
-        do {
-            st = store_orders_persist(pg, voucher_id, &k->orders[i], 1, &inserted);
-            if (st != STORE_UNAVAILABLE)
-                break;
-            if (PQstatus(pg) != CONNECTION_OK) {
-                pg_drop(k);
-                return -1;
-            }
-        } while (++attempts < SINGLE_ATTEMPTS);
+        const char *why;
+        st = store_orders_persist(pg, voucher_id, gen, &k->orders[i], 1, &inserted);
         if (st == STORE_OK) {
             landed(k, &idx[i], 1);
             if (settle(k, &idx[i], 1, voucher_id, 1, NULL) != 0)
                 return -1;
-        } else if (dead_letter(k, idx[i], poison_reason(st)) != 0) {
+        } else if (st == STORE_STALE_SALE) {
+            if (drop_stale(k, voucher_id, &idx[i], 1) != 0)
+                return -1;
+        } else if ((why = poison_reason(st)) == NULL) {
+            return refused_for_now(k, pg);
+        } else if (dead_letter(k, idx[i], why) != 0) {
             return -1;
         }
     }
     return 0;
 }
 
-/* Settles the 'n' entries in k->e: per voucher, the stale ones dropped,
- * the others persisted. 0, or -1 when something stays pending. */
+/* Settles the 'n' entries in k->e: per voucher and sale, persisted (or
+ * dropped, when Postgres says a reset ended their sale). 0, or -1 when
+ * something stays pending. */
 static int process(consumer *k, int n)
 {
     int *idx = xmalloc(sizeof *idx * (size_t)(n > 0 ? n : 1));
@@ -417,47 +447,19 @@ static int process(consumer *k, int n)
 
     for (int i = 0; i < n && rc == 0; i++) {
         entry *e = &k->e[i];
+        int m = 0;
         if (e->done)
             continue;
         if (!e->readable) {
             rc = dead_letter(k, i, "unreadable entry");
             continue;
         }
-        /* This voucher's entries, and its current sale's generation. */
-        int64_t vid = e->voucher_id, gen = 0;
-        int m = 0, stale = 0;
-        char key[96];
-        redisReply *r;
-
-        stock_redis_key(key, sizeof key, vid, ":gen");
-        r = redisCommand(k->c, "GET %s", key);
-        if (r == NULL || (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_NIL)) {
-            freeReplyObject(r);
-            rc = -1;
-            break;
-        }
-        gen = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : 0;
-        freeReplyObject(r);
-        for (int j = i; j < n; j++) {
-            if (k->e[j].done || !k->e[j].readable || k->e[j].voucher_id != vid)
-                continue;
-            if (k->e[j].gen == gen)
+        /* This voucher's entries of the same sale. */
+        for (int j = i; j < n; j++)
+            if (!k->e[j].done && k->e[j].readable && k->e[j].voucher_id == e->voucher_id &&
+                k->e[j].gen == e->gen)
                 idx[m++] = j;
-            else
-                idx[n - 1 - stale++] = j;       /* from the end: disjoint from the front */
-        }
-        if (stale > 0) {
-            if (settle(k, &idx[n - stale], stale, vid, 0, NULL) != 0) {
-                rc = -1;
-                break;
-            }
-            for (int s = 0; s < stale; s++)
-                rec_note(REC_STREAM_STALE);
-            log_info("consumer: dropped %d orders of voucher %" PRId64 " from before its reset",
-                     stale, vid);
-        }
-        if (m > 0)
-            rc = persist(k, vid, idx, m);
+        rc = persist(k, e->voucher_id, e->gen, idx, m);
     }
     free(idx);
     return rc;
@@ -479,19 +481,34 @@ static void trim(consumer *k)
     freeReplyObject(r);
 }
 
-/* One round: claim what crashed consumers left, else our own pending
+/* The pause after Postgres refused a batch for now: doubling from
+ * RETRY_FIRST_MS up to CONSUMER_RETRY_MAX_MS (and half the claim bound,
+ * so that other consumers do not take over entries that are merely
+ * waiting), each a random point in its upper half so that the consumers
+ * of several instances do not come back in step. */
+static int next_retry_ms(consumer *k)
+{
+    int cap = g_cfg.consumer_retry_max_ms, half_claim = g_cfg.consumer_claim_idle_ms / 2;
+
+    if (cap > half_claim)
+        cap = half_claim;
+    if (cap < RETRY_FIRST_MS)
+        cap = RETRY_FIRST_MS;
+    k->retry_ms = k->retry_ms == 0 ? RETRY_FIRST_MS : k->retry_ms * 2;
+    if (k->retry_ms > cap)
+        k->retry_ms = cap;
+    return k->retry_ms / 2 + (int)(rand_r(&k->seed) % (unsigned)(k->retry_ms / 2 + 1));
+}
+
+/* Consuming: claim what crashed consumers left, else our own pending
  * entries, else new ones; persist them. */
-static void round_once(consumer *k)
+static void consume(consumer *k)
 {
     int64_t now = util_mono_us();
     int block = g_cfg.redis_timeout_ms / 2 < 200 ? g_cfg.redis_timeout_ms / 2 : 200;
     int n = 0;
 
-    if (now >= k->next_check_us) {
-        k->next_check_us = now + DURABILITY_CHECK_MS * 1000LL;
-        stock_redis_check_durability(k->c);
-    }
-    if (k->c->err == 0 && now >= k->next_claim_us) {
+    if (now >= k->next_claim_us) {
         int every = g_cfg.consumer_claim_idle_ms / 4;
         k->next_claim_us = now + (int64_t)(every < 100 ? 100 : every) * 1000;
         n = claim(k);
@@ -512,7 +529,10 @@ static void round_once(consumer *k)
     }
     if (n > 0 && process(k, n) != 0) {
         k->own_pending = 1;
-        pause_ms(RETRY_PAUSE_MS);
+        if (k->c->err == 0)
+            linger_until(util_mono_us() + (int64_t)next_retry_ms(k) * 1000);
+    } else if (n > 0) {
+        k->retry_ms = 0;
     }
     if (n < 0 && k->c->err == 0)
         pause_ms(RETRY_PAUSE_MS);
@@ -520,7 +540,31 @@ static void round_once(consumer *k)
         k->next_trim_us = now + TRIM_EVERY_MS * 1000LL;
         trim(k);
     }
-    if (k->c->err)
+}
+
+/* One round: the watch when it is due (on every instance that admits),
+ * then consuming (CONSUMERS=1) or a pause. A context that no longer leads
+ * to the master (a Sentinel failover) is dropped like a failed one. */
+static void round_once(consumer *k)
+{
+    int64_t now = util_mono_us();
+
+    if (now >= k->next_check_us) {
+        k->next_check_us = now + WATCH_EVERY_MS * 1000LL;
+        stock_redis_watch(k->c);
+        if (k->c->err == 0 && !conn_redis_current(k->c)) {
+            log_warn("consumer: the Redis master changed: reconnecting");
+            redis_drop(k);
+            return;
+        }
+    }
+    if (k->c->err == 0) {
+        if (g_cfg.consumers > 0)
+            consume(k);
+        else
+            linger_until(k->next_check_us);
+    }
+    if (k->c != NULL && k->c->err)
         redis_drop(k);
 }
 
@@ -529,16 +573,18 @@ static void *consumer_main(void *arg)
     consumer *k = arg;
     char err[256];
 
-    util_thread_name("sk-consumer");
+    util_thread_name(g_cfg.consumers > 0 ? "sk-consumer" : "sk-watch");
     while (!atomic_load(&stop_flag)) {
         if (k->c == NULL) {
-            if ((k->c = conn_redis_open(err, sizeof err)) == NULL || ensure_group(k->c) != 0) {
+            if ((k->c = conn_redis_open(err, sizeof err)) == NULL ||
+                (g_cfg.consumers > 0 && ensure_group(k->c) != 0)) {
                 if (k->c != NULL)
                     redis_drop(k);
                 pause_ms(RETRY_PAUSE_MS);
                 continue;
             }
             k->own_pending = 1;
+            k->next_check_us = 0;
         }
         round_once(k);
     }
@@ -556,7 +602,7 @@ int consumer_start(void)
     char err[256];
     consumer *k;
 
-    if (g_cfg.stock_strategy != STOCKS_REDIS || g_cfg.consumers == 0 || running)
+    if (g_cfg.stock_strategy != STOCKS_REDIS || running)
         return 0;
     if (script_file_load(&trim_script, g_cfg.lua_dir, trim_script.name, err, sizeof err) != 0) {
         log_error("consumer: %s", err);
@@ -568,6 +614,7 @@ int consumer_start(void)
      * are claimed once idle, like any dead consumer's. */
     snprintf(k->name, sizeof k->name, "%s:%.8s", g_cfg.instance_id, g_cfg.instance_uuid);
     snprintf(k->cursor, sizeof k->cursor, "0-0");
+    k->seed = (unsigned)util_mono_us() ^ (unsigned)getpid();
     k->e = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->e);
     k->orders = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->orders);
     k->argv = xcalloc((size_t)g_cfg.consumer_batch_max + 3, sizeof *k->argv);
@@ -577,11 +624,17 @@ int consumer_start(void)
         free(k->orders);
         free(k->argv);
         free(k);
+        log_error("consumer: cannot start its thread");
         return -1;
     }
     running = 1;
-    log_info("consumer %s: persisting %s in batches of up to %d (claim after %d ms idle)",
-             k->name, STOCK_REDIS_STREAM, g_cfg.consumer_batch_max, g_cfg.consumer_claim_idle_ms);
+    if (g_cfg.consumers > 0)
+        log_info("consumer %s: persisting %s in batches of up to %d (claim after %d ms idle)",
+                 k->name, STOCK_REDIS_STREAM, g_cfg.consumer_batch_max,
+                 g_cfg.consumer_claim_idle_ms);
+    else
+        log_info("consumer: none in this instance (CONSUMERS=0); it watches Redis's durability "
+                 "and the stream's backlog");
     return 0;
 }
 

@@ -7,6 +7,8 @@
 #include "rec.h"
 #include "conn.h"
 #include "sentinel.h"
+#include "stock.h"
+#include "stock_redis.h"
 #include "util.h"
 #include "version.h"
 
@@ -338,6 +340,26 @@ static void write_stream(FILE *f)
                   "that did not land.", rec_event_count(REC_STREAM_DEAD_LETTER));
     write_counter(f, "seckill_stream_stale_total", "Stream entries of a sale reset since, dropped.",
                   rec_event_count(REC_STREAM_STALE));
+    write_counter(f, "seckill_stream_retries_total",
+                  "Batches Postgres refused for now (read-only, a timeout, a lost connection): "
+                  "kept pending and tried again.", rec_event_count(REC_STREAM_RETRY));
+    if (stock_keeps_vouchers()) {
+        stock_redis_figures w;
+        stock_redis_watch_get(&w);
+        family(f, "seckill_stream_backlog", "gauge",
+               "Admitted orders not yet in Postgres, as this instance last read it (-1: unknown).");
+        fprintf(f, "seckill_stream_backlog %" PRId64 "\n", w.backlog);
+        family(f, "seckill_stream_oldest_unsettled_seconds", "gauge",
+               "Age of the oldest admitted order not yet in Postgres (0: none; -1: unknown).");
+        fprintf(f, "seckill_stream_oldest_unsettled_seconds %.3f\n",
+                w.oldest_ms < 0 ? -1.0 : (double)w.oldest_ms / 1000.0);
+        family(f, "seckill_stream_backlog_max", "gauge",
+               "STREAM_BACKLOG_MAX: past it admission answers 503 (0: no bound).");
+        fprintf(f, "seckill_stream_backlog_max %d\n", g_cfg.stream_backlog_max);
+        family(f, "seckill_redis_first_admitting", "gauge",
+               "1 while this instance admits orders (Redis durable, backlog within its bound).");
+        fprintf(f, "seckill_redis_first_admitting %d\n", w.durable && !w.over_backlog);
+    }
     family(f, "seckill_stream_ack_to_row_seconds", "histogram",
            "From an order's acknowledgement (its stream entry) to its row's commit.");
     write_histogram(f, "seckill_stream_ack_to_row_seconds", "", &lag);
@@ -559,6 +581,7 @@ void expo_counters_json(cJSON *obj)
         cJSON_AddNumberToObject(c, "deadLettered",
                                 (double)rec_event_count(REC_STREAM_DEAD_LETTER));
         cJSON_AddNumberToObject(c, "stale", (double)rec_event_count(REC_STREAM_STALE));
+        cJSON_AddNumberToObject(c, "retries", (double)rec_event_count(REC_STREAM_RETRY));
         cJSON_AddNumberToObject(c, "lagMsLast", (double)last_us / 1000.0);
         cJSON_AddNumberToObject(c, "lagMsMax", (double)max_us / 1000.0);
         cJSON_AddNumberToObject(c, "lagMsMean",

@@ -10,6 +10,7 @@
 #include "log.h"
 #include "stats.h"
 #include "stock.h"
+#include "stock_redis.h"
 #include "store.h"
 #include "util.h"
 #include "vcache.h"
@@ -99,6 +100,30 @@ static http_outcome f_ready(http_req *r, const char *arg, size_t arg_len)
     return HTTP_PASS;
 }
 
+/* Redis-first admits while Redis is durable and the orders not yet in
+ * Postgres stay within STREAM_BACKLOG_MAX, whether or not Postgres
+ * answers: it is ready then, and says how Postgres and the backlog are. */
+static http_outcome redis_first_ready(http_req *r, int pg_ok)
+{
+    stock_redis_figures w;
+    cJSON *o;
+
+    stock_redis_watch_get(&w);
+    if (!w.durable)
+        return http_send_error(r, API_UNAVAILABLE, "redis does not acknowledge orders durably");
+    if (w.over_backlog)
+        return http_send_error(r, API_UNAVAILABLE,
+                               "too many admitted orders not yet in postgres (STREAM_BACKLOG_MAX)");
+    o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "ready");
+    cJSON_AddStringToObject(o, "postgres", pg_ok ? "ok" : "unreachable: orders queue in redis");
+    cJSON_AddStringToObject(o, "redis", "ok");
+    cJSON_AddNumberToObject(o, "backlog", (double)w.backlog);
+    cJSON_AddNumberToObject(o, "backlogMax", (double)g_cfg.stream_backlog_max);
+    cJSON_AddNumberToObject(o, "oldestUnsettledMs", (double)w.oldest_ms);
+    return http_send_json(r, 200, o);
+}
+
 static http_outcome h_ready(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs = conn_get();
@@ -121,6 +146,8 @@ static http_outcome h_ready(http_req *r, const char *arg, size_t arg_len)
         if (!redis_ok)
             conn_redis_broken(cs);
     }
+    if (redis_ok && stock_keeps_vouchers())
+        return redis_first_ready(r, pg_ok);
     if (!pg_ok || !redis_ok)
         return http_send_error(r, API_UNAVAILABLE,
                                !pg_ok && !redis_ok ? "postgres and redis unreachable"

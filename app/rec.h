@@ -47,6 +47,7 @@ enum rec_event {
     REC_STREAM_CLAIMED,      /* redis: a stream entry claimed from an idle consumer */
     REC_STREAM_DEAD_LETTER,  /* ... moved to the dead-letter stream (never persisted) */
     REC_STREAM_STALE,        /* ... of a sale since reset: dropped */
+    REC_STREAM_RETRY,        /* a batch Postgres refused for now: kept pending, tried again */
     REC_EVENT_COUNT
 };
 

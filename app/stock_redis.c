@@ -20,9 +20,17 @@ static script_file admit_script = { .name = "order_admit" };
 static script_file load_script = { .name = "stock_load" };
 
 /* The durability verdict, shared by the workers and written by whoever
- * checked last (the consumer, every second). */
-enum durability { DUR_UNKNOWN, DUR_OK, DUR_NOT };
+ * checked last (the watch, every second). DUR_UNCHECKED: Redis refuses
+ * CONFIG (a managed Redis that renamed or disabled it), so appendfsync
+ * cannot be read: not durable for "aof". */
+enum durability { DUR_UNKNOWN, DUR_OK, DUR_NOT, DUR_UNCHECKED };
 static atomic_int durability = DUR_UNKNOWN;
+
+/* What the watch found last (stock_redis_watch): the stream's unsettled
+ * orders and the age of the oldest, -1 until known; and whether the
+ * backlog is past STREAM_BACKLOG_MAX (admission answers 503 then). */
+static _Atomic int64_t watch_backlog = -1, watch_oldest_ms = -1;
+static atomic_int watch_over;
 
 /* Workers that may send admissions in lots at once (0: each its own
  * buyer's, alone). Set at start, read-only after. */
@@ -40,7 +48,9 @@ static int mode_is(const char *m)
     return strcmp(g_cfg.redis_order_durability, m) == 0;
 }
 
-/* CONFIG GET 'name' on 'c': its value copied to 'out'. 0, or -1. */
+/* CONFIG GET 'name' on 'c': its value copied to 'out'. 0; 1 when Redis
+ * refused the command (an error reply, e.g. CONFIG renamed away); -1 when
+ * Redis failed. */
 static int config_get(redisContext *c, const char *name, char *out, size_t n)
 {
     redisReply *r = redisCommand(c, "CONFIG GET %s", name);
@@ -53,7 +63,8 @@ static int config_get(redisContext *c, const char *name, char *out, size_t n)
         snprintf(out, n, "%s", r->element[1]->str);
         rc = 0;
     } else if (r->type == REDIS_REPLY_ERROR) {
-        log_warn("stock_redis: CONFIG GET %s: %s", name, r->str);
+        snprintf(out, n, "%s", r->str);
+        rc = 1;
     }
     freeReplyObject(r);
     return rc;
@@ -61,23 +72,50 @@ static int config_get(redisContext *c, const char *name, char *out, size_t n)
 
 int stock_redis_check_durability(redisContext *c)
 {
-    char aof[16], fsync[16];
-    int verdict;
+    char aof[128], fsync[128];
+    int verdict, rc, was;
 
     if (!mode_is("aof")) {
         atomic_store(&durability, DUR_OK);
         return 0;
     }
-    if (config_get(c, "appendonly", aof, sizeof aof) != 0 ||
-        config_get(c, "appendfsync", fsync, sizeof fsync) != 0)
+    if ((rc = config_get(c, "appendonly", aof, sizeof aof)) == 0)
+        rc = config_get(c, "appendfsync", fsync, sizeof fsync);
+    if (rc < 0)
         return -1;
-    verdict = strcmp(aof, "yes") == 0 && strcmp(fsync, "always") == 0 ? DUR_OK : DUR_NOT;
-    if (atomic_exchange(&durability, verdict) != verdict && verdict == DUR_NOT)
+    if (rc == 1)
+        verdict = DUR_UNCHECKED;
+    else
+        verdict = strcmp(aof, "yes") == 0 && strcmp(fsync, "always") == 0 ? DUR_OK : DUR_NOT;
+    was = atomic_exchange(&durability, verdict);
+    if (was != verdict && verdict == DUR_NOT)
         log_error("stock_redis: Redis runs appendonly %s, appendfsync %s: an order it "
                   "acknowledges may be lost in a crash, so orders are refused (503) until it "
                   "runs appendonly yes, appendfsync always (or set REDIS_ORDER_DURABILITY)",
                   aof, fsync);
+    else if (was != verdict && verdict == DUR_UNCHECKED)
+        log_error("stock_redis: Redis refuses CONFIG GET (%s), so its appendfsync cannot be "
+                  "checked: orders are refused (503). On a Redis without CONFIG (a managed "
+                  "one) use REDIS_ORDER_DURABILITY=wait: a replica acknowledges every order",
+                  aof);
+    else if (was != verdict && verdict == DUR_OK && was != DUR_UNKNOWN)
+        log_warn("stock_redis: Redis runs appendonly yes, appendfsync always again: orders "
+                 "are admitted");
     return verdict == DUR_OK ? 0 : 1;
+}
+
+static const char *durability_text(int d)
+{
+    switch (d) {
+    case DUR_OK:
+        return "durable";
+    case DUR_NOT:
+        return "not durable";
+    case DUR_UNCHECKED:
+        return "unchecked: CONFIG refused";
+    default:
+        return "unknown";
+    }
 }
 
 int stock_redis_start(char *err, size_t errlen)
@@ -104,8 +142,11 @@ int stock_redis_start(char *err, size_t errlen)
     if (c == NULL)
         return 0;
     if (stock_redis_check_durability(c) == 1) {
-        snprintf(err, errlen, "REDIS_ORDER_DURABILITY=aof needs Redis with appendonly yes and "
-                              "appendfsync always");
+        snprintf(err, errlen, "%s", atomic_load(&durability) == DUR_UNCHECKED
+                 ? "REDIS_ORDER_DURABILITY=aof cannot be checked on a Redis that refuses CONFIG: "
+                   "use REDIS_ORDER_DURABILITY=wait there"
+                 : "REDIS_ORDER_DURABILITY=aof needs Redis with appendonly yes and "
+                   "appendfsync always");
         redisFree(c);
         return -1;
     }
@@ -117,7 +158,7 @@ static int64_t int_reply(redisReply *r);
 
 /* The script's keys for a voucher. */
 typedef struct vkeys {
-    char hash[64], buyers[72], landed[72], gen[72];
+    char hash[64], buyers[72], landed[72];
 } vkeys;
 
 static void vkeys_fill(vkeys *k, int64_t voucher_id)
@@ -125,7 +166,6 @@ static void vkeys_fill(vkeys *k, int64_t voucher_id)
     stock_redis_key(k->hash, sizeof k->hash, voucher_id, "");
     stock_redis_key(k->buyers, sizeof k->buyers, voucher_id, ":buyers");
     stock_redis_key(k->landed, sizeof k->landed, voucher_id, ":landed");
-    stock_redis_key(k->gen, sizeof k->gen, voucher_id, ":gen");
 }
 
 /* Runs stock_load.lua. Its integer reply, or -2 when Redis failed. */
@@ -134,7 +174,7 @@ static int run_load(redisContext *c, const vkeys *k, const char *mode, const sto
 {
     size_t argc = 14 + nbuyers, i;
     const char **argv = xmalloc(sizeof *argv * argc);
-    char (*num)[24] = xmalloc(sizeof *num * (6 + nbuyers));
+    char (*num)[24] = xmalloc(sizeof *num * (7 + nbuyers));
     redisReply *r;
     int rc = -2;
 
@@ -142,23 +182,24 @@ static int run_load(redisContext *c, const vkeys *k, const char *mode, const sto
     argv[1] = k->buyers;
     argv[2] = STOCK_REDIS_STREAM;
     argv[3] = k->landed;
-    argv[4] = k->gen;
-    argv[5] = mode;
+    argv[4] = mode;
     snprintf(num[0], sizeof num[0], "%" PRId64, v->voucher_id);
     snprintf(num[1], sizeof num[1], "%" PRId64, v->stock);
     snprintf(num[2], sizeof num[2], "%" PRId64, v->initial_stock);
     snprintf(num[3], sizeof num[3], "%" PRId64, v->begin_time);
     snprintf(num[4], sizeof num[4], "%" PRId64, v->end_time);
     snprintf(num[5], sizeof num[5], "%" PRId64, landed);
+    snprintf(num[6], sizeof num[6], "%" PRId64, v->sale_gen);
     for (i = 0; i < 6; i++)
-        argv[6 + i] = num[i];
-    argv[12] = v->title;
-    argv[13] = STOCK_REDIS_GROUP;
+        argv[5 + i] = num[i];
+    argv[11] = v->title;
+    argv[12] = STOCK_REDIS_GROUP;
+    argv[13] = num[6];
     for (i = 0; i < nbuyers; i++) {
-        snprintf(num[6 + i], sizeof num[6 + i], "%" PRId64, buyers[i]);
-        argv[14 + i] = num[6 + i];
+        snprintf(num[7 + i], sizeof num[7 + i], "%" PRId64, buyers[i]);
+        argv[14 + i] = num[7 + i];
     }
-    r = script_file_run(c, &load_script, 5, (int)argc, argv, NULL);
+    r = script_file_run(c, &load_script, 4, (int)argc, argv, NULL);
     if (r == NULL)
         goto cleanup;
     if (r->type == REDIS_REPLY_INTEGER)
@@ -175,9 +216,14 @@ cleanup:
 int stock_redis_load(redisContext *c, const store_voucher *v)
 {
     vkeys k;
+    int rc;
 
     vkeys_fill(&k, v->voucher_id);
-    return run_load(c, &k, "fresh", v, 0, NULL, 0) == 1 ? 0 : -1;
+    rc = run_load(c, &k, "fresh", v, 0, NULL, 0);
+    if (rc == 0)
+        log_info("stock_redis: voucher %" PRId64 ": Redis already holds sale %" PRId64
+                 " or a newer one", v->voucher_id, v->sale_gen);
+    return rc == 0 || rc == 1 ? 0 : -1;
 }
 
 /* GET of an integer key (absent: 0). 0, or -1. */
@@ -427,11 +473,15 @@ static store_status admit(redisContext *c, store_order *o, int *missing)
     return st;
 }
 
-/* Durable acknowledgement is known to hold (checked once when unknown). */
+/* An order may be acknowledged: durable acknowledgement is known to hold
+ * (checked once when unknown), and the stream's backlog is within its
+ * bound. */
 static int durable(redisContext *c)
 {
     int d = atomic_load(&durability);
 
+    if (atomic_load(&watch_over))
+        return 0;
     return d == DUR_OK || (d == DUR_UNKNOWN && stock_redis_check_durability(c) == 0);
 }
 
@@ -443,12 +493,14 @@ static store_status admit_one(conn_set *cs, redisContext *c, store_order *o)
 
     if (missing) {
         /* Not in Redis: created before Redis held it, or lost with a Redis
-         * that restarted empty. */
+         * that restarted empty; or no such voucher (STORE_NOT_FOUND: 404,
+         * as on every other path). */
         st = rebuild(cs, c, o->voucher_id);
-        if (st == STORE_OK)
+        if (st == STORE_OK) {
             st = admit(c, o, &missing);
-        if (missing)
-            st = STORE_UNAVAILABLE;
+            if (missing)
+                st = STORE_UNAVAILABLE;
+        }
     }
     return st;
 }
@@ -605,15 +657,17 @@ static void pipe_retry(conn_set *cs, redisContext *c, pipe_waiter **w, int n)
             continue;
         }
         /* The voucher's first buyer here ran its rebuild: unavailable
-         * means the rebuild failed (a refusal means it worked). */
+         * means the rebuild failed, not found that there is no such
+         * voucher (any other refusal means it worked). */
         for (int j = 0; j < i && first; j++)
             if (w[j]->state == PIPE_MISSING &&
                 w[j]->b->order.voucher_id == w[i]->b->order.voucher_id) {
                 first = 0;
-                failed = w[j]->st == STORE_UNAVAILABLE;
+                failed = w[j]->st == STORE_UNAVAILABLE || w[j]->st == STORE_NOT_FOUND;
+                w[i]->st = w[j]->st == STORE_NOT_FOUND ? STORE_NOT_FOUND : STORE_UNAVAILABLE;
             }
         if (failed)
-            continue;                           /* unavailable */
+            continue;                           /* as its voucher's first */
         if (!first) {
             again[nagain++] = w[i];
             continue;
@@ -803,25 +857,61 @@ static void group_info_read(const redisReply *g, group_info *out)
     memcpy(out->last, last->str, last->len + 1);
 }
 
+/* The stream id's milliseconds ("<ms>-<seq>"), of the reply 'id'; -1 when
+ * it is not one. */
+static int64_t id_ms(const redisReply *id)
+{
+    return id != NULL && id->type == REDIS_REPLY_STRING ? strtoll(id->str, NULL, 10) : -1;
+}
+
+/* The age in ms of the stream's oldest unsettled order: the first pending
+ * entry (XPENDING's summary), else the first entry after the group's
+ * position 'last' (NULL: no group, every entry is unsettled). 0 when
+ * there is none; -1 when Redis failed. */
+static int64_t oldest_age_ms(redisContext *c, int64_t pending, const char *last)
+{
+    redisReply *r;
+    int64_t ms = -1, age = -1;
+
+    if (pending > 0) {
+        r = redisCommand(c, "XPENDING %s %s", STOCK_REDIS_STREAM, STOCK_REDIS_GROUP);
+        if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2)
+            ms = id_ms(r->element[1]);
+    } else {
+        r = last != NULL ? redisCommand(c, "XRANGE %s (%s + COUNT 1", STOCK_REDIS_STREAM, last)
+                         : redisCommand(c, "XRANGE %s - + COUNT 1", STOCK_REDIS_STREAM);
+        if (r != NULL && r->type == REDIS_REPLY_ARRAY)
+            ms = r->elements == 0 ? -2
+                 : r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements >= 1
+                     ? id_ms(r->element[0]->element[0]) : -1;
+    }
+    if (ms == -2)
+        age = 0;
+    else if (ms >= 0)
+        age = util_wall_ms() > ms ? util_wall_ms() - ms : 0;
+    freeReplyObject(r);
+    return age;
+}
+
 /* The stream's orders not yet settled: delivered and unacknowledged
- * ('pending') plus not delivered yet. Settled entries stay in the stream
- * until stream_trim.lua removes them, so its length is not this. Redis
- * counts the undelivered ones (XINFO GROUPS's lag) unless the stream has
- * XDEL'd entries past the group's position; then they are counted here,
- * up to BACKLOG_COUNT_MAX.
+ * ('pending') plus not delivered yet, and the age of the oldest. Settled
+ * entries stay in the stream until stream_trim.lua removes them, so its
+ * length is not this. Redis counts the undelivered ones (XINFO GROUPS's
+ * lag) unless the stream has XDEL'd entries past the group's position;
+ * then they are counted here, up to BACKLOG_COUNT_MAX.
  * 0, or -1 when Redis failed; a figure Redis refused is -1. */
-static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending)
+static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending, int64_t *oldest)
 {
     redisReply *r = redisCommand(c, "XINFO GROUPS %s", STOCK_REDIS_STREAM);
     group_info g = { 0 };
     int rc = -1;
 
-    *backlog = *pending = -1;
+    *backlog = *pending = *oldest = -1;
     if (r == NULL)
         return -1;
     if (r->type == REDIS_REPLY_ERROR) {
         if (strstr(r->str, "no such key") != NULL)
-            *backlog = *pending = 0;  /* no order admitted yet */
+            *backlog = *pending = *oldest = 0;  /* no order admitted yet */
         rc = 0;
         goto out;
     }
@@ -833,6 +923,7 @@ static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending)
         r = redisCommand(c, "XLEN %s", STOCK_REDIS_STREAM);
         *backlog = int_reply(r);
         *pending = 0;
+        *oldest = *backlog > 0 ? oldest_age_ms(c, 0, NULL) : 0;
         rc = c->err ? -1 : 0;
         goto out;
     }
@@ -847,10 +938,43 @@ static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending)
     }
     *pending = g.pending;
     *backlog = g.lag < 0 ? -1 : g.pending + g.lag;
-    rc = 0;
+    *oldest = *backlog == 0 ? 0 : oldest_age_ms(c, g.pending, g.last);
+    rc = c->err ? -1 : 0;
 out:
     freeReplyObject(r);
     return rc;
+}
+
+int stock_redis_watch(redisContext *c)
+{
+    int64_t backlog, pending, oldest;
+    int over, was;
+
+    if (stock_redis_check_durability(c) < 0 || stream_backlog(c, &backlog, &pending, &oldest) != 0)
+        return -1;
+    atomic_store(&watch_backlog, backlog);
+    atomic_store(&watch_oldest_ms, oldest);
+    /* A backlog Redis cannot count (-1) is past BACKLOG_COUNT_MAX. */
+    over = g_cfg.stream_backlog_max > 0 &&
+           (backlog > g_cfg.stream_backlog_max ||
+            (backlog < 0 && g_cfg.stream_backlog_max < BACKLOG_COUNT_MAX));
+    was = atomic_exchange(&watch_over, over);
+    if (over && !was)
+        log_error("stock_redis: %" PRId64 " admitted orders are not in Postgres yet (the oldest "
+                  "%" PRId64 " ms), over STREAM_BACKLOG_MAX=%d: buyers are answered 503 until "
+                  "the consumers catch up", backlog, oldest, g_cfg.stream_backlog_max);
+    else if (!over && was)
+        log_warn("stock_redis: the stream's backlog is back under STREAM_BACKLOG_MAX (%" PRId64
+                 "): admission goes on", backlog);
+    return 0;
+}
+
+void stock_redis_watch_get(stock_redis_figures *out)
+{
+    out->durable = atomic_load(&durability) == DUR_OK;
+    out->over_backlog = atomic_load(&watch_over);
+    out->backlog = atomic_load(&watch_backlog);
+    out->oldest_ms = atomic_load(&watch_oldest_ms);
 }
 
 static int64_t int_reply(redisReply *r)
@@ -867,11 +991,11 @@ static int64_t int_reply(redisReply *r)
 int stock_redis_stats(redisContext *c, cJSON *root, cJSON *vouchers)
 {
     cJSON *rf = cJSON_AddObjectToObject(root, "redisFirst"), *v;
-    int64_t backlog, dead, pending;
+    int64_t backlog, dead, pending, oldest;
     int all_agree = 1;
     redisReply *r;
 
-    if (stream_backlog(c, &backlog, &pending) != 0)
+    if (stream_backlog(c, &backlog, &pending, &oldest) != 0)
         return -1;
     r = redisCommand(c, "XLEN %s", STOCK_REDIS_DEAD);
     dead = int_reply(r);
@@ -880,7 +1004,11 @@ int stock_redis_stats(redisContext *c, cJSON *root, cJSON *vouchers)
         return -1;
     cJSON_AddStringToObject(rf, "durability", g_cfg.redis_order_durability);
     cJSON_AddBoolToObject(rf, "durable", atomic_load(&durability) == DUR_OK);
+    cJSON_AddStringToObject(rf, "durabilityCheck", durability_text(atomic_load(&durability)));
     cJSON_AddNumberToObject(rf, "backlog", (double)backlog);
+    cJSON_AddNumberToObject(rf, "backlogMax", (double)g_cfg.stream_backlog_max);
+    cJSON_AddBoolToObject(rf, "overBacklogMax", atomic_load(&watch_over));
+    cJSON_AddNumberToObject(rf, "oldestUnsettledMs", (double)oldest);
     cJSON_AddNumberToObject(rf, "pending", (double)(pending < 0 ? 0 : pending));
     cJSON_AddNumberToObject(rf, "deadLetters", (double)dead);
 

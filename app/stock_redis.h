@@ -36,7 +36,7 @@
 #define STOCK_REDIS_GROUP "seckill"               /* the consumers' group */
 
 /* "seckill:v:{<id>}" followed by 'suffix' ("" for the hash, ":buyers",
- * ":landed", ":gen"). */
+ * ":landed"). */
 void stock_redis_key(char *buf, size_t n, int64_t voucher_id, const char *suffix);
 
 /* Reads the scripts and, when Redis answers, checks its durability
@@ -49,9 +49,28 @@ int stock_redis_start(char *err, size_t errlen);
  * failed (c->err may be set). */
 int stock_redis_check_durability(redisContext *c);
 
+/* The watch, every second on every instance that admits (consumer.h runs
+ * it, whether or not the instance consumes): the durability check above,
+ * and the stream's backlog against STREAM_BACKLOG_MAX, whose verdict
+ * admission follows (503 past it). 0, or -1 when Redis failed. */
+int stock_redis_watch(redisContext *c);
+
+/* What the watch found last; figures -1 until known. */
+typedef struct stock_redis_figures {
+    int durable;              /* acknowledgement durable as REDIS_ORDER_DURABILITY asks */
+    int over_backlog;         /* backlog past STREAM_BACKLOG_MAX: admission refused */
+    int64_t backlog;          /* admitted orders not yet settled */
+    int64_t oldest_ms;        /* the oldest one's age (0: none) */
+} stock_redis_figures;
+
+void stock_redis_watch_get(stock_redis_figures *out);
+
 /* The voucher's new sale in Redis, after its creation or reset in
- * Postgres: stock and window from 'v', no buyers, a new generation (the
- * previous sale's undrained orders are dropped by the consumers). 0 or -1. */
+ * Postgres: stock, window and sale (sale_gen) from 'v', no buyers. The
+ * previous sale's undrained orders are dropped by the consumers, which
+ * compare each order's sale with Postgres's under the voucher row's lock.
+ * Redis holding this sale or a newer one already is left as it is. 0, or
+ * -1 when Redis failed. */
 int stock_redis_load(redisContext *c, const store_voucher *v);
 
 /* Adds to each voucher of 'vouchers' (store_stats's array) its Redis side

@@ -40,7 +40,8 @@ typedef struct statement {
 static const statement statements[] = {
     { "voucher_get", 1,
       "SELECT voucher_id, title, stock, initial_stock,"
-      "       extract(epoch FROM begin_time)::bigint, extract(epoch FROM end_time)::bigint"
+      "       extract(epoch FROM begin_time)::bigint, extract(epoch FROM end_time)::bigint,"
+      "       sale_gen"
       "  FROM tb_voucher WHERE voucher_id = $1" },
 
     /* The order, after fence_advance in the same transaction (one round
@@ -203,10 +204,16 @@ static const statement statements[] = {
      * fails. An id already taken by another order (another user or
      * voucher: a Redis that lost its id counter and issued it again) is
      * not a re-delivery: the batch is refused ('clash'), never skipped.
-     * Probes per order (OFFSET 0), as in order_batch. */
+     * The batch's sale ($4) must be the voucher's sale_gen, read under the
+     * row lock that a reset takes too (voucher_reset): orders of a sale
+     * that a reset ended are never written, and a reset never falls
+     * between this read and the commit. Probes per order (OFFSET 0), as in
+     * order_batch. */
     { "orders_lock", 1, "SELECT 1 FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE" },
-    { "orders_persist", 3,
-      "WITH req AS ("
+    { "orders_persist", 4,
+      "WITH sale AS ("
+      "    SELECT sale_gen FROM tb_voucher WHERE voucher_id = $1"
+      "), req AS ("
       "    SELECT * FROM unnest($2::bigint[], $3::bigint[]) AS r(order_id, user_id)"
       "), fresh AS ("
       "    SELECT r.* FROM req r"
@@ -219,14 +226,15 @@ static const statement statements[] = {
       "    UPDATE tb_voucher SET stock = stock - (SELECT count(*) FROM fresh)"
       "     WHERE voucher_id = $1 AND stock >= (SELECT count(*) FROM fresh)"
       "       AND EXISTS (SELECT 1 FROM fresh) AND NOT EXISTS (SELECT 1 FROM clash)"
+      "       AND sale_gen = $4"
       "    RETURNING 1"
       "), ins AS ("
       "    INSERT INTO tb_voucher_order (id, user_id, voucher_id)"
       "    SELECT order_id, user_id, $1 FROM fresh WHERE EXISTS (SELECT 1 FROM upd) RETURNING id"
       ")"
       "SELECT (SELECT count(*) FROM fresh), (SELECT count(*) FROM ins),"
-      "       EXISTS (SELECT 1 FROM tb_voucher WHERE voucher_id = $1),"
-      "       EXISTS (SELECT 1 FROM clash)" },
+      "       EXISTS (SELECT 1 FROM sale), EXISTS (SELECT 1 FROM clash),"
+      "       (SELECT sale_gen FROM sale)" },
     /* The buyers of a voucher, to rebuild its Redis state. */
     { "voucher_buyers", 1, "SELECT user_id FROM tb_voucher_order WHERE voucher_id = $1" },
     /* One page of the fence sweep: the next $3 keys after $1, in key
@@ -250,12 +258,17 @@ static const statement statements[] = {
       "INSERT INTO tb_voucher (title, stock, initial_stock, begin_time, end_time)"
       "VALUES ($1, $2, $2, to_timestamp($3), to_timestamp($4)) RETURNING voucher_id" },
 
+    /* After orders_lock in the same transaction (store_voucher_reset): the
+     * DELETE reads the orders committed when the statement starts, so the
+     * row lock comes first, in a statement of its own; otherwise a
+     * consumer's batch committed while the UPDATE waited for the lock
+     * would outlive the reset. */
     { "voucher_reset", 4,
       "WITH v AS ("
       "    UPDATE tb_voucher SET stock = $2, initial_stock = $2,"
       "           begin_time = COALESCE(to_timestamp($3), begin_time),"
       "           end_time = COALESCE(to_timestamp($4), end_time),"
-      "           update_time = now()"
+      "           sale_gen = sale_gen + 1, update_time = now()"
       "     WHERE voucher_id = $1 RETURNING voucher_id"
       "), d AS ("
       "    DELETE FROM tb_voucher_order WHERE voucher_id IN (SELECT voucher_id FROM v)"
@@ -384,6 +397,17 @@ int store_prepare(PGconn *pg)
     return 0;
 }
 
+/* The statement failed because an order id is taken (the order table's
+ * primary key). */
+static int id_taken(const PGresult *res)
+{
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *constraint = res ? PQresultErrorField(res, PG_DIAG_CONSTRAINT_NAME) : NULL;
+
+    return state != NULL && constraint != NULL && strcmp(state, "23505") == 0 &&
+           strcmp(constraint, "tb_voucher_order_pkey") == 0;
+}
+
 /* Maps a failed result to a status. Constraint violations are answers about
  * the data; everything else (lost connection, timeout, server shutting down,
  * a bug in our SQL) is 503, logged without leaking details to clients. */
@@ -392,15 +416,13 @@ static store_status result_error(PGconn *pg, PGresult *res, const char *what)
     const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 
     if (state != NULL) {
-        const char *constraint = PQresultErrorField(res, PG_DIAG_CONSTRAINT_NAME);
         /* The order id is taken: Redis's id counter went back (a failover
          * to a replica that missed the last increments, or a restart), and
          * this second's count was handed out before. Nothing was written;
          * the buyer may try again (ids carry the second, so at the latest
          * the next second's ids are free). Not "already ordered": it is
          * someone else's order. */
-        if (strcmp(state, "23505") == 0 && constraint != NULL &&
-            strcmp(constraint, "tb_voucher_order_pkey") == 0) {
+        if (id_taken(res)) {
             log_warn("store: %s: order id already taken (Redis's id counter went back: a "
                      "failover or restart lost increments); answering 503", what);
             return STORE_UNAVAILABLE;
@@ -466,6 +488,7 @@ store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *ou
     out->initial_stock = get_i64(res, 0, 3);
     out->begin_time = get_i64(res, 0, 4);
     out->end_time = get_i64(res, 0, 5);
+    out->sale_gen = get_i64(res, 0, 6);
     st = STORE_OK;
 cleanup:
     PQclear(res);
@@ -1016,37 +1039,47 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
     return store_order_batch_recv(pg, &call, n, results);
 }
 
-store_status store_orders_persist(PGconn *pg, int64_t voucher_id, const store_order *orders,
-                                  size_t n, int64_t *inserted)
+store_status store_orders_persist(PGconn *pg, int64_t voucher_id, int64_t sale_gen,
+                                  const store_order *orders, size_t n, int64_t *inserted)
 {
-    char v[24];
+    char v[24], g[24];
     char *ids = array_text(n, orders, 0), *users = array_text(n, orders, 1);
-    const char *vals[3] = { v, ids, users };
+    const char *vals[4] = { v, ids, users, g };
     store_status st;
     PGresult *res = NULL;
     int synced = 0;
-    int64_t t0 = util_mono_us(), fresh;
+    int64_t t0 = util_mono_us(), fresh, now_gen;
 
     *inserted = 0;
     snprintf(v, sizeof v, "%" PRId64, voucher_id);
+    snprintf(g, sizeof g, "%" PRId64, sale_gen);
     /* orders_lock, then orders_persist: one transaction, one round trip. */
     if (!PQenterPipelineMode(pg)) {
         st = result_error(pg, NULL, "orders_persist (pipeline)");
         goto cleanup;
     }
     if (PQsendQueryPrepared(pg, "orders_lock", 1, vals, NULL, NULL, 0) &&
-        PQsendQueryPrepared(pg, "orders_persist", 3, vals, NULL, NULL, 0) && PQpipelineSync(pg))
+        PQsendQueryPrepared(pg, "orders_persist", 4, vals, NULL, NULL, 0) && PQpipelineSync(pg))
         res = segment_read(pg, &synced);
     rec_backend(REC_PG, util_mono_us() - t0, synced);
     if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
         PQntuples(res) != 1) {
         st = result_error(pg, res, "orders_persist");
+        /* Two orders of the batch with one id (the 'clash' probe sees
+         * only rows already there): refused for good, like a clash. */
+        if (st == STORE_UNAVAILABLE && id_taken(res))
+            st = STORE_CONFLICT;
         goto cleanup;
     }
     fresh = get_i64(res, 0, 0);
     *inserted = get_i64(res, 0, 1);
+    now_gen = get_i64(res, 0, 4);
     if (PQgetvalue(res, 0, 2)[0] != 't')
         st = STORE_NOT_FOUND;
+    else if (now_gen > sale_gen)
+        st = STORE_STALE_SALE;
+    else if (now_gen < sale_gen)
+        st = STORE_INVALID;                 /* a sale Postgres never began */
     else if (PQgetvalue(res, 0, 3)[0] == 't')
         st = STORE_CONFLICT;
     else if (*inserted != fresh)
@@ -1170,18 +1203,28 @@ store_status store_voucher_reset(PGconn *pg, int64_t voucher_id, int64_t stock,
     char v[24], s[24], b[24], e[24];
     const char *vals[4] = { v, s, begin_time >= 0 ? b : NULL, end_time >= 0 ? e : NULL };
     store_status st;
-    PGresult *res;
+    PGresult *res = NULL;
+    int synced = 0;
+    int64_t t0 = util_mono_us();
 
     snprintf(v, sizeof v, "%" PRId64, voucher_id);
     snprintf(s, sizeof s, "%" PRId64, stock);
     snprintf(b, sizeof b, "%" PRId64, begin_time);
     snprintf(e, sizeof e, "%" PRId64, end_time);
-    res = exec(pg, "voucher_reset", 4, vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+    /* orders_lock, then voucher_reset: one transaction, one round trip. */
+    if (!PQenterPipelineMode(pg))
+        return result_error(pg, NULL, "voucher_reset (pipeline)");
+    if (PQsendQueryPrepared(pg, "orders_lock", 1, vals, NULL, NULL, 0) &&
+        PQsendQueryPrepared(pg, "voucher_reset", 4, vals, NULL, NULL, 0) && PQpipelineSync(pg))
+        res = segment_read(pg, &synced);
+    rec_backend(REC_PG, util_mono_us() - t0, synced);
+    if (leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK) {
         st = result_error(pg, res, "voucher_reset");
         goto cleanup;
     }
-    st = get_i64(res, 0, 0) == 1 ? STORE_OK : STORE_NOT_FOUND;
+    /* No such voucher: orders_lock's empty result is the last one. */
+    st = PQntuples(res) == 1 && PQnfields(res) == 2 && get_i64(res, 0, 0) == 1
+             ? STORE_OK : STORE_NOT_FOUND;
 cleanup:
     PQclear(res);
     return st;

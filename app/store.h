@@ -18,6 +18,7 @@ typedef enum store_status {
     STORE_CONFLICT,       /* cas: the stock changed since it was read (not sold out) */
     STORE_NOT_STARTED,    /* the order's transaction ran before the sale window, */
     STORE_ENDED,          /* ... or after it (by Postgres's clock) */
+    STORE_STALE_SALE,     /* Redis-first: the orders' sale was ended by a reset */
     STORE_UNAVAILABLE     /* connection lost, timed out or refused: answer 503 */
 } store_status;
 
@@ -28,6 +29,7 @@ typedef struct store_voucher {
     int64_t initial_stock;
     int64_t begin_time;   /* Unix seconds */
     int64_t end_time;
+    int64_t sale_gen;     /* the sale: 1 at creation, one more at each reset */
 } store_voucher;
 
 /* Every call waits for Postgres at most store_round_trip_ms() per round
@@ -163,9 +165,14 @@ store_status store_order_batch_recv(PGconn *pg, const store_batch_call *call, si
  * user in the batch already has another order of the voucher (the unique
  * constraint), nothing written; STORE_CONFLICT: an order id of the batch
  * belongs to another order (not a re-delivery), nothing written;
- * STORE_UNAVAILABLE: Postgres failed. */
-store_status store_orders_persist(PGconn *pg, int64_t voucher_id, const store_order *orders,
-                                  size_t n, int64_t *inserted);
+ * STORE_STALE_SALE: the orders were admitted in sale 'sale_gen', which a
+ * reset has ended (the voucher's sale_gen is newer), nothing written;
+ * STORE_INVALID: 'sale_gen' is newer than the voucher's (Postgres lost a
+ * reset), nothing written; STORE_UNAVAILABLE: Postgres failed or refused
+ * for now (read-only, a lock or statement timeout, a lost connection):
+ * nothing is known to be written, and the same call may be made again. */
+store_status store_orders_persist(PGconn *pg, int64_t voucher_id, int64_t sale_gen,
+                                  const store_order *orders, size_t n, int64_t *inserted);
 
 /* The users who ordered 'voucher_id' ('*users' malloc'ed, caller frees;
  * set even when empty). */
@@ -197,8 +204,9 @@ store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *prefix, 
 store_status store_voucher_create(PGconn *pg, const char *title, int64_t stock,
                                   int64_t begin_time, int64_t end_time, int64_t *voucher_id);
 
-/* Deletes the voucher's orders and sets stock and initial stock, in one
- * transaction; 'begin_time'/'end_time' < 0 keep the current times. */
+/* Deletes the voucher's orders, sets stock and initial stock and begins a
+ * new sale (sale_gen + 1), in one transaction that locks the voucher row
+ * first; 'begin_time'/'end_time' < 0 keep the current times. */
 store_status store_voucher_reset(PGconn *pg, int64_t voucher_id, int64_t stock,
                                  int64_t begin_time, int64_t end_time);
 

@@ -6,19 +6,23 @@
 -- KEYS[3]  the orders stream "seckill:orders"
 -- KEYS[4]  landed counter "seckill:v:{<id>}:landed": orders of the voucher the
 --          consumers persisted and acknowledged
--- KEYS[5]  generation counter "seckill:v:{<id>}:gen"
--- ARGV[1]  "fresh" (voucher created or reset: a new sale, a new generation;
---          the old sale's buyers and undrained orders no longer count) or
---          "rebuild" (the hash is missing: Redis lost it)
+-- ARGV[1]  "fresh" (voucher created or reset: a new sale; the old sale's
+--          buyers and undrained orders no longer count) or "rebuild" (the
+--          hash is missing: Redis lost it)
 -- ARGV[2]  voucher id
 -- ARGV[3]  stock in Postgres   ARGV[4] initial stock
 -- ARGV[5]  begin   ARGV[6] end (Unix seconds)
 -- ARGV[7]  rebuild: the landed counter read before Postgres was read
 -- ARGV[8]  title
 -- ARGV[9]  the consumers' group
--- ARGV[10..] rebuild: the buyers in Postgres
+-- ARGV[10] the sale (tb_voucher.sale_gen, read with the rest): the orders
+--          admitted now carry it, and the consumers persist them only while
+--          Postgres is in the same sale
+-- ARGV[11..] rebuild: the buyers in Postgres
 --
--- Reply: 1 written; 0 rebuild, but the hash exists (someone else rebuilt it);
+-- Reply: 1 written; 0 not written: rebuild, but the hash exists (someone
+--        else rebuilt it), or fresh, but Redis already holds this sale or a
+--        newer one (a reset that came later was loaded first);
 --        -1 rebuild, but orders landed since Postgres was read: read again.
 --
 -- A rebuild counts what Postgres has plus the orders still unsettled in the
@@ -30,6 +34,7 @@
 -- persisted between the caller's read of Postgres and this script was
 -- acknowledged and moved the landed counter (the consumer does both in one
 -- MULTI): ARGV[7] catches it.
+local gen = tonumber(ARGV[10])
 if ARGV[1] == 'rebuild' then
     if redis.call('exists', KEYS[1]) == 1 then
         return 0
@@ -37,19 +42,17 @@ if ARGV[1] == 'rebuild' then
     if tonumber(redis.call('get', KEYS[4]) or '0') ~= tonumber(ARGV[7]) then
         return -1
     end
-end
-
-local gen
-if ARGV[1] == 'fresh' then
-    gen = redis.call('incr', KEYS[5])
 else
-    gen = tonumber(redis.call('get', KEYS[5]) or '0')
+    local held = tonumber(redis.call('hget', KEYS[1], 'gen') or '0')
+    if held and held >= gen then
+        return 0
+    end
 end
 redis.call('del', KEYS[1], KEYS[2])
 local stock = tonumber(ARGV[3])
 local buyers = {}
 if ARGV[1] == 'rebuild' then
-    for i = 10, #ARGV do
+    for i = 11, #ARGV do
         buyers[ARGV[i]] = true
     end
     -- The group's position and its pending entries (none: nothing settled).

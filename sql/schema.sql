@@ -14,6 +14,12 @@ CREATE TABLE IF NOT EXISTS tb_voucher (
     CHECK (end_time >= begin_time)
 );
 
+-- The voucher's sale: 1 at creation, one more at each reset (which deletes
+-- the orders of the sale before). Redis-first orders carry the sale they
+-- were admitted in; the consumer persists an order only while its sale is
+-- this one, read under the voucher row's lock, which the reset takes too.
+ALTER TABLE tb_voucher ADD COLUMN IF NOT EXISTS sale_gen bigint NOT NULL DEFAULT 1;
+
 CREATE TABLE IF NOT EXISTS tb_voucher_order (
     id          bigint      PRIMARY KEY,          -- Redis-generated 64-bit order id
     user_id     bigint      NOT NULL,

@@ -112,6 +112,11 @@ cleanup() {
     fi
     stop_pid "$REDIS_PID" TERM 10
     # SIGINT is Postgres' "fast" shutdown: roll back open sessions and exit.
+    # A test may have restarted it (pg_ctl): its postmaster.pid names the
+    # postmaster running now.
+    if [[ -n "$PGDATA" && -f "$PGDATA/postmaster.pid" ]]; then
+        PG_PID=$(head -n 1 "$PGDATA/postmaster.pid")
+    fi
     stop_pid "$PG_PID" INT 20
     if [[ -n "$TMP" && -d "$TMP" ]]; then
         if [[ "${KEEP_TMP:-0}" == 1 ]]; then

@@ -683,7 +683,7 @@ def a_rebuild_does_not_count_settled_entries_left_in_the_stream():
         # An order Postgres refuses (its id is another order's): dead-lettered,
         # settled, its buyer in neither Postgres nor Redis.
         oid = next(iter(acked.values()))
-        gen = rcli(rs, "GET", f"seckill:v:{{{vid}}}:gen")
+        gen = rcli(rs, "HGET", f"seckill:v:{{{vid}}}", "gen")
         rcli(rs, "XADD", "seckill:orders", "*", "v", vid, "u", 7800999, "t", oid >> 32,
              "c", oid & 0xFFFFFFFF, "g", gen)
         deadline = time.monotonic() + 10

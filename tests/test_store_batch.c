@@ -160,7 +160,7 @@ static int stream_batch(PGconn *pg, int i)
         int64_t u = 1000000 + (int64_t)i * BUYERS + k;
         o[k] = (store_order){ .order_id = u, .voucher_id = 1, .user_id = u };
     }
-    return store_orders_persist(pg, 1, o, BUYERS, &inserted) == STORE_OK && inserted == BUYERS;
+    return store_orders_persist(pg, 1, 1, o, BUYERS, &inserted) == STORE_OK && inserted == BUYERS;
 }
 
 /* Rows the two tables gave to scans so far (sequential and through an
