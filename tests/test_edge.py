@@ -9,8 +9,10 @@ tests/run.sh:
     counters do not move while nginx answers it; /stats/edge and the access
     log (edge=hit) count those answers;
   - a reset through nginx clears the edge at once: the next buyer gets 200;
-    a reset sent to an instance directly is seen within the entry's
-    lifetime (1 s): a buyer gets 200 by then, or the test fails;
+    a SECKILL_STOCK=redis instance answers a reset done in Postgres only
+    (its Redis gone) 503 with X-Seckill-Reset: postgres; a reset sent to
+    an instance directly is seen within the entry's lifetime (1 s): a
+    buyer gets 200 by then, or the test fails;
   - never answered by nginx: a voucher that was never sold out, one not
     started, one ended, a repeat buyer (already_ordered), and any request
     the instance would answer otherwise (bad user id, other spellings,
@@ -33,6 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seckill_server as ss  # noqa: E402
+import redisfirst_kit  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
 ROOT = ss.ROOT
@@ -333,6 +336,33 @@ def reset_through_nginx_clears_the_edge_at_once():
         fail(f"the first buyer after the reset: {r.status} {r.raw[:200]!r}")
     if edge.answered() != n + 1:
         fail("the edge answered after the reset")
+
+
+@test
+def an_instance_marks_a_reset_done_in_postgres_only():
+    """SECKILL_STOCK=redis with its Redis gone: the reset is done in
+    Postgres and answered 503 with X-Seckill-Reset: postgres; a refused
+    reset and a whole one carry no such header."""
+    rs = redisfirst_kit.durable_redis()
+    srv = redisfirst_kit.server("edge-reset-rf", rs, ADMIN_TOKEN=TOKEN)
+    try:
+        v = ss.new_voucher(srv, TOKEN, 5, "edge reset")
+        path = f"/admin/vouchers/{v}/reset"
+        for what, headers, status in (("a wrong token", {"Authorization": "Bearer x"}, 401),
+                                      ("a whole reset", ADMIN, 200)):
+            r = srv.post(path, headers, {"stock": 3})
+            if r.status != status or "x-seckill-reset" in r.headers:
+                fail(f"{what}: {r.status} {r.headers}")
+        rs.kill()
+        r = srv.post(path, ADMIN, {"stock": 2})
+        if r.status != 503 or r.headers.get("x-seckill-reset") != "postgres":
+            fail(f"a reset with Redis gone: {r.status} {r.headers} {r.raw[:200]!r}")
+        stock = ss.psql_value(f"SELECT stock FROM tb_voucher WHERE voucher_id = {v}")
+        if stock != "2":
+            fail(f"the reset answered 503 postgres, and Postgres has stock {stock}")
+    finally:
+        srv.stop()
+        rs.kill()
 
 
 @test
