@@ -407,6 +407,12 @@ static http_outcome h_admin_create(http_req *r, const char *arg, size_t arg_len)
     return http_send_json(r, 201, o);
 }
 
+/* A reset done in Postgres whose Redis part failed is answered 503 with
+ * this header ("postgres"): the sale was reset all the same, and nginx's
+ * sold-out edge drops the voucher on it as on a 200. No other answer of
+ * the route carries it. */
+#define RESET_HEADER "X-Seckill-Reset"
+
 static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
 {
     conn_set *cs;
@@ -439,7 +445,8 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
      * (their generation is the old one). */
     if (stock_voucher_loaded(cs, &v) != 0) {
         log_error("admin: voucher %" PRId64 " reset in Postgres but not in Redis", id);
-        return http_send_error(r, API_UNAVAILABLE, "redis unavailable: reset again");
+        return http_send_error_header(r, API_UNAVAILABLE, "redis unavailable: reset again",
+                                      RESET_HEADER, "postgres");
     }
     /* Every instance drops what it cached about vouchers (sold-out flags):
      * a stale flag would undersell. Without Redis the others catch up when

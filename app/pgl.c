@@ -1,6 +1,7 @@
 /* pgl: per-key locks in Postgres (a lock table, advisory locks). */
 #include "pgl.h"
 #include "log.h"
+#include "pgwait.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -35,9 +36,13 @@ const char pgl_sql_sweep[] = "DELETE FROM tb_lock WHERE expires_at <= clock_time
 const char pgl_sql_advisory_try[] = "SELECT pg_try_advisory_lock($1::bigint)";
 const char pgl_sql_advisory_unlock[] = "SELECT pg_advisory_unlock($1::bigint)";
 
-static PGresult *run(PGconn *pg, const char *sql, int n, const char *const *vals)
+/* One statement, its answer awaited at most 'wait_ms'; NULL when it
+ * failed or timed out. */
+static PGresult *run(PGconn *pg, int wait_ms, const char *sql, int n, const char *const *vals)
 {
-    PGresult *r = PQexecParams(pg, sql, n, NULL, vals, NULL, NULL, 0);
+    PGresult *r = PQsendQueryParams(pg, sql, n, NULL, vals, NULL, NULL, 0)
+                      ? pgwait_collect(pg, wait_ms)
+                      : NULL;
     ExecStatusType st = PQresultStatus(r);
 
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
@@ -48,8 +53,8 @@ static PGresult *run(PGconn *pg, const char *sql, int n, const char *const *vals
     return r;
 }
 
-pgl_status pgl_table_acquire(PGconn *pg, const char *key, const char *owner, long lease_ms,
-                             int64_t *token, int *holds)
+pgl_status pgl_table_acquire(PGconn *pg, int wait_ms, const char *key, const char *owner,
+                             long lease_ms, int64_t *token, int *holds)
 {
     char lease[24];
     const char *vals[3] = { key, owner, lease };
@@ -57,7 +62,7 @@ pgl_status pgl_table_acquire(PGconn *pg, const char *key, const char *owner, lon
     pgl_status out;
 
     snprintf(lease, sizeof lease, "%ld", lease_ms);
-    if ((r = run(pg, pgl_sql_acquire, 3, vals)) == NULL)
+    if ((r = run(pg, wait_ms, pgl_sql_acquire, 3, vals)) == NULL)
         return PGL_ERR;
     if (PQntuples(r) == 0) {
         out = PGL_BUSY;
@@ -72,8 +77,8 @@ pgl_status pgl_table_acquire(PGconn *pg, const char *key, const char *owner, lon
     return out;
 }
 
-pgl_status pgl_table_release(PGconn *pg, const char *key, const char *owner, long lease_ms,
-                             int *left)
+pgl_status pgl_table_release(PGconn *pg, int wait_ms, const char *key, const char *owner,
+                             long lease_ms, int *left)
 {
     char lease[24];
     const char *vals[3] = { key, owner, lease };
@@ -83,7 +88,7 @@ pgl_status pgl_table_release(PGconn *pg, const char *key, const char *owner, lon
     if (left != NULL)
         *left = 0;
     snprintf(lease, sizeof lease, "%ld", lease_ms);
-    if ((r = run(pg, pgl_sql_release, 3, vals)) == NULL)
+    if ((r = run(pg, wait_ms, pgl_sql_release, 3, vals)) == NULL)
         return PGL_ERR;
     if (PQntuples(r) > 0 && strcmp(PQgetvalue(r, 0, 1), "t") == 0) {
         out = PGL_OK;
@@ -94,9 +99,9 @@ pgl_status pgl_table_release(PGconn *pg, const char *key, const char *owner, lon
     return out;
 }
 
-long pgl_table_sweep(PGconn *pg)
+long pgl_table_sweep(PGconn *pg, int wait_ms)
 {
-    PGresult *r = run(pg, pgl_sql_sweep, 0, NULL);
+    PGresult *r = run(pg, wait_ms, pgl_sql_sweep, 0, NULL);
     long n;
 
     if (r == NULL)
@@ -107,7 +112,8 @@ long pgl_table_sweep(PGconn *pg)
 }
 
 /* One boolean answer of an advisory-lock function. */
-static pgl_status advisory(PGconn *pg, const char *sql, int64_t key, pgl_status if_false)
+static pgl_status advisory(PGconn *pg, int wait_ms, const char *sql, int64_t key,
+                           pgl_status if_false)
 {
     char k[24];
     const char *vals[1] = { k };
@@ -115,19 +121,19 @@ static pgl_status advisory(PGconn *pg, const char *sql, int64_t key, pgl_status 
     pgl_status out;
 
     snprintf(k, sizeof k, "%" PRId64, key);
-    if ((r = run(pg, sql, 1, vals)) == NULL)
+    if ((r = run(pg, wait_ms, sql, 1, vals)) == NULL)
         return PGL_ERR;
     out = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0 ? PGL_OK : if_false;
     PQclear(r);
     return out;
 }
 
-pgl_status pgl_advisory_try(PGconn *pg, int64_t key)
+pgl_status pgl_advisory_try(PGconn *pg, int wait_ms, int64_t key)
 {
-    return advisory(pg, pgl_sql_advisory_try, key, PGL_BUSY);
+    return advisory(pg, wait_ms, pgl_sql_advisory_try, key, PGL_BUSY);
 }
 
-pgl_status pgl_advisory_release(PGconn *pg, int64_t key)
+pgl_status pgl_advisory_release(PGconn *pg, int wait_ms, int64_t key)
 {
-    return advisory(pg, pgl_sql_advisory_unlock, key, PGL_NOT_OWNER);
+    return advisory(pg, wait_ms, pgl_sql_advisory_unlock, key, PGL_NOT_OWNER);
 }

@@ -17,8 +17,10 @@
  * They have no expiry and no token.
  *
  * Each function runs one statement on the caller's connection, outside any
- * transaction block of its own. PGL_ERR: the statement failed; the caller
- * checks PQstatus() to tell a broken connection. */
+ * transaction block of its own, and waits for its answer at most 'wait_ms'
+ * (pgwait.h): a server that does not answer by then has the connection
+ * shut down. PGL_ERR: the statement failed or timed out; the caller checks
+ * PQstatus() to tell a broken connection (CONNECTION_BAD after a time-out). */
 #ifndef SECKILL_PGL_H
 #define SECKILL_PGL_H
 
@@ -42,21 +44,21 @@ extern const char pgl_sql_advisory_try[];
 extern const char pgl_sql_advisory_unlock[];
 
 /* Lock table. 'token' and 'holds' may be NULL. */
-pgl_status pgl_table_acquire(PGconn *pg, const char *key, const char *owner, long lease_ms,
-                             int64_t *token, int *holds);
+pgl_status pgl_table_acquire(PGconn *pg, int wait_ms, const char *key, const char *owner,
+                             long lease_ms, int64_t *token, int *holds);
 
 /* Counts the owner's hold down (the lease starts again while held) or
  * deletes the row. PGL_NOT_OWNER: no row of this owner, or its lease had
  * ended (the row, if still there, is deleted all the same). 'left' may be
  * NULL. */
-pgl_status pgl_table_release(PGconn *pg, const char *key, const char *owner, long lease_ms,
-                             int *left);
+pgl_status pgl_table_release(PGconn *pg, int wait_ms, const char *key, const char *owner,
+                             long lease_ms, int *left);
 
 /* Deletes expired rows; their count, or -1. */
-long pgl_table_sweep(PGconn *pg);
+long pgl_table_sweep(PGconn *pg, int wait_ms);
 
 /* Advisory lock on 'key' for this session. */
-pgl_status pgl_advisory_try(PGconn *pg, int64_t key);
-pgl_status pgl_advisory_release(PGconn *pg, int64_t key);
+pgl_status pgl_advisory_try(PGconn *pg, int wait_ms, int64_t key);
+pgl_status pgl_advisory_release(PGconn *pg, int wait_ms, int64_t key);
 
 #endif

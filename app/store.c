@@ -2,6 +2,7 @@
 #include "store.h"
 #include "config.h"
 #include "log.h"
+#include "pgwait.h"
 #include "rec.h"
 #include "util.h"
 
@@ -297,65 +298,13 @@ static const statement statements[] = {
  * a host whose kernel still acknowledges while the database is gone - ends
  * nothing, and libpq's blocking calls would wait for it forever (TCP
  * keepalives and tcp_user_timeout, set in conn.c, only catch a peer whose
- * kernel is gone too). So every wait for an answer is bounded here, a
- * second past the statement timeout: the connection is then shut down
+ * kernel is gone too). So every wait for an answer is bounded (pgwait.h),
+ * a second past the statement timeout: the connection is then shut down
  * and the call fails as unavailable (the statement's outcome is unknown:
  * a retry is safe, it sells or answers already_ordered). */
 int store_round_trip_ms(void)
 {
     return g_cfg.pg_statement_timeout_ms + STORE_SLACK_MS;
-}
-
-/* Waits until a result can be read from 'pg' without blocking, at most
- * until 'until' (util_mono_us). 0, or -1 when the connection failed, or
- * timed out and was shut down: it is CONNECTION_BAD then. */
-static int await_input(PGconn *pg, int64_t until)
-{
-    while (PQisBusy(pg)) {
-        struct pollfd pfd = { .fd = PQsocket(pg), .events = POLLIN };
-        int64_t left = until - util_mono_us();
-        int rc;
-
-        if (pfd.fd < 0)
-            return -1;
-        if (left <= 0) {
-            log_warn("store: no answer from Postgres within %d ms: closing the connection",
-                     store_round_trip_ms());
-            shutdown(pfd.fd, SHUT_RDWR);
-            PQconsumeInput(pg);             /* reads the end: the connection is bad now */
-            return -1;
-        }
-        rc = poll(&pfd, 1, (int)((left + 999) / 1000));
-        if (rc < 0 && errno != EINTR)
-            return -1;
-        if (rc > 0 && !PQconsumeInput(pg))
-            return -1;
-    }
-    return 0;
-}
-
-/* The result of the command just sent, as PQexec gives it (the last one,
- * or the first error), read within the bound; NULL when the connection
- * failed or timed out (PQerrorMessage says why). */
-static PGresult *collect(PGconn *pg)
-{
-    int64_t until = util_mono_us() + (int64_t)store_round_trip_ms() * 1000;
-    PGresult *kept = NULL, *r;
-
-    for (;;) {
-        if (await_input(pg, until) != 0) {
-            PQclear(kept);
-            return NULL;
-        }
-        if ((r = PQgetResult(pg)) == NULL)
-            return kept;
-        if (kept != NULL && PQresultStatus(kept) == PGRES_FATAL_ERROR) {
-            PQclear(r);
-        } else {
-            PQclear(kept);
-            kept = r;
-        }
-    }
 }
 
 /* The session keeps one generic plan per statement (plan_cache_mode,
@@ -385,7 +334,7 @@ int store_prepare(PGconn *pg)
     for (size_t i = 0; i < NSTATEMENTS; i++) {
         PGresult *res = PQsendPrepare(pg, statements[i].name, statements[i].sql,
                                       statements[i].nparams, NULL)
-                            ? collect(pg)
+                            ? pgwait_collect(pg, store_round_trip_ms())
                             : NULL;
         int ok = res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK;
         if (!ok)
@@ -450,14 +399,17 @@ static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)
 static PGresult *exec(PGconn *pg, const char *name, int n, const char *const *vals)
 {
     int64_t t0 = util_mono_us();
-    PGresult *res = PQsendQueryPrepared(pg, name, n, vals, NULL, NULL, 0) ? collect(pg) : NULL;
+    PGresult *res = PQsendQueryPrepared(pg, name, n, vals, NULL, NULL, 0)
+                        ? pgwait_collect(pg, store_round_trip_ms())
+                        : NULL;
     return observed(pg, res, t0);
 }
 
 static PGresult *timed_exec(PGconn *pg, const char *sql)
 {
     int64_t t0 = util_mono_us();
-    return observed(pg, PQsendQuery(pg, sql) ? collect(pg) : NULL, t0);
+    return observed(pg, PQsendQuery(pg, sql) ? pgwait_collect(pg, store_round_trip_ms()) : NULL,
+                    t0);
 }
 
 static int64_t get_i64(const PGresult *res, int row, int col)
@@ -550,7 +502,7 @@ static PGresult *segment_read_until(PGconn *pg, int64_t until, int *synced)
 
     *synced = 0;
     while (nulls < 2) {
-        if (await_input(pg, until) != 0)
+        if (pgwait_input(pg, until) != 0)
             break;
         if ((r = PQgetResult(pg)) == NULL) {
             nulls++;

@@ -26,6 +26,7 @@
 #include "log.h"
 #include "pgl.h"
 #include "rec.h"
+#include "store.h"
 #include "util.h"
 
 #include <errno.h>
@@ -80,7 +81,7 @@ static void *sweep_main(void *arg)
         if (pg == NULL && (pg = conn_pg_open(err, sizeof err)) == NULL)
             log_warn("lock sweeper: %s", err);
         if (pg != NULL) {
-            long n = pgl_table_sweep(pg);
+            long n = pgl_table_sweep(pg, store_round_trip_ms());
             if (n > 0)
                 log_info("lock sweeper: %ld expired lock row(s) deleted", n);
             if (n < 0 && PQstatus(pg) == CONNECTION_BAD) {
@@ -140,8 +141,8 @@ static ulock_status acquire_outcome(conn_set *cs, pgl_status st)
 static ulock_status table_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     (void)id;
-    return acquire_outcome(cs, pgl_table_acquire(cs->pg, h->key, h->owner, table_lease_ms(h),
-                                                 &h->token, NULL));
+    return acquire_outcome(cs, pgl_table_acquire(cs->pg, store_round_trip_ms(), h->key, h->owner,
+                                                 table_lease_ms(h), &h->token, NULL));
 }
 
 /* On the worker's session, or a new one when it broke meanwhile; a row
@@ -155,7 +156,8 @@ static void table_release(conn_set *cs, ulock_hold *h)
         log_warn("lock %s not released (database unreachable): it expires by itself", h->key);
         return;
     }
-    st = pgl_table_release(pg, h->key, h->owner, table_lease_ms(h), NULL);
+    st = pgl_table_release(pg, store_round_trip_ms(), h->key, h->owner, table_lease_ms(h),
+                           NULL);
     if (st == PGL_OK) {
         rec_note(REC_DEMO_LOCK_RELEASED);
     } else if (st == PGL_NOT_OWNER) {
@@ -195,7 +197,7 @@ static ulock_status adv_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 
     (void)id;
     p->backend_pid = PQbackendPID(cs->pg);
-    return acquire_outcome(cs, pgl_advisory_try(cs->pg, h->user_id));
+    return acquire_outcome(cs, pgl_advisory_try(cs->pg, store_round_trip_ms(), h->user_id));
 }
 
 /* The session that took it, or nothing: once that session has ended, the
@@ -210,7 +212,7 @@ static void adv_release(conn_set *cs, ulock_hold *h)
         log_warn("lock %s: its session ended, which released it", h->key);
         return;
     }
-    st = pgl_advisory_release(cs->pg, h->user_id);
+    st = pgl_advisory_release(cs->pg, store_round_trip_ms(), h->user_id);
     if (st == PGL_OK) {
         rec_note(REC_DEMO_LOCK_RELEASED);
     } else if (st == PGL_NOT_OWNER) {

@@ -56,6 +56,7 @@ typedef struct opts {
 } opts;
 
 static opts o = { NULL, 8, 200, 5.0, 3000, NULL };
+#define PG_WAIT_MS 10000     /* the Postgres locks: each statement's bound */
 static zkl_client *zk;       /* the process's one session (zk) */
 
 /*---- the backends, behind one small table ----*/
@@ -164,7 +165,8 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
     if (strcmp(b, "pg-table") == 0) {
         double end = t_now_ms() + (double)wait_ms;
         for (;;) {                          /* no wait in a table: try again every ms */
-            pgl_status st = pgl_table_acquire(c->pg, key, owner, o.lease_ms, NULL, NULL);
+            pgl_status st = pgl_table_acquire(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL,
+                                              NULL);
             if (st != PGL_BUSY)
                 return st == PGL_OK ? 1 : -1;
             if (t_now_ms() >= end)
@@ -182,7 +184,7 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
         PQclear(r);
         return ok ? 1 : -1;
     }
-    pgl_status st = pgl_advisory_try(c->pg, adv_key(key));
+    pgl_status st = pgl_advisory_try(c->pg, PG_WAIT_MS, adv_key(key));
     return st == PGL_OK ? 1 : st == PGL_BUSY ? 0 : -1;
 }
 
@@ -197,8 +199,10 @@ static int give(client *c, const char *key, const char *owner)
     if (multi())
         return mlock_release(c->nodes, key, owner, o.lease_ms, ~0u, 0, NULL) > 0 ? 0 : -1;
     if (strcmp(b, "pg-table") == 0)
-        return pgl_table_release(c->pg, key, owner, o.lease_ms, NULL) == PGL_OK ? 0 : -1;
-    return pgl_advisory_release(c->pg, adv_key(key)) == PGL_OK ? 0 : -1;
+        return pgl_table_release(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL) == PGL_OK
+                   ? 0
+                   : -1;
+    return pgl_advisory_release(c->pg, PG_WAIT_MS, adv_key(key)) == PGL_OK ? 0 : -1;
 }
 
 static void open_zk(void)

@@ -172,12 +172,13 @@ def postgres_pids():
     return pids
 
 
-def stop_postgres_for(seconds, then=None):
-    """SIGSTOP of the whole Postgres for 'seconds' (then() runs meanwhile),
-    SIGCONT whatever happens. A process that exited since it was listed (the
-    backend that answered postgres_pids' own query does) is skipped; the
-    stops are inside the try so that none outlives a failure."""
-    pids = postgres_pids()
+def stop_postgres_for(seconds, then=None, pids=None):
+    """SIGSTOP of the whole Postgres (or of the processes 'pids') for
+    'seconds' (then() runs meanwhile), SIGCONT whatever happens. A process
+    that exited since it was listed (the backend that answered
+    postgres_pids' own query does) is skipped; the stops are inside the try
+    so that none outlives a failure."""
+    pids = postgres_pids() if pids is None else pids
     try:
         for p in pids:
             try:

@@ -10,7 +10,8 @@ errors into test failures:
   timeouts); body is parsed JSON when the answer is JSON, raw text otherwise.
 - raw_request(): sends arbitrary bytes on a socket, for malformed requests.
 - voucher_body() / new_voucher(): a voucher on sale now.
-- psql() / psql_value() / redis(): queries with the psql and redis-cli clients.
+- psql() / psql_value() / redis(): queries with the psql and redis-cli clients;
+  backend_pids(): the Postgres backends of an instance.
 - RedisServer: a dedicated redis-server (for outage tests), optionally a replica.
 - RedisHA: a master, replicas and three Sentinels (redis-server --sentinel) of
   the test's own, on free ports: sentinels_env() for a Server, master_port(),
@@ -691,6 +692,14 @@ def psql(sql, dsn=None, timeout=30):
         return kit.psql(dsn or PG_DSN, sql, timeout)
     except kit.KitError as e:
         fail(f"{e} (for {sql!r})")
+
+
+def backend_pids(app):
+    """The client backends of Postgres serving instance 'app' (its
+    application_name)."""
+    return [int(r[0]) for r in psql(
+        f"SELECT pid FROM pg_stat_activity WHERE application_name = '{app}' "
+        "AND backend_type = 'client backend'")]
 
 
 def psql_value(sql, dsn=None):

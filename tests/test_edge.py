@@ -9,8 +9,12 @@ tests/run.sh:
     counters do not move while nginx answers it; /stats/edge and the access
     log (edge=hit) count those answers;
   - a reset through nginx clears the edge at once: the next buyer gets 200;
-    a reset sent to an instance directly is seen within the entry's
-    lifetime (1 s): a buyer gets 200 by then, or the test fails;
+    one refused (401, wrong token) leaves it answering; behind a fake
+    instance, only a 200 and a 503 with X-Seckill-Reset: postgres clear
+    it, and a SECKILL_STOCK=redis instance sends that header when its
+    Redis is gone (reset in Postgres only); a reset sent to an instance
+    directly is seen within the entry's lifetime (1 s): a buyer gets 200
+    by then, or the test fails;
   - never answered by nginx: a voucher that was never sold out, one not
     started, one ended, a repeat buyer (already_ordered), and any request
     the instance would answer otherwise (bad user id, other spellings,
@@ -24,15 +28,18 @@ Prints "N passed, M failed". Python 3 standard library only.
 """
 
 import calendar
+import http.server
 import os
 import re
 import signal
 import socket
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seckill_server as ss  # noqa: E402
+import redisfirst_kit  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
 ROOT = ss.ROOT
@@ -333,6 +340,142 @@ def reset_through_nginx_clears_the_edge_at_once():
         fail(f"the first buyer after the reset: {r.status} {r.raw[:200]!r}")
     if edge.answered() != n + 1:
         fail("the edge answered after the reset")
+
+
+@test
+def a_refused_reset_through_nginx_leaves_the_edge():
+    """A reset with a wrong token (401: nothing was reset) does not clear
+    the edge: it still holds the voucher and answers the next buyer itself;
+    a good reset then clears it."""
+    edge = local_edge()
+    for _ in range(3):
+        n = edge.answered()
+        v, _, t_kept = sold_out_and_held(edge)
+        r = edge.request("POST", f"/admin/vouchers/{v}/reset",
+                         {"Authorization": "Bearer wrong-token"}, {"stock": 1})
+        held = edge.holds(v)
+        b = edge.buy(v)
+        if time.monotonic() - t_kept >= LIFETIME:
+            continue                # the entry may have expired meanwhile: again
+        if r.status != 401:
+            fail(f"reset with a wrong token: {r.status} {r.raw[:200]!r}, want 401")
+        if not held:
+            fail("a refused reset (401) through nginx cleared the edge")
+        if b.status != 409 or b.body.get("error") != "sold_out":
+            fail(f"the buyer after the refused reset: {b.status} {b.raw[:200]!r}")
+        if edge.answered() != n + 1:
+            fail(f"the buyer after the refused reset: the edge answered {edge.answered() - n}"
+                 " (want 1: that buyer)")
+        r = edge.request("POST", f"/admin/vouchers/{v}/reset", ADMIN, {"stock": 1})
+        if r.status != 200 or edge.holds(v):
+            fail(f"the good reset: {r.status}, the edge holds the voucher: {edge.holds(v)}")
+        if edge.buy(v).status != 200:
+            fail("the first buyer after the good reset did not get 200")
+        return
+    fail(f"three tries, each longer than the edge entry's {LIFETIME} s")
+
+
+class FakeInstance:
+    """An upstream that answers every buy with an instance's kept sold-out
+    answer (X-Edge-Sold-Out: 1000) and every reset with self.reset:
+    (status, extra headers)."""
+
+    def __init__(self):
+        self.reset = (200, {})
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.endswith("/seckill"):
+                    status, extra = 409, {"X-Edge-Sold-Out": "1000"}
+                    body = b'{"error":"sold_out","message":"sold out"}'
+                else:
+                    status, extra = fake.reset
+                    body = b'{"error":"x","message":"reset answer"}'
+                self.send_response(status)
+                for k, v in {"Content-Type": "application/json", "X-Instance-Id": "fake",
+                             "Content-Length": str(len(body)), **extra}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.addr = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@test
+def only_a_reset_that_happened_clears_the_edge():
+    """The reset's answer decides, in nginx's header filter: 200 and 503
+    with X-Seckill-Reset: postgres (done in Postgres, not in Redis) clear
+    the voucher's entry; 401, 404 and any other 503 leave it."""
+    fake = FakeInstance()
+    d = os.path.join(ss.TEST_TMP, f"edge-{os.getpid()}-fake")
+    edge = Edge(*ss.start_nginx(d, [fake.addr]), d)
+    try:
+        for status, extra, clears in ((401, {}, False), (404, {}, False), (503, {}, False),
+                                      (503, {"X-Seckill-Reset": "redis"}, False),
+                                      (503, {"X-Seckill-Reset": "postgres"}, True),
+                                      (200, {}, True)):
+            fake.reset = (status, extra)
+            for _ in range(3):
+                t0 = time.monotonic()
+                b = edge.buy(7)
+                held = edge.holds(7)
+                r = edge.request("POST", "/admin/vouchers/7/reset", ADMIN, {"stock": 1})
+                after = edge.holds(7)
+                if time.monotonic() - t0 < LIFETIME:
+                    break
+            else:
+                fail(f"three tries, each longer than the edge entry's {LIFETIME} s")
+            if not held:
+                fail(f"the fake instance's sold-out answer was not kept: {b.status} {b.raw!r}")
+            if r.status != status:
+                fail(f"the reset answered {r.status} through nginx, the instance {status}")
+            if after == clears:
+                fail(f"a reset answered {status} {extra}: the edge "
+                     f"{'still holds' if after else 'dropped'} the voucher")
+    finally:
+        edge.stop()
+        fake.close()
+
+
+@test
+def an_instance_marks_a_reset_done_in_postgres_only():
+    """SECKILL_STOCK=redis with its Redis gone: the reset is done in
+    Postgres and answered 503 with X-Seckill-Reset: postgres; a refused
+    reset and a whole one carry no such header."""
+    rs = redisfirst_kit.durable_redis()
+    srv = redisfirst_kit.server("edge-reset-rf", rs, ADMIN_TOKEN=TOKEN)
+    try:
+        v = ss.new_voucher(srv, TOKEN, 5, "edge reset")
+        path = f"/admin/vouchers/{v}/reset"
+        for what, headers, status in (("a wrong token", {"Authorization": "Bearer x"}, 401),
+                                      ("a whole reset", ADMIN, 200)):
+            r = srv.post(path, headers, {"stock": 3})
+            if r.status != status or "x-seckill-reset" in r.headers:
+                fail(f"{what}: {r.status} {r.headers}")
+        rs.kill()
+        r = srv.post(path, ADMIN, {"stock": 2})
+        if r.status != 503 or r.headers.get("x-seckill-reset") != "postgres":
+            fail(f"a reset with Redis gone: {r.status} {r.headers} {r.raw[:200]!r}")
+        stock = ss.psql_value(f"SELECT stock FROM tb_voucher WHERE voucher_id = {v}")
+        if stock != "2":
+            fail(f"the reset answered 503 postgres, and Postgres has stock {stock}")
+    finally:
+        srv.stop()
+        rs.kill()
 
 
 @test
