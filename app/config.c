@@ -154,6 +154,11 @@ static const option_def options[] = {
       100, 3600000, "20000", "redis: orders delivered to a consumer that has not acknowledged "
       "them for this long are claimed by another (XAUTOCLAIM); must exceed the slowest batch, "
       "3 x (PG_STATEMENT_TIMEOUT_MS + 1000)" },
+    { "CONSUMER_REMOVE_IDLE_MS", "consumer-remove-idle-ms", OPT_INT,
+      F(consumer_remove_idle_ms), 1000, 86400000, "60000", "redis: a consumer name in the "
+      "group that holds no pending order and was idle this long is removed (XGROUP "
+      "DELCONSUMER): what restarts leave behind; a live consumer refreshes its own name every "
+      "third of this (at most every 10 s)" },
     { "EARLY_LOCK_RELEASE", "early-lock-release", OPT_BOOL, F(early_lock_release), 0, 1, "1",
       "optimistic: commit without waiting for the WAL flush, so the voucher row is free at once; "
       "answer only after the flush (0: the row lock is held through the flush)" },

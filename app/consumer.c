@@ -8,6 +8,7 @@
 #include "script.h"
 #include "stock_redis.h"
 #include "store.h"
+#include "stream_tidy.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -44,6 +45,7 @@ typedef struct consumer {
     char cursor[48];                  /* XAUTOCLAIM's, between rounds */
     int own_pending;                  /* entries delivered to us and not settled */
     int64_t next_claim_us, next_check_us, next_trim_us;
+    int64_t next_tidy_us;             /* next removal of gone consumers (stream_tidy.h) */
     int64_t next_read_us;             /* next read of new entries: CONSUMER_LINGER_MS
                                        * after the last, 0 after a full one */
     entry *e;                         /* CONSUMER_BATCH_MAX of them */
@@ -519,6 +521,10 @@ static void round_once(consumer *k)
     if (k->c->err == 0 && (now = util_mono_us()) >= k->next_trim_us) {
         k->next_trim_us = now + TRIM_EVERY_MS * 1000LL;
         trim(k);
+    }
+    if (k->c->err == 0 && (now = util_mono_us()) >= k->next_tidy_us) {
+        k->next_tidy_us = now + stream_tidy_every_ms() * 1000LL;
+        stream_tidy_consumers(k->c, k->name);
     }
     if (k->c->err)
         redis_drop(k);

@@ -39,6 +39,9 @@ oversold.
                   counts pending and undelivered orders, not settled ones, and
                   reads Postgres in one snapshot
   reset           a reset drops the old sale's undrained orders
+  names           the consumer names restarts leave in the group go once idle
+                  with nothing pending; a dead one holding orders stays until
+                  they are claimed
 """
 
 import datetime
@@ -504,6 +507,96 @@ def a_poison_entry_goes_to_the_dead_letter_stream_and_the_rest_lands():
             fail(f"{n} rows")
     finally:
         a.stop_ok()
+        rs.kill()
+
+
+def consumers(rs):
+    """The group's consumers: {name: {"pending": n, "idle": ms}} (XINFO
+    CONSUMERS, whatever fields the Redis version adds)."""
+    out = rcli(rs, "XINFO", "CONSUMERS", "seckill:orders", "seckill").splitlines()
+    found, cur = {}, None
+    for key, value in zip(out[0::2], out[1::2]):
+        if key == "name":
+            cur = found.setdefault(value, {})
+        elif cur is not None and key in ("pending", "idle"):
+            cur[key] = int(value)
+    return found
+
+
+def wait_consumers(rs, pred, what, timeout=10.0):
+    """Waits until pred(consumers(rs)); the consumers."""
+    deadline = time.monotonic() + timeout
+    while not pred(c := consumers(rs)):
+        if time.monotonic() > deadline:
+            fail(f"after {timeout}s, {what}: the group has {c}")
+        time.sleep(0.1)
+    return c
+
+
+@test
+def consumer_names_of_gone_processes_leave_the_group_unless_they_hold_orders():
+    """Each process reads under a name of its own; restarts must not pile
+    names up in the group. A gone consumer with nothing pending is removed
+    once idle CONSUMER_REMOVE_IDLE_MS; one that still holds orders stays
+    (removing it would orphan them) until another claims them."""
+    rs = durable_redis()
+    front = server("rf-names-front", rs, CONSUMERS=0)
+    live = []
+    try:
+        vid = ss.new_voucher(front, TOKEN, 10)
+        acked, _ = buy_all([front], vid, range(7980001, 7980004), workers=2)
+        # A consumer that read three orders and died: they are pending to it.
+        rcli(rs, "XGROUP", "CREATE", "seckill:orders", "seckill", 0)
+        rcli(rs, "XREADGROUP", "GROUP", "seckill", "ghost", "COUNT", 3, "STREAMS",
+             "seckill:orders", ">")
+        # No claim during the test: the ghost keeps its orders.
+        tidy = {"CONSUMER_REMOVE_IDLE_MS": 1000, "CONSUMER_CLAIM_IDLE_MS": 600000}
+
+        def start(name):
+            before = set(consumers(rs))
+            srv = server(name, rs, **tidy)
+            c = wait_consumers(rs, lambda c: set(c) - before, f"no new consumer for {name}")
+            return srv, (set(c) - before).pop()
+
+        gone = []
+        for i in range(4):                     # four restarts of one instance
+            srv, name = start("rf-names")
+            gone.append(name)
+            if i % 2:
+                srv.kill()
+            else:
+                srv.stop_ok()
+        a, a_name = start("rf-names")
+        live.append(a)
+        b, b_name = start("rf-names-b")
+        live.append(b)
+        c = wait_consumers(rs, lambda c: set(c) == {a_name, b_name, "ghost"},
+                           "only the live consumers and the ghost should be left")
+        if c["ghost"]["pending"] != 3:
+            fail(f"the ghost's orders: {c['ghost']}")
+        # Well past the bound, the ghost is still there with its orders.
+        time.sleep(2.5)
+        c = consumers(rs)
+        if c.get("ghost", {}).get("pending") != 3 or c["ghost"]["idle"] < 2000:
+            fail(f"a consumer holding orders was removed: {c}")
+        if unsettled(rs) != 3:
+            fail(f"{unsettled(rs)} orders unsettled, the ghost's 3 expected")
+        for srv in live:
+            srv.stop_ok()
+        live.clear()
+        # Its orders claimed by another, the ghost goes too.
+        claimer = server("rf-names-claimer", rs, CONSUMER_REMOVE_IDLE_MS=1000)
+        live.append(claimer)
+        wait_consumers(rs, lambda c: len(c) == 1 and "ghost" not in c
+                       and all(x["pending"] == 0 for x in c.values()),
+                       "the ghost should go once its orders are claimed")
+        reconcile(claimer, rs, vid, acked, 10)
+        print(f"# {len(gone)} restarts: their names left the group; the ghost stayed with "
+              "its 3 orders until they were claimed", flush=True)
+    finally:
+        front.stop_ok()
+        for srv in live:
+            srv.stop_ok()
         rs.kill()
 
 

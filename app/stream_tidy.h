@@ -1,0 +1,31 @@
+/* stream_tidy: the upkeep of the Redis-first orders stream (stock_redis.h):
+ * the consumer names of its group.
+ *
+ * Each instance process reads under a name of its own (consumer.h), so
+ * every restart leaves one behind in the group. lua/group_tidy.lua
+ * refreshes the caller's own name (Redis 7.0 does not on a read that finds
+ * nothing new), then removes, atomically, the names with no pending entry
+ * that were idle longer than CONSUMER_REMOVE_IDLE_MS. A dead consumer's
+ * pending entries are claimed first (XAUTOCLAIM, CONSUMER_CLAIM_IDLE_MS);
+ * only then does its name go. */
+#ifndef SECKILL_STREAM_TIDY_H
+#define SECKILL_STREAM_TIDY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <hiredis/hiredis.h>
+
+/* Reads lua/group_tidy.lua from 'dir'. Call once before threads start.
+ * 0, or -1 with the reason in 'err'. */
+int stream_tidy_load(const char *dir, char *err, size_t errlen);
+
+/* How often the consumer runs stream_tidy_consumers, ms: every 10 s, or
+ * every third of CONSUMER_REMOVE_IDLE_MS when that is shorter. */
+int stream_tidy_every_ms(void);
+
+/* Refreshes 'own_name' in the group and removes the consumers that are
+ * gone (group_tidy.lua). The number removed (each logged), or -1 when
+ * Redis failed (c->err set when the connection did). */
+int stream_tidy_consumers(redisContext *c, const char *own_name);
+
+#endif
