@@ -91,6 +91,7 @@ typedef struct config {
     int consumer_linger_ms;     /* redis: least time between two reads of new entries */
     int consumer_claim_idle_ms; /* redis: XAUTOCLAIM's min-idle-time */
     int consumer_remove_idle_ms; /* redis: a consumer name idle this long, nothing pending, goes */
+    int dead_letters_max;       /* redis: the dead-letter stream's cap (XADD MAXLEN ~) */
     int test_clock_step_ms;     /* testing only: util_set_test_clock_step_ms */
     char instance_uuid[37];     /* random per process; lock owner prefix */
 } config;

@@ -262,7 +262,7 @@ static int exec_replies(redisContext *c, int cmds)
 static int settle(consumer *k, const int *idx, int n, int64_t voucher_id, int landed,
                   const char *dead_reason)
 {
-    char key[96], num[4][24];
+    char key[96];
     int cmds = 0;
 
     k->argv[0] = "XACK";
@@ -275,13 +275,11 @@ static int settle(consumer *k, const int *idx, int n, int64_t voucher_id, int la
     cmds++;
     if (dead_reason != NULL) {
         const entry *e = &k->e[idx[0]];
-        snprintf(num[0], sizeof num[0], "%" PRId64, e->voucher_id);
-        snprintf(num[1], sizeof num[1], "%" PRId64, e->user_id);
-        snprintf(num[2], sizeof num[2], "%" PRId64, e->order_id);
-        snprintf(num[3], sizeof num[3], "%" PRId64, e->gen);
-        if (redisAppendCommand(k->c, "XADD %s * entry %s v %s u %s o %s g %s reason %s consumer %s",
-                               STOCK_REDIS_DEAD, e->id, num[0], num[1], num[2], num[3],
-                               dead_reason, k->name) != REDIS_OK)
+        stream_tidy_dead d = { .entry = e->id, .voucher_id = e->voucher_id,
+                               .user_id = e->user_id, .order_id = e->order_id, .gen = e->gen,
+                               .with_id = e->readable, .reason = dead_reason,
+                               .consumer = k->name };
+        if (stream_tidy_dead_append(k->c, &d) != 0)
             return -1;
         cmds++;
     }

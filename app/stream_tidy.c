@@ -1,10 +1,11 @@
-/* stream_tidy: consumer names of the orders stream's group (stream_tidy.h). */
+/* stream_tidy: consumer names and dead letters of the orders stream (stream_tidy.h). */
 #include "stream_tidy.h"
 #include "config.h"
 #include "log.h"
 #include "script.h"
 #include "stock_redis.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -56,4 +57,50 @@ int stream_tidy_consumers(redisContext *c, const char *own_name)
 cleanup:
     freeReplyObject(r);
     return rc;
+}
+
+int stream_tidy_dead_append(redisContext *c, const stream_tidy_dead *d)
+{
+    char cap[24], num[6][24];
+    const char *argv[26];
+    int argc = 0;
+
+    snprintf(cap, sizeof cap, "%d", g_cfg.dead_letters_max);
+    snprintf(num[0], sizeof num[0], "%" PRId64, d->voucher_id);
+    snprintf(num[1], sizeof num[1], "%" PRId64, d->user_id);
+    snprintf(num[2], sizeof num[2], "%" PRId64, d->order_id);
+    snprintf(num[3], sizeof num[3], "%" PRId64, d->gen);
+    /* The id's parts, as lua/order_admit.lua wrote them (idw.h). */
+    snprintf(num[4], sizeof num[4], "%" PRId64, d->order_id >> 32);
+    snprintf(num[5], sizeof num[5], "%" PRId64, (int64_t)(d->order_id & 0xFFFFFFFF));
+    argv[argc++] = "XADD";
+    argv[argc++] = STOCK_REDIS_DEAD;
+    /* "~": Redis removes whole stream nodes only, so the length stays
+     * within a node (stream-node-max-entries) of the cap, at a fraction of
+     * the cost of an exact trim (https://redis.io/docs/latest/commands/xadd/). */
+    argv[argc++] = "MAXLEN";
+    argv[argc++] = "~";
+    argv[argc++] = cap;
+    argv[argc++] = "*";
+    argv[argc++] = "entry";
+    argv[argc++] = d->entry;
+    argv[argc++] = "v";
+    argv[argc++] = num[0];
+    argv[argc++] = "u";
+    argv[argc++] = num[1];
+    argv[argc++] = "o";
+    argv[argc++] = num[2];
+    if (d->with_id) {
+        argv[argc++] = "t";
+        argv[argc++] = num[4];
+        argv[argc++] = "c";
+        argv[argc++] = num[5];
+    }
+    argv[argc++] = "g";
+    argv[argc++] = num[3];
+    argv[argc++] = "reason";
+    argv[argc++] = d->reason;
+    argv[argc++] = "consumer";
+    argv[argc++] = d->consumer;
+    return redisAppendCommandArgv(c, argc, argv, NULL) == REDIS_OK ? 0 : -1;
 }

@@ -1,13 +1,16 @@
 /* stream_tidy: the upkeep of the Redis-first orders stream (stock_redis.h):
- * the consumer names of its group.
+ * the consumer names of its group, and its dead letters.
  *
- * Each instance process reads under a name of its own (consumer.h), so
- * every restart leaves one behind in the group. lua/group_tidy.lua
- * refreshes the caller's own name (Redis 7.0 does not on a read that finds
- * nothing new), then removes, atomically, the names with no pending entry
- * that were idle longer than CONSUMER_REMOVE_IDLE_MS. A dead consumer's
- * pending entries are claimed first (XAUTOCLAIM, CONSUMER_CLAIM_IDLE_MS);
- * only then does its name go. */
+ * - Consumer names. Each instance process reads under a name of its own
+ *   (consumer.h), so every restart leaves one behind in the group.
+ *   lua/group_tidy.lua refreshes the caller's own name (Redis 7.0 does not
+ *   on a read that finds nothing new), then removes, atomically, the names
+ *   with no pending entry that were idle longer than
+ *   CONSUMER_REMOVE_IDLE_MS. A dead consumer's pending entries are claimed
+ *   first (XAUTOCLAIM, CONSUMER_CLAIM_IDLE_MS); only then does its name go.
+ * - Dead letters. An entry no batch could persist is copied to
+ *   STOCK_REDIS_DEAD with the order's fields and its reason; the stream is
+ *   capped near DEAD_LETTERS_MAX entries (XADD MAXLEN ~, whole nodes). */
 #ifndef SECKILL_STREAM_TIDY_H
 #define SECKILL_STREAM_TIDY_H
 
@@ -27,5 +30,19 @@ int stream_tidy_every_ms(void);
  * gone (group_tidy.lua). The number removed (each logged), or -1 when
  * Redis failed (c->err set when the connection did). */
 int stream_tidy_consumers(redisContext *c, const char *own_name);
+
+/* Appends to c's output buffer (no I/O) the XADD of one dead letter to
+ * STOCK_REDIS_DEAD, capped near DEAD_LETTERS_MAX entries: the original
+ * entry's id, the order's fields and the reason. 't' and 'c' (the order
+ * id's seconds and count) are written only when 'with_id' is set: an entry
+ * without them is not replayable. 0, or -1 when hiredis cannot format it. */
+typedef struct stream_tidy_dead {
+    const char *entry;               /* the orders stream's entry id */
+    int64_t voucher_id, user_id, order_id, gen;
+    int with_id;                     /* order_id is a whole id: write t and c */
+    const char *reason;
+    const char *consumer;            /* the consumer that gave up on it */
+} stream_tidy_dead;
+int stream_tidy_dead_append(redisContext *c, const stream_tidy_dead *d);
 
 #endif

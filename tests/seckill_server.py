@@ -186,7 +186,7 @@ class Server:
                   "LOCK_TOKEN_TTL_MS", "FENCE_HORIZON_MS", "REDIS_ORDER_DURABILITY",
                   "REDIS_ORDER_WAIT_REPLICAS", "REDIS_ORDER_WAIT_MS", "CONSUMERS",
                   "CONSUMER_BATCH_MAX", "CONSUMER_CLAIM_IDLE_MS", "CONSUMER_LINGER_MS",
-                  "CONSUMER_REMOVE_IDLE_MS"):
+                  "CONSUMER_REMOVE_IDLE_MS", "DEAD_LETTERS_MAX"):
             env.pop(k, None)
         return kit.with_settings(env, self.env_overrides)
 

@@ -42,6 +42,8 @@ oversold.
   names           the consumer names restarts leave in the group go once idle
                   with nothing pending; a dead one holding orders stays until
                   they are claimed
+  dead cap        the dead-letter stream keeps about DEAD_LETTERS_MAX entries,
+                  the newest; a dead letter carries the order whole
 """
 
 import datetime
@@ -597,6 +599,38 @@ def consumer_names_of_gone_processes_leave_the_group_unless_they_hold_orders():
         front.stop_ok()
         for srv in live:
             srv.stop_ok()
+        rs.kill()
+
+
+@test
+def the_dead_letter_stream_keeps_about_dead_letters_max_entries():
+    rs = durable_redis()
+    # Whole stream nodes of 10 entries: XADD MAXLEN ~ trims to within 10.
+    rcli(rs, "CONFIG", "SET", "stream-node-max-entries", 10)
+    a = server("rf-dead-cap", rs, DEAD_LETTERS_MAX=20)
+    try:
+        rcli(rs, "EVAL", "for i = 1, 150 do redis.call('xadd', KEYS[1], '*', 'v', "
+             "'not-a-number', 'i', i) end", 1, "seckill:orders")
+        # Then a well-formed order of a voucher Postgres does not have.
+        last = rcli(rs, "XADD", "seckill:orders", "*", "v", 999999999, "u", 5, "t", 100,
+                    "c", 7, "g", 0)
+        deadline = time.monotonic() + 30
+        while counter(a, "seckill_stream_dead_letters_total") < 151:
+            if time.monotonic() > deadline:
+                fail("151 poison entries were not all dead-lettered")
+            time.sleep(0.2)
+        n = int(rcli(rs, "XLEN", "seckill:orders:dead"))
+        if not 20 <= n <= 30:
+            fail(f"{n} dead letters kept of 151, about 20 expected")
+        # The newest is kept, with the order whole: its id's parts too.
+        out = rcli(rs, "XREVRANGE", "seckill:orders:dead", "+", "-", "COUNT", 1).splitlines()
+        f = dict(zip(out[1::2], out[2::2]))
+        if f.get("entry") != last or (f.get("v"), f.get("u"), f.get("t"), f.get("c"),
+                                      f.get("g"), f.get("o")) != \
+                ("999999999", "5", "100", "7", "0", str((100 << 32) | 7)):
+            fail(f"the newest dead letter: {out}")
+    finally:
+        a.stop_ok()
         rs.kill()
 
 
