@@ -12,10 +12,14 @@
 #define TIDY_EVERY_MS 10000
 
 static script_file tidy_script = { .name = "group_tidy" };
+static script_file replay_script = { .name = "dead_replay" };
 
 int stream_tidy_load(const char *dir, char *err, size_t errlen)
 {
-    return script_file_load(&tidy_script, dir, tidy_script.name, err, errlen);
+    if (script_file_load(&tidy_script, dir, tidy_script.name, err, errlen) != 0 ||
+        script_file_load(&replay_script, dir, replay_script.name, err, errlen) != 0)
+        return -1;
+    return 0;
 }
 
 int stream_tidy_every_ms(void)
@@ -103,4 +107,35 @@ int stream_tidy_dead_append(redisContext *c, const stream_tidy_dead *d)
     argv[argc++] = "consumer";
     argv[argc++] = d->consumer;
     return redisAppendCommandArgv(c, argc, argv, NULL) == REDIS_OK ? 0 : -1;
+}
+
+int stream_tidy_replay(redisContext *c, int64_t max, stream_tidy_replayed *out)
+{
+    char n[24];
+    const char *argv[3] = { STOCK_REDIS_DEAD, STOCK_REDIS_STREAM, n };
+    redisReply *r;
+    int rc = -1;
+
+    memset(out, 0, sizeof *out);
+    snprintf(n, sizeof n, "%" PRId64, max);
+    r = script_file_run(c, &replay_script, 2, 3, argv, NULL);
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_ERROR) {
+        log_warn("stream_tidy: dead_replay: %s", r->str);
+        goto cleanup;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER ||
+        r->element[2]->type != REDIS_REPLY_INTEGER) {
+        log_warn("stream_tidy: dead_replay: unexpected reply");
+        goto cleanup;
+    }
+    out->replayed = r->element[0]->integer;
+    out->left = r->element[1]->integer;
+    out->unreplayable = r->element[2]->integer;
+    rc = 0;
+cleanup:
+    freeReplyObject(r);
+    return rc;
 }

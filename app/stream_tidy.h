@@ -10,7 +10,10 @@
  *   first (XAUTOCLAIM, CONSUMER_CLAIM_IDLE_MS); only then does its name go.
  * - Dead letters. An entry no batch could persist is copied to
  *   STOCK_REDIS_DEAD with the order's fields and its reason; the stream is
- *   capped near DEAD_LETTERS_MAX entries (XADD MAXLEN ~, whole nodes). */
+ *   capped near DEAD_LETTERS_MAX entries (XADD MAXLEN ~, whole nodes).
+ *   lua/dead_replay.lua puts them back in the orders stream once their
+ *   cause is fixed, each moved in one atomic step, so a replay repeated
+ *   queues nothing twice. */
 #ifndef SECKILL_STREAM_TIDY_H
 #define SECKILL_STREAM_TIDY_H
 
@@ -18,8 +21,8 @@
 #include <stdint.h>
 #include <hiredis/hiredis.h>
 
-/* Reads lua/group_tidy.lua from 'dir'. Call once before threads start.
- * 0, or -1 with the reason in 'err'. */
+/* Reads lua/group_tidy.lua and lua/dead_replay.lua from 'dir'. Call once
+ * before threads start. 0, or -1 with the reason in 'err'. */
 int stream_tidy_load(const char *dir, char *err, size_t errlen);
 
 /* How often the consumer runs stream_tidy_consumers, ms: every 10 s, or
@@ -44,5 +47,16 @@ typedef struct stream_tidy_dead {
     const char *consumer;            /* the consumer that gave up on it */
 } stream_tidy_dead;
 int stream_tidy_dead_append(redisContext *c, const stream_tidy_dead *d);
+
+/* What a replay did. */
+typedef struct stream_tidy_replayed {
+    int64_t replayed;                /* entries put back in the orders stream */
+    int64_t left;                    /* dead letters still there after the call */
+    int64_t unreplayable;            /* of those, the ones passed over (no t and c) */
+} stream_tidy_replayed;
+
+/* Puts up to 'max' dead letters back in the orders stream (dead_replay.lua).
+ * 0, or -1 when Redis failed (c->err set when the connection did). */
+int stream_tidy_replay(redisContext *c, int64_t max, stream_tidy_replayed *out);
 
 #endif

@@ -44,6 +44,8 @@ oversold.
                   they are claimed
   dead cap        the dead-letter stream keeps about DEAD_LETTERS_MAX entries,
                   the newest; a dead letter carries the order whole
+  replay          POST /admin/dead-letters/replay puts dead letters whose cause
+                  was fixed back in the stream, each once; they land
 """
 
 import datetime
@@ -631,6 +633,86 @@ def the_dead_letter_stream_keeps_about_dead_letters_max_entries():
             fail(f"the newest dead letter: {out}")
     finally:
         a.stop_ok()
+        rs.kill()
+
+
+def dead_letters(rs):
+    """The dead letters, oldest first: [{field: value}]."""
+    out = rcli(rs, "EVAL", "local r = {} for _, e in ipairs(redis.call('xrange', KEYS[1], '-', "
+               "'+')) do r[#r + 1] = table.concat(e[2], '\\t') end return r", 1,
+               "seckill:orders:dead").splitlines()
+    letters = []
+    for line in out:
+        f = line.split("\t")
+        letters.append(dict(zip(f[0::2], f[1::2])))
+    return letters
+
+
+@test
+def dead_letters_whose_cause_is_fixed_are_replayed_once_and_land():
+    rs = durable_redis()
+    # Three orders wait in the stream while Postgres has no stock left for
+    # them (changed by hand): the consumer dead-letters them.
+    front = server("rf-replay-front", rs, CONSUMERS=0)
+    a = None
+    try:
+        vid = ss.new_voucher(front, TOKEN, 5)
+        acked, _ = buy_all([front], vid, range(7990001, 7990004), workers=2)
+        if len(acked) != 3:
+            fail(f"{len(acked)} acknowledged")
+        ss.psql(f"UPDATE tb_voucher SET stock = 0 WHERE voucher_id = {vid}")
+        a = server("rf-replay", rs)
+        deadline = time.monotonic() + 15
+        while len(letters := dead_letters(rs)) < 3:
+            if time.monotonic() > deadline:
+                fail(f"the orders were not dead-lettered: {letters}")
+            time.sleep(0.1)
+        # Each dead letter carries the order whole: t and c make its id.
+        got = {int(d["u"]): (int(d["t"]) << 32) | int(d["c"]) for d in letters}
+        if got != acked or any(int(d["o"]) != acked[int(d["u"])] for d in letters) or \
+                {d["reason"] for d in letters} != {"no stock left in Postgres"}:
+            fail(f"dead letters {letters}, orders {acked}")
+        # A dead letter of the older format (no t and c): not replayable.
+        rcli(rs, "XADD", "seckill:orders:dead", "*", "entry", "1-1", "v", 999999999, "u", 1,
+             "o", 4294967297, "g", 1, "reason", "no such voucher", "consumer", "old")
+        drain(a)
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = a.post("/admin/dead-letters/replay", headers)
+            if r.status != 401 or r.body.get("error") != "unauthorized":
+                fail(f"replay without the token: {r.status} {r.body!r}")
+        r = a.post("/admin/dead-letters/replay", AUTH, {"max": 0})
+        if r.status != 400 or r.body.get("error") != "invalid_field":
+            fail(f"max 0: {r.status} {r.body!r}")
+        if int(rcli(rs, "XLEN", "seckill:orders:dead")) != 4:
+            fail("a refused replay moved dead letters")
+        ss.psql(f"UPDATE tb_voucher SET stock = 5 WHERE voucher_id = {vid}")   # the fix
+
+        def added():
+            info = rcli(rs, "XINFO", "STREAM", "seckill:orders").splitlines()
+            return int(info[info.index("entries-added") + 1])
+
+        before = added()
+        answers = []
+        for body in ({"max": 2}, None, None):
+            r = a.post("/admin/dead-letters/replay", AUTH, body)
+            if r.status != 200:
+                fail(f"replay {body}: {r.status} {r.body!r}")
+            answers.append(r.body)
+        if answers != [{"replayed": 2, "left": 2, "unreplayable": 0},
+                       {"replayed": 1, "left": 1, "unreplayable": 1},
+                       {"replayed": 0, "left": 1, "unreplayable": 1}]:
+            fail(f"replay answers {answers}")
+        if added() - before != 3:
+            fail(f"{added() - before} entries queued by three replays of 3 dead letters")
+        st, n = reconcile(a, rs, vid, acked, 5)
+        if n != 3 or st["redisFirst"]["deadLetters"] != 1:
+            fail(f"{n} rows; redisFirst {st['redisFirst']}")
+        if dead_letters(rs)[0].get("consumer") != "old":
+            fail(f"the dead letter left is not the unreplayable one: {dead_letters(rs)}")
+    finally:
+        front.stop_ok()
+        if a is not None:
+            a.stop_ok()
         rs.kill()
 
 
