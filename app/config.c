@@ -162,6 +162,14 @@ static const option_def options[] = {
     { "STREAM_BACKLOG_MAX", "stream-backlog-max", OPT_INT, F(stream_backlog_max), 0, 100000000,
       "200000", "redis: with more admitted orders than this not yet in Postgres, admission "
       "answers 503 and /ready is not ready until the consumers catch up (0: no bound)" },
+    { "CONSUMER_REMOVE_IDLE_MS", "consumer-remove-idle-ms", OPT_INT,
+      F(consumer_remove_idle_ms), 1000, 86400000, "60000", "redis: a consumer name in the "
+      "group that holds no pending order and was idle this long is removed (XGROUP "
+      "DELCONSUMER): what restarts leave behind; a live consumer refreshes its own name every "
+      "third of this (at most every 10 s)" },
+    { "DEAD_LETTERS_MAX", "dead-letters-max", OPT_INT, F(dead_letters_max), 1, 1000000000,
+      "100000", "redis: the dead-letter stream keeps about this many entries, the newest "
+      "(XADD MAXLEN ~: within a stream node of it)" },
     { "EARLY_LOCK_RELEASE", "early-lock-release", OPT_BOOL, F(early_lock_release), 0, 1, "1",
       "optimistic: commit without waiting for the WAL flush, so the voucher row is free at once; "
       "answer only after the flush (0: the row lock is held through the flush)" },

@@ -92,6 +92,8 @@ typedef struct config {
     int consumer_claim_idle_ms; /* redis: XAUTOCLAIM's min-idle-time */
     int consumer_retry_max_ms;  /* redis: longest pause between two tries of a refused batch */
     int stream_backlog_max;     /* redis: unsettled orders past which admission stops (0: none) */
+    int consumer_remove_idle_ms; /* redis: a consumer name idle this long, nothing pending, goes */
+    int dead_letters_max;       /* redis: the dead-letter stream's cap (XADD MAXLEN ~) */
     int test_clock_step_ms;     /* testing only: util_set_test_clock_step_ms */
     char instance_uuid[37];     /* random per process; lock owner prefix */
 } config;

@@ -8,6 +8,7 @@
 #include "script.h"
 #include "stock_redis.h"
 #include "store.h"
+#include "stream_tidy.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -47,6 +48,7 @@ typedef struct consumer {
     int retry_ms;                     /* the last pause after Postgres refused; 0: none */
     unsigned seed;                    /* the pauses' jitter */
     int64_t next_claim_us, next_check_us, next_trim_us;
+    int64_t next_tidy_us;             /* next removal of gone consumers (stream_tidy.h) */
     int64_t next_read_us;             /* next read of new entries: CONSUMER_LINGER_MS
                                        * after the last, 0 after a full one */
     entry *e;                         /* CONSUMER_BATCH_MAX of them */
@@ -263,7 +265,7 @@ static int exec_replies(redisContext *c, int cmds)
 static int settle(consumer *k, const int *idx, int n, int64_t voucher_id, int landed,
                   const char *dead_reason)
 {
-    char key[96], num[4][24];
+    char key[96];
     int cmds = 0;
 
     k->argv[0] = "XACK";
@@ -276,13 +278,11 @@ static int settle(consumer *k, const int *idx, int n, int64_t voucher_id, int la
     cmds++;
     if (dead_reason != NULL) {
         const entry *e = &k->e[idx[0]];
-        snprintf(num[0], sizeof num[0], "%" PRId64, e->voucher_id);
-        snprintf(num[1], sizeof num[1], "%" PRId64, e->user_id);
-        snprintf(num[2], sizeof num[2], "%" PRId64, e->order_id);
-        snprintf(num[3], sizeof num[3], "%" PRId64, e->gen);
-        if (redisAppendCommand(k->c, "XADD %s * entry %s v %s u %s o %s g %s reason %s consumer %s",
-                               STOCK_REDIS_DEAD, e->id, num[0], num[1], num[2], num[3],
-                               dead_reason, k->name) != REDIS_OK)
+        stream_tidy_dead d = { .entry = e->id, .voucher_id = e->voucher_id,
+                               .user_id = e->user_id, .order_id = e->order_id, .gen = e->gen,
+                               .with_id = e->readable, .reason = dead_reason,
+                               .consumer = k->name };
+        if (stream_tidy_dead_append(k->c, &d) != 0)
             return -1;
         cmds++;
     }
@@ -539,6 +539,10 @@ static void consume(consumer *k)
     if (k->c->err == 0 && (now = util_mono_us()) >= k->next_trim_us) {
         k->next_trim_us = now + TRIM_EVERY_MS * 1000LL;
         trim(k);
+    }
+    if (k->c->err == 0 && (now = util_mono_us()) >= k->next_tidy_us) {
+        k->next_tidy_us = now + stream_tidy_every_ms() * 1000LL;
+        stream_tidy_consumers(k->c, k->name);
     }
 }
 

@@ -24,9 +24,12 @@
  * - A poison entry (unreadable, or refused by Postgres on its own: no such
  *   voucher, no stock left in Postgres, another order of the same user) is
  *   moved to STOCK_REDIS_DEAD with its reason and counted
- *   (seckill_stream_dead_letters_total), not retried forever.
+ *   (seckill_stream_dead_letters_total), not retried forever; that stream
+ *   is capped near DEAD_LETTERS_MAX (stream_tidy.h).
  * - An entry of a sale that was reset since (its generation is not the
- *   voucher's) is dropped and counted. */
+ *   voucher's) is dropped and counted.
+ * - The names of consumers that are gone (one per restart) leave the group
+ *   once idle with nothing pending (stream_tidy.h, every few seconds). */
 #ifndef SECKILL_CONSUMER_H
 #define SECKILL_CONSUMER_H
 

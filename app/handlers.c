@@ -12,6 +12,7 @@
 #include "stock.h"
 #include "stock_redis.h"
 #include "store.h"
+#include "stream_tidy.h"
 #include "util.h"
 #include "vcache.h"
 
@@ -465,6 +466,42 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
     return http_send_json(r, 200, o);
 }
 
+/* Dead letters back into the orders stream (the redis stock strategy),
+ * once their cause is fixed: up to {"max"} of them, each moved in one
+ * atomic step, so a second replay queues nothing twice. */
+static http_outcome h_admin_replay(http_req *r, const char *arg, size_t arg_len)
+{
+    conn_set *cs;
+    redisContext *c;
+    stream_tidy_replayed out;
+    cJSON *o;
+    const char *why;
+    api_err err;
+    int64_t max;
+
+    (void)arg;
+    (void)arg_len;
+    if (admin_denied(r))
+        return HTTP_ANSWERED;
+    if ((err = payload_replay(r->body, r->body_len, &max, &why)) != API_OK)
+        return http_send_error(r, err, why);
+    cs = conn_get();
+    if ((c = conn_redis(cs)) == NULL)
+        return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
+    if (stream_tidy_replay(c, max, &out) != 0) {
+        if (c->err)
+            conn_redis_broken(cs);
+        return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
+    }
+    log_info("admin: %" PRId64 " dead letters replayed, %" PRId64 " left (%" PRId64
+             " not replayable)", out.replayed, out.left, out.unreplayable);
+    o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "replayed", (double)out.replayed);
+    cJSON_AddNumberToObject(o, "left", (double)out.left);
+    cJSON_AddNumberToObject(o, "unreplayable", (double)out.unreplayable);
+    return http_send_json(r, 200, o);
+}
+
 const http_route handlers_routes[] = {
     /* method, pattern, on a worker, on the event thread first */
     { "GET", "/health", NULL, h_health },
@@ -475,6 +512,7 @@ const http_route handlers_routes[] = {
     { "POST", "/voucher/*/seckill", h_seckill, f_seckill },
     { "POST", "/admin/vouchers", h_admin_create, NULL },
     { "POST", "/admin/vouchers/*/reset", h_admin_reset, NULL },
+    { "POST", "/admin/dead-letters/replay", h_admin_replay, NULL },
 };
 
 const size_t handlers_route_count = sizeof handlers_routes / sizeof handlers_routes[0];

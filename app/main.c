@@ -17,6 +17,7 @@
 #include "store.h"
 #include "peers.h"
 #include "sentinel.h"
+#include "stream_tidy.h"
 #include "util.h"
 #include "stats.h"
 #include "ulock.h"
@@ -145,7 +146,8 @@ int main(int argc, char **argv)
         config_describe(desc, sizeof desc);
         log_info("seckill %s: config %s", version_string(), desc);
     }
-    if (script_load_all(g_cfg.lua_dir, err, sizeof err) != 0) {
+    if (script_load_all(g_cfg.lua_dir, err, sizeof err) != 0 ||
+        stream_tidy_load(g_cfg.lua_dir, err, sizeof err) != 0) {
         log_error("lua scripts: %s (set LUA_DIR)", err);
         return EXIT_CONFIG;
     }

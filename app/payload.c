@@ -140,3 +140,32 @@ api_err payload_voucher_reset(const char *body, size_t len, payload_voucher *out
 {
     return voucher(body, len, out, why, 0);
 }
+
+api_err payload_replay(const char *body, size_t len, int64_t *max, const char **why)
+{
+    cJSON *doc;
+    api_err err = API_INVALID_FIELD;
+
+    *max = PAYLOAD_REPLAY_DEFAULT;
+    *why = NULL;
+    if (body == NULL || len == 0)
+        return API_OK;
+    if ((doc = parse(body, len)) == NULL) {
+        *why = "request body is not valid JSON";
+        return API_INVALID_JSON;
+    }
+    if (!cJSON_IsObject(doc)) {
+        *why = "the body must be a JSON object";
+        goto cleanup;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(doc, "max") != NULL &&
+        (get_count(doc, "max", max) != 0 || *max < 1 || *max > PAYLOAD_REPLAY_MAX)) {
+        *max = PAYLOAD_REPLAY_DEFAULT;
+        *why = "max must be a whole number from 1 to 10000";
+        goto cleanup;
+    }
+    err = API_OK;
+cleanup:
+    cJSON_Delete(doc);
+    return err;
+}

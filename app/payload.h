@@ -11,6 +11,10 @@
 #define PAYLOAD_TITLE_MAX 200
 /* The largest stock: 15 digits, what a JSON answer prints exactly. */
 #define PAYLOAD_COUNT_MAX 999999999999999LL
+/* Dead letters one replay moves at most (one Redis script call: it holds
+ * Redis for its length), and when the body names no number. */
+#define PAYLOAD_REPLAY_MAX 10000
+#define PAYLOAD_REPLAY_DEFAULT 1000
 
 typedef struct payload_voucher {
     char title[PAYLOAD_TITLE_MAX + 1];   /* create only */
@@ -29,5 +33,9 @@ api_err payload_voucher_create(const char *body, size_t len, payload_voucher *ou
 /* POST /admin/vouchers/{id}/reset: {"stock"} required, times optional. */
 api_err payload_voucher_reset(const char *body, size_t len, payload_voucher *out,
                               const char **why);
+
+/* POST /admin/dead-letters/replay: no body, or {"max"} optional, a whole
+ * number 1..PAYLOAD_REPLAY_MAX (default PAYLOAD_REPLAY_DEFAULT) in '*max'. */
+api_err payload_replay(const char *body, size_t len, int64_t *max, const char **why);
 
 #endif

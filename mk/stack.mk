@@ -6,6 +6,7 @@
 #   make stack       build and start the stack (INSTANCES=4 make stack: four instances)
 #   make stop        stop exactly what the stack started, by PID
 #   make status      what runs
+#   make replay-dead dead letters back in the orders stream (POST /admin/dead-letters/replay)
 #   make loadtest    the three load runs against BASE_URL (default: the local stack)
 #   make nginx-docker-conf   regenerate nginx/docker.conf from the template
 #                    (NGINX_ALLOW="...": the addresses served /admin, /metrics, /stats)
@@ -17,7 +18,7 @@
 DEMO_RANDOM_USER ?= 1
 STACK_SH        := DEMO_RANDOM_USER=$(DEMO_RANDOM_USER) scripts/stack.sh
 
-.PHONY: demo stack stop status loadtest nginx-docker-conf
+.PHONY: demo stack stop status replay-dead loadtest nginx-docker-conf
 
 demo: ## packages, build, the local stack, three load runs and their tables (~90 s); STOP=1: stop after
 	@$(MAKE) --no-print-directory deps
@@ -37,6 +38,12 @@ stop: ## stop exactly what the local stack started, by PID
 
 status: ## what the local stack runs
 	@$(STACK_SH) status
+
+replay-dead: ## SECKILL_STOCK=redis: put the local stack's dead letters back in the orders stream (MAX=N: at most N)
+	@f=$${RUN_DIR:-.run}/stack.env; \
+	test -f "$$f" || { echo "no stack runs in $${RUN_DIR:-.run}: make stack"; exit 1; }; \
+	. "$$f" && { curl -sS --fail-with-body -X POST "$$BASE_URL/admin/dead-letters/replay" \
+	    -H "Authorization: Bearer $$ADMIN_TOKEN" $(if $(MAX),-d '{"max":$(MAX)}'); rc=$$?; echo; exit $$rc; }
 
 loadtest: ## the three load runs against BASE_URL (default: the local stack)
 	@loadtest/demo.sh $(BASE_URL)

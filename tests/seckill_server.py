@@ -186,7 +186,9 @@ class Server:
                   "REQUEST_DEADLINE_MS", "TEST_CLOCK_STEP_MS", "SHUTDOWN_DRAIN_MS",
                   "LOCK_TOKEN_TTL_MS", "FENCE_HORIZON_MS", "REDIS_ORDER_DURABILITY",
                   "REDIS_ORDER_WAIT_REPLICAS", "REDIS_ORDER_WAIT_MS", "CONSUMERS",
-                  "CONSUMER_BATCH_MAX", "CONSUMER_CLAIM_IDLE_MS", "CONSUMER_LINGER_MS"):
+                  "CONSUMER_BATCH_MAX", "CONSUMER_CLAIM_IDLE_MS", "CONSUMER_LINGER_MS",
+                  "CONSUMER_REMOVE_IDLE_MS", "DEAD_LETTERS_MAX", "CONSUMER_RETRY_MAX_MS",
+                  "STREAM_BACKLOG_MAX"):
             env.pop(k, None)
         return kit.with_settings(env, self.env_overrides)
 

@@ -39,6 +39,13 @@ oversold.
                   counts pending and undelivered orders, not settled ones, and
                   reads Postgres in one snapshot
   reset           a reset drops the old sale's undrained orders
+  names           the consumer names restarts leave in the group go once idle
+                  with nothing pending; a dead one holding orders stays until
+                  they are claimed
+  dead cap        the dead-letter stream keeps about DEAD_LETTERS_MAX entries,
+                  the newest; a dead letter carries the order whole
+  replay          POST /admin/dead-letters/replay puts dead letters whose cause
+                  was fixed back in the stream, each once; they land
 """
 
 import datetime
@@ -504,6 +511,208 @@ def a_poison_entry_goes_to_the_dead_letter_stream_and_the_rest_lands():
             fail(f"{n} rows")
     finally:
         a.stop_ok()
+        rs.kill()
+
+
+def consumers(rs):
+    """The group's consumers: {name: {"pending": n, "idle": ms}} (XINFO
+    CONSUMERS, whatever fields the Redis version adds)."""
+    out = rcli(rs, "XINFO", "CONSUMERS", "seckill:orders", "seckill").splitlines()
+    found, cur = {}, None
+    for key, value in zip(out[0::2], out[1::2]):
+        if key == "name":
+            cur = found.setdefault(value, {})
+        elif cur is not None and key in ("pending", "idle"):
+            cur[key] = int(value)
+    return found
+
+
+def wait_consumers(rs, pred, what, timeout=10.0):
+    """Waits until pred(consumers(rs)); the consumers."""
+    deadline = time.monotonic() + timeout
+    while not pred(c := consumers(rs)):
+        if time.monotonic() > deadline:
+            fail(f"after {timeout}s, {what}: the group has {c}")
+        time.sleep(0.1)
+    return c
+
+
+@test
+def consumer_names_of_gone_processes_leave_the_group_unless_they_hold_orders():
+    """Each process reads under a name of its own; restarts must not pile
+    names up in the group. A gone consumer with nothing pending is removed
+    once idle CONSUMER_REMOVE_IDLE_MS; one that still holds orders stays
+    (removing it would orphan them) until another claims them."""
+    rs = durable_redis()
+    front = server("rf-names-front", rs, CONSUMERS=0)
+    live = []
+    try:
+        vid = ss.new_voucher(front, TOKEN, 10)
+        acked, _ = buy_all([front], vid, range(7980001, 7980004), workers=2)
+        # A consumer that read three orders and died: they are pending to it.
+        rcli(rs, "XGROUP", "CREATE", "seckill:orders", "seckill", 0)
+        rcli(rs, "XREADGROUP", "GROUP", "seckill", "ghost", "COUNT", 3, "STREAMS",
+             "seckill:orders", ">")
+        # No claim during the test: the ghost keeps its orders.
+        tidy = {"CONSUMER_REMOVE_IDLE_MS": 1000, "CONSUMER_CLAIM_IDLE_MS": 600000}
+
+        def start(name):
+            before = set(consumers(rs))
+            srv = server(name, rs, **tidy)
+            c = wait_consumers(rs, lambda c: set(c) - before, f"no new consumer for {name}")
+            return srv, (set(c) - before).pop()
+
+        gone = []
+        for i in range(4):                     # four restarts of one instance
+            srv, name = start("rf-names")
+            gone.append(name)
+            if i % 2:
+                srv.kill()
+            else:
+                srv.stop_ok()
+        a, a_name = start("rf-names")
+        live.append(a)
+        b, b_name = start("rf-names-b")
+        live.append(b)
+        c = wait_consumers(rs, lambda c: set(c) == {a_name, b_name, "ghost"},
+                           "only the live consumers and the ghost should be left")
+        if c["ghost"]["pending"] != 3:
+            fail(f"the ghost's orders: {c['ghost']}")
+        # Well past the bound, the ghost is still there with its orders.
+        time.sleep(2.5)
+        c = consumers(rs)
+        if c.get("ghost", {}).get("pending") != 3 or c["ghost"]["idle"] < 2000:
+            fail(f"a consumer holding orders was removed: {c}")
+        if unsettled(rs) != 3:
+            fail(f"{unsettled(rs)} orders unsettled, the ghost's 3 expected")
+        for srv in live:
+            srv.stop_ok()
+        live.clear()
+        # Its orders claimed by another, the ghost goes too.
+        claimer = server("rf-names-claimer", rs, CONSUMER_REMOVE_IDLE_MS=1000)
+        live.append(claimer)
+        wait_consumers(rs, lambda c: len(c) == 1 and "ghost" not in c
+                       and all(x["pending"] == 0 for x in c.values()),
+                       "the ghost should go once its orders are claimed")
+        reconcile(claimer, rs, vid, acked, 10)
+        print(f"# {len(gone)} restarts: their names left the group; the ghost stayed with "
+              "its 3 orders until they were claimed", flush=True)
+    finally:
+        front.stop_ok()
+        for srv in live:
+            srv.stop_ok()
+        rs.kill()
+
+
+@test
+def the_dead_letter_stream_keeps_about_dead_letters_max_entries():
+    rs = durable_redis()
+    # Whole stream nodes of 10 entries: XADD MAXLEN ~ trims to within 10.
+    rcli(rs, "CONFIG", "SET", "stream-node-max-entries", 10)
+    a = server("rf-dead-cap", rs, DEAD_LETTERS_MAX=20)
+    try:
+        rcli(rs, "EVAL", "for i = 1, 150 do redis.call('xadd', KEYS[1], '*', 'v', "
+             "'not-a-number', 'i', i) end", 1, "seckill:orders")
+        # Then a well-formed order of a voucher Postgres does not have.
+        last = rcli(rs, "XADD", "seckill:orders", "*", "v", 999999999, "u", 5, "t", 100,
+                    "c", 7, "g", 0)
+        deadline = time.monotonic() + 30
+        while counter(a, "seckill_stream_dead_letters_total") < 151:
+            if time.monotonic() > deadline:
+                fail("151 poison entries were not all dead-lettered")
+            time.sleep(0.2)
+        n = int(rcli(rs, "XLEN", "seckill:orders:dead"))
+        if not 20 <= n <= 30:
+            fail(f"{n} dead letters kept of 151, about 20 expected")
+        # The newest is kept, with the order whole: its id's parts too.
+        out = rcli(rs, "XREVRANGE", "seckill:orders:dead", "+", "-", "COUNT", 1).splitlines()
+        f = dict(zip(out[1::2], out[2::2]))
+        if f.get("entry") != last or (f.get("v"), f.get("u"), f.get("t"), f.get("c"),
+                                      f.get("g"), f.get("o")) != \
+                ("999999999", "5", "100", "7", "0", str((100 << 32) | 7)):
+            fail(f"the newest dead letter: {out}")
+    finally:
+        a.stop_ok()
+        rs.kill()
+
+
+def dead_letters(rs):
+    """The dead letters, oldest first: [{field: value}]."""
+    out = rcli(rs, "EVAL", "local r = {} for _, e in ipairs(redis.call('xrange', KEYS[1], '-', "
+               "'+')) do r[#r + 1] = table.concat(e[2], '\\t') end return r", 1,
+               "seckill:orders:dead").splitlines()
+    letters = []
+    for line in out:
+        f = line.split("\t")
+        letters.append(dict(zip(f[0::2], f[1::2])))
+    return letters
+
+
+@test
+def dead_letters_whose_cause_is_fixed_are_replayed_once_and_land():
+    rs = durable_redis()
+    # Three orders wait in the stream while Postgres has no stock left for
+    # them (changed by hand): the consumer dead-letters them.
+    front = server("rf-replay-front", rs, CONSUMERS=0)
+    a = None
+    try:
+        vid = ss.new_voucher(front, TOKEN, 5)
+        acked, _ = buy_all([front], vid, range(7990001, 7990004), workers=2)
+        if len(acked) != 3:
+            fail(f"{len(acked)} acknowledged")
+        ss.psql(f"UPDATE tb_voucher SET stock = 0 WHERE voucher_id = {vid}")
+        a = server("rf-replay", rs)
+        deadline = time.monotonic() + 15
+        while len(letters := dead_letters(rs)) < 3:
+            if time.monotonic() > deadline:
+                fail(f"the orders were not dead-lettered: {letters}")
+            time.sleep(0.1)
+        # Each dead letter carries the order whole: t and c make its id.
+        got = {int(d["u"]): (int(d["t"]) << 32) | int(d["c"]) for d in letters}
+        if got != acked or any(int(d["o"]) != acked[int(d["u"])] for d in letters) or \
+                {d["reason"] for d in letters} != {"no stock left in Postgres"}:
+            fail(f"dead letters {letters}, orders {acked}")
+        # A dead letter of the older format (no t and c): not replayable.
+        rcli(rs, "XADD", "seckill:orders:dead", "*", "entry", "1-1", "v", 999999999, "u", 1,
+             "o", 4294967297, "g", 1, "reason", "no such voucher", "consumer", "old")
+        drain(a)
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = a.post("/admin/dead-letters/replay", headers)
+            if r.status != 401 or r.body.get("error") != "unauthorized":
+                fail(f"replay without the token: {r.status} {r.body!r}")
+        r = a.post("/admin/dead-letters/replay", AUTH, {"max": 0})
+        if r.status != 400 or r.body.get("error") != "invalid_field":
+            fail(f"max 0: {r.status} {r.body!r}")
+        if int(rcli(rs, "XLEN", "seckill:orders:dead")) != 4:
+            fail("a refused replay moved dead letters")
+        ss.psql(f"UPDATE tb_voucher SET stock = 5 WHERE voucher_id = {vid}")   # the fix
+
+        def added():
+            info = rcli(rs, "XINFO", "STREAM", "seckill:orders").splitlines()
+            return int(info[info.index("entries-added") + 1])
+
+        before = added()
+        answers = []
+        for body in ({"max": 2}, None, None):
+            r = a.post("/admin/dead-letters/replay", AUTH, body)
+            if r.status != 200:
+                fail(f"replay {body}: {r.status} {r.body!r}")
+            answers.append(r.body)
+        if answers != [{"replayed": 2, "left": 2, "unreplayable": 0},
+                       {"replayed": 1, "left": 1, "unreplayable": 1},
+                       {"replayed": 0, "left": 1, "unreplayable": 1}]:
+            fail(f"replay answers {answers}")
+        if added() - before != 3:
+            fail(f"{added() - before} entries queued by three replays of 3 dead letters")
+        st, n = reconcile(a, rs, vid, acked, 5)
+        if n != 3 or st["redisFirst"]["deadLetters"] != 1:
+            fail(f"{n} rows; redisFirst {st['redisFirst']}")
+        if dead_letters(rs)[0].get("consumer") != "old":
+            fail(f"the dead letter left is not the unreplayable one: {dead_letters(rs)}")
+    finally:
+        front.stop_ok()
+        if a is not None:
+            a.stop_ok()
         rs.kill()
 
 

@@ -1,5 +1,6 @@
-/* unit_payload: the admin API's request bodies (payload.h): what a create and
- * a reset accept, and the code and reason of each refusal. No I/O. */
+/* unit_payload: the admin API's request bodies (payload.h): what a create, a
+ * reset and a dead-letter replay accept, and the code and reason of each
+ * refusal. No I/O. */
 #include <string.h>
 
 #include "payload.h"
@@ -128,6 +129,39 @@ static void test_reset_needs_stock_only(void)
     T_EQ_I64(reset("5", &v, &why), API_INVALID_FIELD);
 }
 
+static api_err replay(const char *body, int64_t *max, const char **why)
+{
+    return payload_replay(body, body ? strlen(body) : 0, max, why);
+}
+
+static void test_replay_takes_an_optional_max(void)
+{
+    static const char *const bad[] = { "{\"max\":0}", "{\"max\":10001}", "{\"max\":1.5}",
+                                       "{\"max\":\"5\"}", "{\"max\":-1}", "{\"max\":null}",
+                                       "[1]", "5" };
+    int64_t max;
+    const char *why = "unset";
+    T_EQ_I64(replay(NULL, &max, &why), API_OK);
+    T_ASSERT(why == NULL);
+    T_EQ_I64(max, PAYLOAD_REPLAY_DEFAULT);
+    T_EQ_I64(replay("", &max, &why), API_OK);
+    T_EQ_I64(max, PAYLOAD_REPLAY_DEFAULT);
+    T_EQ_I64(replay("{}", &max, &why), API_OK);
+    T_EQ_I64(max, PAYLOAD_REPLAY_DEFAULT);
+    T_EQ_I64(replay(" {\"max\":1} ", &max, &why), API_OK);
+    T_EQ_I64(max, 1);
+    T_EQ_I64(replay("{\"max\":10000,\"other\":true}", &max, &why), API_OK);
+    T_EQ_I64(max, PAYLOAD_REPLAY_MAX);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        why = NULL;
+        T_EQ_I64(replay(bad[i], &max, &why), API_INVALID_FIELD);
+        T_ASSERT(why != NULL);
+        T_EQ_I64(max, PAYLOAD_REPLAY_DEFAULT);
+    }
+    T_EQ_I64(replay("{", &max, &why), API_INVALID_JSON);
+    T_EQ_I64(replay("{} x", &max, &why), API_INVALID_JSON);
+}
+
 int main(void)
 {
     T_RUN(test_create_accepts_a_full_voucher);
@@ -135,5 +169,6 @@ int main(void)
     T_RUN(test_not_json);
     T_RUN(test_create_field_errors);
     T_RUN(test_reset_needs_stock_only);
+    T_RUN(test_replay_takes_an_optional_max);
     return t_done();
 }
