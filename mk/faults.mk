@@ -6,7 +6,9 @@
 #                                  paused past its lease, the Redis master behind
 #                                  Sentinel killed and frozen (a second stack,
 #                                  REDIS_HA=1), 1,000 slow clients, connection
-#                                  limits, RSS over a 60 s sale
+#                                  limits, RSS over a 60 s sale; every program
+#                                  whose name has "faults", and Redis-first
+#                                  under Postgres refusals (test_redisfirst_lands)
 #   FAULTS_SALE_S=60 FAULTS_OUTAGE_S=5 FAULTS_RATE=25   the knobs (make test: 12 s, 3 s)
 #
 # The figures are printed at the end and written to $(BUILD)/faults-figures.json.
@@ -30,7 +32,7 @@ GROWTH_HORIZON_MS   ?= 5000
 
 faults: $(BUILD)/seckill ## kill -9, Redis and Postgres outages, Redis failover (Sentinel), paused lock holders, slow clients under load (~6 min)
 	FAULTS_SALE_S=$(FAULTS_SALE_S) FAULTS_OUTAGE_S=$(FAULTS_OUTAGE_S) FAULTS_RATE=$(FAULTS_RATE) \
-	FAULTS_FIGURES=$(abspath $(BUILD))/faults-figures.json BUILD=$(BUILD) tests/run.sh faults
+	FAULTS_FIGURES=$(abspath $(BUILD))/faults-figures.json BUILD=$(BUILD) tests/run.sh faults redisfirst_lands
 
 growth: $(BUILD)/seckill ## fencing state (token counters, latches, tb_lock_fence) over a 60 s sale and after its lifetimes (~2 min)
 	GROWTH_SALE_S=$(GROWTH_SALE_S) GROWTH_TOKEN_TTL_MS=$(GROWTH_TOKEN_TTL_MS) \
