@@ -46,6 +46,7 @@ typedef struct consumer {
     char cursor[48];                  /* XAUTOCLAIM's, between rounds */
     int own_pending;                  /* entries delivered to us and not settled */
     int retry_ms;                     /* the last pause after Postgres refused; 0: none */
+    int64_t retry_at_us;              /* no batch before this (monotonic): the pause */
     unsigned seed;                    /* the pauses' jitter */
     int64_t next_claim_us, next_check_us, next_trim_us;
     int64_t next_tidy_us;             /* next removal of gone consumers (stream_tidy.h) */
@@ -508,6 +509,11 @@ static void consume(consumer *k)
     int block = g_cfg.redis_timeout_ms / 2 < 200 ? g_cfg.redis_timeout_ms / 2 : 200;
     int n = 0;
 
+    if (now < k->retry_at_us) {
+        /* Pausing after a refusal: the watch still runs every second. */
+        linger_until(k->retry_at_us < k->next_check_us ? k->retry_at_us : k->next_check_us);
+        return;
+    }
     if (now >= k->next_claim_us) {
         int every = g_cfg.consumer_claim_idle_ms / 4;
         k->next_claim_us = now + (int64_t)(every < 100 ? 100 : every) * 1000;
@@ -530,7 +536,7 @@ static void consume(consumer *k)
     if (n > 0 && process(k, n) != 0) {
         k->own_pending = 1;
         if (k->c->err == 0)
-            linger_until(util_mono_us() + (int64_t)next_retry_ms(k) * 1000);
+            k->retry_at_us = util_mono_us() + (int64_t)next_retry_ms(k) * 1000;
     } else if (n > 0) {
         k->retry_ms = 0;
     }

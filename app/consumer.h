@@ -1,7 +1,11 @@
 /* consumer: the Redis-first strategy's way to Postgres (stock_redis.h).
  *
- * One thread per instance, a consumer of the group STOCK_REDIS_GROUP on the
- * stream STOCK_REDIS_STREAM, with its own Redis and Postgres connections.
+ * One thread per instance that admits. Every second it runs the watch
+ * (stock_redis_watch: Redis's durability and the stream's backlog, whose
+ * verdicts admission follows) and checks that its Redis context still leads
+ * to the master (a Sentinel failover: it reconnects). With CONSUMERS=1 it is
+ * also a consumer of the group STOCK_REDIS_GROUP on the stream
+ * STOCK_REDIS_STREAM, with its own Redis and Postgres connections.
  * It reads up to CONSUMER_BATCH_MAX orders (XREADGROUP), at most once every
  * CONSUMER_LINGER_MS unless its last read was full (a transaction costs
  * Postgres about the same for one order as for a hundred), persists those of
@@ -15,26 +19,32 @@
  * backlog is the group's pending and undelivered entries, not the
  * stream's length.
  *
- * - Postgres down: the batch stays pending to this consumer, which retries
- *   it (its own pending entries first) until Postgres answers.
+ * - Postgres down or refusing for now (read-only, a lock or statement
+ *   timeout, a serialization failure, a lost connection, a shutdown): the
+ *   batch stays pending to this consumer, which tries it again (its own
+ *   pending entries first) after a pause that doubles from 50 ms up to
+ *   CONSUMER_RETRY_MAX_MS, jittered, for as long as it takes.
  * - A consumer that died with entries delivered to it: another claims them
  *   once they were idle CONSUMER_CLAIM_IDLE_MS (XAUTOCLAIM), a bound above
  *   the slowest batch; a consumer that was only slow and commits them too
  *   takes no second unit (the order id makes the write idempotent).
- * - A poison entry (unreadable, or refused by Postgres on its own: no such
- *   voucher, no stock left in Postgres, another order of the same user) is
+ * - A poison entry (unreadable, or refused by Postgres for good, a refusal
+ *   that recurs: no such voucher, no stock left in Postgres, another order
+ *   of the same user, an order id that is another order's) is
  *   moved to STOCK_REDIS_DEAD with its reason and counted
  *   (seckill_stream_dead_letters_total), not retried forever; that stream
  *   is capped near DEAD_LETTERS_MAX (stream_tidy.h).
- * - An entry of a sale that was reset since (its generation is not the
- *   voucher's) is dropped and counted.
+ * - An entry of a sale that was reset since (its generation is older than
+ *   tb_voucher.sale_gen, read under the voucher row's lock) is dropped and
+ *   counted.
  * - The names of consumers that are gone (one per restart) leave the group
  *   once idle with nothing pending (stream_tidy.h, every few seconds). */
 #ifndef SECKILL_CONSUMER_H
 #define SECKILL_CONSUMER_H
 
-/* Starts the thread when the stock strategy is "redis" and CONSUMERS is 1
- * (else does nothing). 0, or -1 when the thread cannot start. */
+/* Starts the thread when the stock strategy is "redis" (else does nothing):
+ * a consumer when CONSUMERS is 1, the watch alone when it is 0. 0, or -1
+ * when the thread cannot start (logged here). */
 int consumer_start(void);
 
 /* Stops the thread after its current batch (idempotent). */

@@ -318,7 +318,9 @@ int store_round_trip_ms(void)
  * that their generic plans probe by key (tests/test_store_batch.c). */
 static int session_setup(PGconn *pg)
 {
-    PGresult *res = PQexec(pg, "SET plan_cache_mode = force_generic_plan");
+    PGresult *res = PQsendQuery(pg, "SET plan_cache_mode = force_generic_plan")
+                        ? pgwait_collect(pg, store_round_trip_ms())
+                        : NULL;
     int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
 
     if (!ok)

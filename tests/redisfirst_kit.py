@@ -37,6 +37,16 @@ def server(name, rs, **env):
                             **env})
 
 
+def stop_all(*procs):
+    """The end of a test: each instance stopped (it must exit cleanly), each
+    Redis killed; None skipped."""
+    for p in procs:
+        if isinstance(p, ss.Server):
+            p.stop_ok()
+        elif p is not None:
+            p.kill()
+
+
 def rcli(rs, *args):
     return ss.redis([str(a) for a in args], url=rs.url)
 

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seckill_server as ss  # noqa: E402
 from seckill_server import fail, psql, psql_value, test  # noqa: E402
 from redisfirst_kit import (AUTH, TOKEN, buy_all, counter, drain, durable_redis,  # noqa: E402
-                            postgres_pids, rcli, reconcile, server, stats)
+                            rcli, reconcile, server, stats, stop_all)
 
 
 def users(n):
@@ -150,8 +150,7 @@ def a_read_only_postgres_keeps_orders_pending_until_it_is_writable():
         print(f"    {len(during)} orders admitted while read-only, {n} rows after; "
               f"{st['consumer']['retries']} retries", flush=True)
     finally:
-        a.stop_ok()
-        rs.kill()
+        stop_all(a, rs)
 
 
 @test
@@ -185,8 +184,7 @@ def a_table_lock_held_past_the_statement_timeout_loses_no_order():
         no_dead_letters(rs, "after the lock")
     finally:
         s.close()
-        a.stop_ok()
-        rs.kill()
+        stop_all(a, rs)
 
 
 @test
@@ -231,9 +229,7 @@ def every_200_lands_while_postgres_sessions_are_terminated_every_0_4_s():
               f"{retries} batches tried again", flush=True)
     finally:
         stop.set()
-        a.stop_ok()
-        b.stop_ok()
-        rs.kill()
+        stop_all(a, b, rs)
 
 
 def pg_ctl(*args):
@@ -278,8 +274,7 @@ def every_200_lands_through_a_fast_postgres_restart():
     finally:
         if not restarted:
             subprocess.run(start_cmd, capture_output=True, timeout=60)
-        a.stop_ok()
-        rs.kill()
+        stop_all(a, rs)
 
 
 # ---------------------------------------------------------------- resets
@@ -328,10 +323,7 @@ def a_reset_never_falls_inside_a_consumers_batch():
         no_dead_letters(rs, "a reset behind a batch")
     finally:
         s.close()
-        front.stop_ok()
-        if b is not None:
-            b.stop_ok()
-        rs.kill()
+        stop_all(front, b, rs)
 
 
 @test
@@ -386,9 +378,7 @@ def resets_every_second_during_a_sale_end_in_agreement():
                   f"acknowledged, {n} rows; {st['consumer']['stale']} stale entries dropped here",
                   flush=True)
     finally:
-        a.stop_ok()
-        b.stop_ok()
-        rs.kill()
+        stop_all(a, b, rs)
 
 
 # ---------------------------------------------------------------- watch
@@ -414,9 +404,7 @@ def an_instance_without_a_consumer_checks_durability_too():
         wait_for(lambda: front.seckill(vid, u[3]).status == 200, 10,
                  "the instance without a consumer admitting again")
     finally:
-        front.stop_ok()
-        back.stop_ok()
-        rs.kill()
+        stop_all(front, back, rs)
 
 
 def start_refused(rs, **env):
@@ -469,11 +457,7 @@ def a_redis_that_refuses_config_is_not_taken_as_durable():
         if r.status != 200:
             fail(f"wait without CONFIG: {r.status} {r.raw!r}")
     finally:
-        for s_ in (a, w):
-            if s_ is not None:
-                s_.stop_ok()
-        for node in (replica, later, rs):
-            node.kill()
+        stop_all(a, w, replica, later, rs)
 
 
 @test
@@ -501,10 +485,7 @@ def past_the_backlog_bound_admission_stops_until_the_consumers_catch_up():
         acked.update(more)
         reconcile(back, rs, vid, acked, 100)
     finally:
-        front.stop_ok()
-        if back is not None:
-            back.stop_ok()
-        rs.kill()
+        stop_all(front, back, rs)
 
 
 # ---------------------------------------------------------------- 404
@@ -529,9 +510,7 @@ def an_unknown_voucher_is_404_on_the_redis_first_path():
         if any(a != (404, "voucher_not_found") for a in answers):
             fail(f"in lots: {answers}")
     finally:
-        alone.stop_ok()
-        lots.stop_ok()
-        rs.kill()
+        stop_all(alone, lots, rs)
 
 
 # ---------------------------------------------------------------- Sentinel
