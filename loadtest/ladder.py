@@ -1170,7 +1170,7 @@ class Ladder:
             f.write(data)
         for e in entries:
             st = e.status
-            inst = names.get(e.upstream, e.upstream)
+            inst = kit.answered_by(e.upstream, names)
             statuses[st] = statuses.get(st, 0) + 1
             req_by[inst] = req_by.get(inst, 0) + 1
             if st == "200":
