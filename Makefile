@@ -105,7 +105,7 @@ $(BUILD)/upstream200: loadtest/upstream200.c | pkg-check
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -pthread
 
 # the ladder's slow disk for Redis (loadtest/slow_fsync.c, an LD_PRELOAD library)
-$(BUILD)/slow_fsync.so: loadtest/slow_fsync.c
+$(BUILD)/slow_fsync.so: loadtest/slow_fsync.c | pkg-check
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	$(Q)$(CC) $(CFLAGS) -fPIC -shared $(LDFLAGS) -o $@ $< -ldl
