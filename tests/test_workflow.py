@@ -471,9 +471,8 @@ def command_uses(cmd, artefacts, fallback):
     if "BUILD" in assigned:
         build = os.path.abspath(os.path.join(ROOT, assigned["BUILD"]))
     elif named:
-        t = next(t for t in named)
-        rel = next(r for r in artefacts if t.endswith("/" + r))
-        build = os.path.abspath(os.path.join(ROOT, t[:-len(rel) - 1]))
+        rel = next(r for r in artefacts if named[0].endswith("/" + r))
+        build = os.path.abspath(os.path.join(ROOT, named[0][:-len(rel) - 1]))
     else:
         build = fallback
     for m in SCRIPT_RE.finditer(cmd):
@@ -494,18 +493,14 @@ def command_uses(cmd, artefacts, fallback):
     return uses
 
 
-def missing_prerequisites(target, tmp):
+def missing_prerequisites(target, build, artefacts):
     """[(path, who uses it)] that 'make target' uses and does not build, as
     its dry run from an empty BUILD shows."""
-    build = os.path.join(tmp, "build")
     p = make("-n", "-B", f"BUILD={build}", "SKIP_DEPS_CHECK=1", target)
     if p.returncode != 0:
         fail(f"make -n {target}: exit {p.returncode}: {p.stderr[-800:]}")
     commands = [c for c in p.stdout.replace("\\\n", " ").splitlines() if c.strip()]
     produced = {os.path.abspath(os.path.join(ROOT, f)) for c in commands for f in re.findall(r"\s-o\s+(\S+)", c)}
-    artefacts = build_artefacts(build)
-    if not {"seckill", "upstream200", "slow_fsync.so", "tests/unit_util"} <= artefacts:
-        fail(f"the build artefacts found in make's database are incomplete: {sorted(artefacts)}")
     missing = []
     for c in commands:
         for path, who in command_uses(c, artefacts, os.path.join(ROOT, "build")):
@@ -522,8 +517,12 @@ def documented_targets_build_what_they_use():
             fail(f"README.md and docs/ no longer tell a reader to run make {t}? found {sorted(targets)}")
     bad = []
     with tempfile.TemporaryDirectory(dir=ss.TEST_TMP) as d:
+        build = os.path.join(d, "build")
+        artefacts = build_artefacts(build)
+        if not {"seckill", "upstream200", "slow_fsync.so", "tests/unit_util"} <= artefacts:
+            fail(f"the build artefacts found in make's database are incomplete: {sorted(artefacts)}")
         for t, doc in sorted(targets.items()):
-            for path, who in missing_prerequisites(t, d):
+            for path, who in missing_prerequisites(t, build, artefacts):
                 bad.append(f"make {t} ({doc}): {who} uses {os.path.relpath(path, d) if path.startswith(d) else path},"
                            f" which make -n {t} does not build")
     print(f"    {len(targets)} targets: {' '.join(sorted(targets))}", flush=True)
