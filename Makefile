@@ -55,10 +55,16 @@ DEB_PKGS  := build-essential pkg-config libmicrohttpd-dev libhiredis-dev libpq-d
 PKG_DEBS  := libmicrohttpd=libmicrohttpd-dev hiredis=libhiredis-dev libpq=libpq-dev \
              libcjson=libcjson-dev
 
-# Prints the packages of DEB_PKGS that are not installed, one dpkg-query call.
-DEPS_MISSING = dpkg-query -W -f='$${Package} $${db:Status-Abbrev}\n' $(DEB_PKGS) 2>/dev/null | \
+# Installed only when no command of their name is found: npm (Debian's
+# conflicts with the Node.js builds that bring their own; mk/dashboard.mk).
+DEB_CMD_PKGS := npm
+
+# Prints the packages of DEB_PKGS that are not installed (one dpkg-query
+# call), then those of DEB_CMD_PKGS whose command is missing.
+DEPS_MISSING = { dpkg-query -W -f='$${Package} $${db:Status-Abbrev}\n' $(DEB_PKGS) 2>/dev/null | \
                awk '$$2 == "ii" { ok[$$1] = 1 } END { n = split("$(DEB_PKGS)", p, " "); \
-                    for (i = 1; i <= n; i++) if (!(p[i] in ok)) printf "%s ", p[i] }'
+                    for (i = 1; i <= n; i++) if (!(p[i] in ok)) printf "%s ", p[i] }'; \
+               for c in $(DEB_CMD_PKGS); do command -v $$c >/dev/null 2>&1 || printf '%s ' $$c; done; }
 
 .PHONY: all help test check tests-bin asan tsan tsan-concurrency deps deps-check pkg-check clean
 
@@ -105,7 +111,7 @@ $(BUILD)/upstream200: loadtest/upstream200.c | pkg-check
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -pthread
 
 # the ladder's slow disk for Redis (loadtest/slow_fsync.c, an LD_PRELOAD library)
-$(BUILD)/slow_fsync.so: loadtest/slow_fsync.c
+$(BUILD)/slow_fsync.so: loadtest/slow_fsync.c | pkg-check
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	$(Q)$(CC) $(CFLAGS) -fPIC -shared $(LDFLAGS) -o $@ $< -ldl
@@ -159,12 +165,9 @@ tsan-concurrency: ## ThreadSanitizer on the concurrency tests only (what CI runs
 
 ##@ Packages
 
-deps: ## install the Debian packages this project needs (apt-get, as root; quick when all are there)
-	@missing=$$($(DEPS_MISSING)); \
-	if [ -n "$$missing" ]; then \
-	    echo "installing: $$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	else echo "all Debian packages present"; fi
+# One line per step (scripts/deps.sh); apt-get's output goes to $(BUILD)/deps.log.
+deps: ## install the Debian packages this project needs (apt-get, as root; one line per step, apt's output in build/deps.log)
+	@scripts/deps.sh --log $(BUILD)/deps.log $$($(DEPS_MISSING))
 
 # make test and make check run this first: on a machine that lacks packages
 # it runs make deps (as root), or says what to run. SKIP_DEPS_CHECK=1 skips
@@ -175,14 +178,13 @@ deps-check: ## install what is missing (make deps) when run as root, else say wh
 	    echo "deps-check: no dpkg-query (not Debian): not checking packages; see DEB_PKGS in the Makefile" >&2; \
 	    exit 0; fi; \
 	missing=$$($(DEPS_MISSING)); \
-	npm=$$(command -v npm >/dev/null 2>&1 || echo npm); \
-	if [ -z "$$missing$$npm" ]; then exit 0; fi; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then \
-	    echo "deps-check: missing: $$missing$$npm: running make deps"; \
+	    echo "deps-check: missing: $$missing: running make deps"; \
 	    $(MAKE) --no-print-directory deps; \
 	else \
-	    echo "deps-check: missing Debian packages: $$missing$$npm" >&2; \
-	    echo "run: sudo make deps   (or: sudo apt-get install $$missing$$npm)" >&2; \
+	    echo "deps-check: missing Debian packages: $$missing" >&2; \
+	    echo "run: sudo make deps   (or: sudo apt-get install $$missing)" >&2; \
 	    exit 2; \
 	fi
 

@@ -86,6 +86,7 @@ Environment (all optional):
                        rediswait
   BENCH_KEEP=1         leave the stack running at the end (make stop-bench stops it)
   SECKILL_BIN          server binary (default build/seckill)
+  BENCH_UPSTREAM200    the ceiling's stand-in upstream (default build/upstream200)
 Python 3 standard library only.
 """
 

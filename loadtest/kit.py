@@ -17,7 +17,9 @@ One module, in sections, each the only copy of what it does:
   HTTP         request() and Client: JSON requests with timeouts; call(): the
                same for tools, any failure a KitError; voucher_body()
   load tools   parse_ab(), ab_times() (ab -g), parse_wrk() and run_wrk()
-               (wrk with loadtest/wrk_sale.lua), access_log() (nginx's log)
+               (wrk with loadtest/wrk_sale.lua), access_log() (nginx's log),
+               answered_by() (who answered a logged request: an instance's
+               name, or NGINX_EDGE)
   figures      percentile() (nearest rank), fmt_count(), fmt_ms(), table()
 
 Importable from anywhere: loadtest/ on sys.path (the tests insert it). Python 3
@@ -846,6 +848,23 @@ def access_log(path, offset=0, uri=None):
             entries.append(AccessEntry(m.group(1), m.group(2), m.group(3), m.group(4),
                                        m.group(5).split(",")[-1].strip(), float(m.group(6))))
     return text, entries
+
+
+# The name the tables give the answers nginx sent itself, without an instance:
+# $upstream_addr is "-" (the sold-out edge's 409s, nginx's own 413, 404, 405)
+# or the upstream group's name (a 502 when no instance was left to try), not
+# an address.
+NGINX_EDGE = "nginx-edge"
+
+
+def answered_by(upstream, names=None):
+    """Who answered an access-log entry whose upstream (AccessEntry.upstream)
+    is this: NGINX_EDGE when nginx answered itself (no "host:port" or
+    "unix:path"), else the instance's name from names ({"host:port": name}),
+    else the address."""
+    if ":" not in upstream:
+        return NGINX_EDGE
+    return (names or {}).get(upstream, upstream)
 
 
 # ------------------------------------------------------------------ figures

@@ -679,7 +679,7 @@ class Ladder:
             lib = os.path.join(os.path.dirname(os.environ.get(
                 "SECKILL_BIN", os.path.join(ROOT, "build", "seckill"))), "slow_fsync.so")
             if not os.path.exists(lib):
-                raise LadderError(f"{lib} is missing: run 'make tests-bin'")
+                raise LadderError(f"{lib} is missing: make ladder builds it (loadtest/slow_fsync.c)")
             env = {**os.environ, "LD_PRELOAD": lib, "SLOW_FSYNC_MS": str(slow_fsync_ms)}
         p = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port),
                               "--save", "", *persist, "--daemonize", "no", "--dir", rdir,
@@ -1170,7 +1170,7 @@ class Ladder:
             f.write(data)
         for e in entries:
             st = e.status
-            inst = names.get(e.upstream, e.upstream)
+            inst = kit.answered_by(e.upstream, names)
             statuses[st] = statuses.get(st, 0) + 1
             req_by[inst] = req_by.get(inst, 0) + 1
             if st == "200":

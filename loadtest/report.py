@@ -12,7 +12,8 @@ Sources, best first:
   status counts  the nginx access log (when local), wrk's Lua counters, or
                  ab's 2xx count and the cluster counters of /stats (after minus
                  before) for the other statuses
-  instances      the nginx access log ($upstream_addr), or /stats per instance
+  instances      the nginx access log ($upstream_addr; nginx's own answers,
+                 without one: nginx-edge), or /stats per instance
   latency        ab's or wrk's own percentiles
   orders, stock  Postgres via loadtest/check_invariants.py (with PG_DSN), or /stats
 Exit status: 0 all invariants hold, 1 a violation, 2 an error.
@@ -50,6 +51,25 @@ def count_access(entries):
         statuses[e.status] = statuses.get(e.status, 0) + 1
         upstreams[e.upstream] = upstreams.get(e.upstream, 0) + 1
     return statuses, upstreams
+
+
+def answered_by(upstreams, stats):
+    """[(who, requests)] from count_access's {upstream: n}: each instance
+    named with /stats (port -> instance id) as "name (address)", its address
+    when /stats does not know it, and the answers nginx gave itself (no
+    upstream) as kit.NGINX_EDGE, last."""
+    port_name = {}
+    for name, inst in stats_instances(stats).items():
+        if inst.get("port"):
+            port_name[str(inst["port"])] = name
+    out, edge = [], 0
+    for addr, n in sorted(upstreams.items()):
+        if kit.answered_by(addr) == kit.NGINX_EDGE:
+            edge += n
+            continue
+        name = port_name.get(addr.rsplit(":", 1)[-1], "")
+        out.append((f"{name} ({addr})" if name else addr, n))
+    return out + ([(kit.NGINX_EDGE, edge)] if edge else [])
 
 
 def _timeline(per, first, last, when):
@@ -267,16 +287,8 @@ def cmd_run(a):
         statuses["200"] = max(0, m["requests"] - m.get("non2xx", 0) - m.get("failed", 0))
         status_source = "200s from ab, others from /stats cluster counters"
 
-    # Instances: name them with /stats (port -> instance id).
-    port_name = {}
-    for name, inst in stats_instances(after).items():
-        if inst.get("port"):
-            port_name[str(inst["port"])] = name
     if upstreams:
-        inst = []
-        for addr, n in sorted(upstreams.items()):
-            name = port_name.get(addr.rsplit(":", 1)[-1], "")
-            inst.append((f"{name} ({addr})" if name else addr, n))
+        inst = answered_by(upstreams, after)
         instance_source = "nginx $upstream_addr"
     else:
         inst = sorted(per_instance_totals(before, after).items())
@@ -329,7 +341,8 @@ def cmd_run(a):
     checks += rf_checks
     if a.tool == "wrk" and m.get("okWithoutOrderId"):
         checks.append((False, f"{m['okWithoutOrderId']} answers with 200 carried no orderId"))
-    if a.expect_both_instances and len([n for _x, n in inst if n > 0]) < a.expect_both_instances:
+    served = [x for x, n in inst if n > 0 and x != kit.NGINX_EDGE]
+    if a.expect_both_instances and len(served) < a.expect_both_instances:
         checks.append((False, f"fewer than {a.expect_both_instances} instances served requests: {inst}"))
 
     span = facts.get("orderSpanSeconds")

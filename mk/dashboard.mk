@@ -10,19 +10,14 @@
 #
 # 'make deps' installs Debian's chromium and nodejs (DEB_PKGS); npm comes with
 # the machine's Node.js, and on a Debian without it from Debian's npm package
-# (installed only when no npm is found: it conflicts with other Node.js builds).
+# (DEB_CMD_PKGS: installed only when no npm is found, it conflicts with other
+# Node.js builds).
 
 ##@ Dashboard
 
 DASHBOARD_RUN_DIR ?= $(or $(RUN_DIR),.run)
 
-.PHONY: dashboard test-dashboard dashboard-npm deps-npm
-
-deps: deps-npm
-
-deps-npm: ## install Debian's npm when no npm is found (part of make deps)
-	@command -v npm >/dev/null 2>&1 || { echo "installing: npm"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
+.PHONY: dashboard test-dashboard dashboard-npm
 
 dashboard: ## copy dashboard/ into the running local stack's nginx and print its address
 	@test -f $(DASHBOARD_RUN_DIR)/stack.env || { echo "no stack runs in $(DASHBOARD_RUN_DIR): make stack"; exit 1; }

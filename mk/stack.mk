@@ -17,13 +17,15 @@
 # mode (DEMO_RANDOM_USER=0 make stack: without it).
 DEMO_RANDOM_USER ?= 1
 STACK_SH        := DEMO_RANDOM_USER=$(DEMO_RANDOM_USER) scripts/stack.sh
+# The stack starts this build's server (BUILD=dir: that one), unless SECKILL_BIN names another.
+STACK_BIN       := SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill}
 
 .PHONY: demo stack stop status replay-dead loadtest nginx-docker-conf
 
 demo: ## packages, build, the local stack, three load runs and their tables (~90 s); STOP=1: stop after
 	@$(MAKE) --no-print-directory deps
 	@$(MAKE) --no-print-directory all
-	@$(STACK_SH) start
+	@$(STACK_BIN) $(STACK_SH) start
 	@rc=0; loadtest/demo.sh || rc=$$?; \
 	if [ "$(STOP)" = 1 ]; then $(STACK_SH) stop; \
 	else printf '\nThe stack is still running (%s). Stop it with: make stop\n' \
@@ -31,7 +33,7 @@ demo: ## packages, build, the local stack, three load runs and their tables (~90
 	exit $$rc
 
 stack: all ## build and start the local stack (Postgres, Redis, INSTANCES=2 instances, nginx) under .run
-	@$(STACK_SH) start
+	@$(STACK_BIN) $(STACK_SH) start
 
 stop: ## stop exactly what the local stack started, by PID
 	@$(STACK_SH) stop

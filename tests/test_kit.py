@@ -19,6 +19,7 @@ from seckill_server import fail, test  # noqa: E402
 
 sys.path.insert(0, os.path.join(ss.ROOT, "loadtest"))
 import kit  # noqa: E402
+import report  # noqa: E402
 from kit import Col  # noqa: E402
 
 
@@ -193,6 +194,28 @@ def access_log_entries_for_one_uri_after_an_offset():
     offset = len("".join(ACCESS_LOG.splitlines(True)[:2]).encode())
     _t, later = kit.access_log(path, offset, "/voucher/1/seckill")
     eq([e.status for e in later], ["409"], "after an offset")
+
+
+@test
+def answers_nginx_gave_itself_are_named_nginx_edge():
+    """$upstream_addr "-" (the sold-out edge, nginx's own 413) or the upstream
+    group's name (502, no instance left to try) is nginx answering, not an
+    instance: the demo's, bench's and ladder's tables say nginx-edge."""
+    eq(kit.NGINX_EDGE, "nginx-edge", "the label")
+    names = {"127.0.0.1:8081": "seckill-1"}
+    eq([kit.answered_by(u, names) for u in ("127.0.0.1:8081", "127.0.0.1:8082", "-", "", "seckill",
+                                              "unix:/run/s.sock")],
+       ["seckill-1", "127.0.0.1:8082", "nginx-edge", "nginx-edge", "nginx-edge", "unix:/run/s.sock"],
+       "answered_by")
+    log = ACCESS_LOG + ('127.0.0.1 [2026-11-26T13:37:50+00:00] "POST /voucher/1/seckill HTTP/1.0" 409 95'
+                        ' rid=e1 up=- us=- rt=0.000 urt=- edge=hit\n'
+                        '127.0.0.1 [2026-11-26T13:37:50+00:00] "POST /voucher/1/seckill HTTP/1.0" 502 110'
+                        ' rid=e2 up=seckill us=- rt=0.000 urt=- edge=-\n')
+    _t, sale = kit.access_log(tmp_file("edge.log", log), 0, "/voucher/1/seckill")
+    _s, upstreams = report.count_access(sale)
+    stats = {"instances": [{"instance": "seckill-1", "port": 51393}]}
+    eq(report.answered_by(upstreams, stats),
+       [("seckill-1 (127.0.0.1:51393)", 2), ("nginx-edge", 2)], "report's instances")
 
 
 # ---------------------------------------------------------------- formatting
