@@ -436,9 +436,7 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
     cs = conn_get();
     if ((pg = pg_or_respond(r, cs)) == NULL)
         return HTTP_ANSWERED;
-    st = store_voucher_reset(pg, id, in.stock, in.begin_time, in.end_time);
-    if (st == STORE_OK)
-        st = store_voucher_get(pg, id, &v);
+    st = store_voucher_reset(pg, id, in.stock, in.begin_time, in.end_time, &v);
     if (st != STORE_OK)
         return send_store_error(r, st);
     /* The strategy's own copy (redis): the new sale there too. Reset with

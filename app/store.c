@@ -270,12 +270,16 @@ static const statement statements[] = {
       "           begin_time = COALESCE(to_timestamp($3), begin_time),"
       "           end_time = COALESCE(to_timestamp($4), end_time),"
       "           sale_gen = sale_gen + 1, update_time = now()"
-      "     WHERE voucher_id = $1 RETURNING voucher_id"
+      "     WHERE voucher_id = $1"
+      " RETURNING voucher_id, title, stock, initial_stock,"
+      "           extract(epoch FROM begin_time)::bigint, extract(epoch FROM end_time)::bigint,"
+      "           sale_gen"
       "), d AS ("
       "    DELETE FROM tb_voucher_order WHERE voucher_id IN (SELECT voucher_id FROM v)"
       "    RETURNING 1"
       ")"
-      "SELECT (SELECT count(*) FROM v), (SELECT count(*) FROM d)" },
+      /* The voucher as voucher_get reads it (no row: no such voucher). */
+      "SELECT v.*, (SELECT count(*) FROM d) FROM v" },
 
     { "stats_vouchers", 0,
       "SELECT v.voucher_id, v.title, v.initial_stock, v.stock,"
@@ -419,6 +423,18 @@ static int64_t get_i64(const PGresult *res, int row, int col)
     return strtoll(PQgetvalue(res, row, col), NULL, 10);
 }
 
+/* Row 0 of a result whose first columns are voucher_get's. */
+static void voucher_read(const PGresult *res, store_voucher *out)
+{
+    out->voucher_id = get_i64(res, 0, 0);
+    snprintf(out->title, sizeof out->title, "%s", PQgetvalue(res, 0, 1));
+    out->stock = get_i64(res, 0, 2);
+    out->initial_stock = get_i64(res, 0, 3);
+    out->begin_time = get_i64(res, 0, 4);
+    out->end_time = get_i64(res, 0, 5);
+    out->sale_gen = get_i64(res, 0, 6);
+}
+
 store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *out)
 {
     char id[24];
@@ -436,13 +452,7 @@ store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *ou
         st = STORE_NOT_FOUND;
         goto cleanup;
     }
-    out->voucher_id = get_i64(res, 0, 0);
-    snprintf(out->title, sizeof out->title, "%s", PQgetvalue(res, 0, 1));
-    out->stock = get_i64(res, 0, 2);
-    out->initial_stock = get_i64(res, 0, 3);
-    out->begin_time = get_i64(res, 0, 4);
-    out->end_time = get_i64(res, 0, 5);
-    out->sale_gen = get_i64(res, 0, 6);
+    voucher_read(res, out);
     st = STORE_OK;
 cleanup:
     PQclear(res);
@@ -1152,7 +1162,7 @@ cleanup:
 }
 
 store_status store_voucher_reset(PGconn *pg, int64_t voucher_id, int64_t stock,
-                                 int64_t begin_time, int64_t end_time)
+                                 int64_t begin_time, int64_t end_time, store_voucher *out)
 {
     char v[24], s[24], b[24], e[24];
     const char *vals[4] = { v, s, begin_time >= 0 ? b : NULL, end_time >= 0 ? e : NULL };
@@ -1176,9 +1186,12 @@ store_status store_voucher_reset(PGconn *pg, int64_t voucher_id, int64_t stock,
         st = result_error(pg, res, "voucher_reset");
         goto cleanup;
     }
-    /* No such voucher: orders_lock's empty result is the last one. */
-    st = PQntuples(res) == 1 && PQnfields(res) == 2 && get_i64(res, 0, 0) == 1
-             ? STORE_OK : STORE_NOT_FOUND;
+    if (PQntuples(res) != 1) {
+        st = STORE_NOT_FOUND;
+        goto cleanup;
+    }
+    voucher_read(res, out);
+    st = STORE_OK;
 cleanup:
     PQclear(res);
     return st;

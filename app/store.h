@@ -206,9 +206,10 @@ store_status store_voucher_create(PGconn *pg, const char *title, int64_t stock,
 
 /* Deletes the voucher's orders, sets stock and initial stock and begins a
  * new sale (sale_gen + 1), in one transaction that locks the voucher row
- * first; 'begin_time'/'end_time' < 0 keep the current times. */
+ * first; 'begin_time'/'end_time' < 0 keep the current times. 'out': the
+ * voucher as the reset left it (STORE_OK only). */
 store_status store_voucher_reset(PGconn *pg, int64_t voucher_id, int64_t stock,
-                                 int64_t begin_time, int64_t end_time);
+                                 int64_t begin_time, int64_t end_time, store_voucher *out);
 
 /* Appends one object per voucher to the JSON array 'out' (voucherId, title,
  * initialStock, stock, orders, oversold, duplicateUsers, stockDrift,
