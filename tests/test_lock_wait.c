@@ -467,8 +467,10 @@ static void test_redisson_interop(void)
     lockwait_counters_get(&m1);
     T_EQ_I64(w.st, LOCK_OK);
     printf("# woken by a Redisson-style publish after %.2f ms\n", w.t_done - t0);
-    T_EQ_I64(m1.messages - m0.messages, 1);   /* its "0" arrived ... */
-    T_EQ_I64(m1.wakeups - m0.wakeups, 1);     /* ... and woke our waiter */
+    /* Its "0" arrived and woke our waiter (the waiter's own release may
+     * publish one more before the channel is unsubscribed: no one to wake). */
+    T_ASSERT(m1.messages - m0.messages >= 1);
+    T_EQ_I64(m1.wakeups - m0.wakeups, 1);
     T_ASSERT(w.t_done - t0 < HOLD_LEASE / 2); /* not the lease running out */
 
     /* 2. We hold; "Java"'s attempt sees our hold and waits for our "0". */
