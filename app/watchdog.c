@@ -57,6 +57,7 @@ static wd_stale_fn stale_fn;       /* may be NULL */
 static atomic_uint_fast64_t n_renewals;
 static atomic_uint_fast64_t n_lost;
 static atomic_uint_fast64_t n_errors;
+static atomic_uint_fast64_t n_ticks;
 
 static void cond_init(void)
 {
@@ -288,6 +289,8 @@ static void tick(redisContext **cp)
     for (size_t off = 0; off < n; off += WD_BATCH)
         renew_batch(cp, items + off, n - off < WD_BATCH ? n - off : WD_BATCH);
     items_free(items, n);
+    if (n > 0)
+        atomic_fetch_add_explicit(&n_ticks, 1, memory_order_relaxed);
 }
 
 static void mono_ts(int64_t us, struct timespec *ts)
@@ -387,4 +390,5 @@ void wd_counters_get(wd_counters *out)
     out->renewals = atomic_load_explicit(&n_renewals, memory_order_relaxed);
     out->lost = atomic_load_explicit(&n_lost, memory_order_relaxed);
     out->errors = atomic_load_explicit(&n_errors, memory_order_relaxed);
+    out->ticks = atomic_load_explicit(&n_ticks, memory_order_relaxed);
 }

@@ -57,6 +57,8 @@ typedef struct wd_counters {
     uint64_t renewals;   /* leases renewed (one per key per tick) */
     uint64_t lost;       /* locks dropped because their owner field was gone */
     uint64_t errors;     /* renewal batches that failed (Redis error, no reply) */
+    uint64_t ticks;      /* ticks with locks to renew, counted once every batch's
+                          * answer is handled (tests wait for them) */
 } wd_counters;
 
 void wd_counters_get(wd_counters *out);

@@ -19,11 +19,15 @@
  * Requests are parsed only as far as framing needs: the end of the headers
  * and Content-Length. Pipelined requests are answered in one write.
  * Anything it cannot frame (headers over 8 KiB, chunked bodies) closes the
- * connection. Stop it with SIGTERM. */
+ * connection. Stop it with SIGTERM. SIGUSR1 writes "accepted N\n" to stdout:
+ * the connections accepted since start (tests/test_nginx.py counts nginx's
+ * upstream connections with it). */
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +56,33 @@ typedef struct up_conn {
 } up_conn;
 
 static int up_port;
+
+/* Connections accepted since start, for SIGUSR1. */
+static atomic_ulong up_accepted;
+
+/* SIGUSR1: "accepted N\n" on stdout, with async-signal-safe calls only. */
+static void up_report(int sig)
+{
+    char buf[32], digits[24];
+    unsigned long n = atomic_load(&up_accepted);
+    size_t len = 0, nd = 0;
+    int saved = errno;
+
+    (void)sig;
+    do {
+        digits[nd++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n > 0);
+    memcpy(buf, "accepted ", 9);
+    len = 9;
+    while (nd > 0)
+        buf[len++] = digits[--nd];
+    buf[len++] = '\n';
+    if (write(STDOUT_FILENO, buf, len) < 0) {
+        /* nothing to do: nobody reads the count */
+    }
+    errno = saved;
+}
 
 /* The value of Content-Length in the header block hdr[0..len), 0 when
  * absent; -1 for a value it does not take (negative, too big, chunked). */
@@ -209,6 +240,7 @@ static void up_accept(int ep, int lfd)
 
         if (fd < 0)
             return;
+        atomic_fetch_add(&up_accepted, 1);
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         c = calloc(1, sizeof *c);
         if (!c) {
@@ -260,6 +292,7 @@ int main(int argc, char **argv)
     int threads = argc > 2 ? atoi(argv[2]) : 2;
     int *fds;
     pthread_t t;
+    struct sigaction sa;
 
     if (argc < 2 || (up_port = atoi(argv[1])) <= 0 || up_port > 65535 || threads < 1 || threads > 64) {
         fprintf(stderr, "usage: upstream200 PORT [THREADS 1..64]\n");
@@ -268,6 +301,11 @@ int main(int argc, char **argv)
     up_answer_len = (size_t)snprintf(up_answer, sizeof up_answer,
                                      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                                      "Content-Length: %zu\r\n\r\n%s", sizeof UP_BODY - 1, UP_BODY);
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = up_report;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
     fds = calloc((size_t)threads, sizeof *fds);
     if (!fds)
         return 1;

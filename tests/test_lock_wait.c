@@ -109,6 +109,25 @@ static int wait_unsubscribed(const char *key, long ms)
     return 0;
 }
 
+/* Waits until 'n' more lock attempts than 'base' (a lock_counters
+ * .contended value) were refused: a waiter refused twice, once before it
+ * subscribed and once on its retry after, is past the retry, on its way
+ * into (or in) its wait. 0, or -1 after 'ms'. */
+static int wait_refused(uint64_t base, uint64_t n, long ms)
+{
+    lock_counters now;
+    double end = t_now_ms() + (double)ms;
+
+    for (;;) {
+        lock_counters_get(&now);
+        if (now.contended - base >= n)
+            return 0;
+        if (t_now_ms() > end)
+            return -1;
+        t_sleep_ms(1);
+    }
+}
+
 /*---- cases ----*/
 
 /* Runs first. The subscriber thread and its connection exist only once
@@ -134,8 +153,11 @@ static void test_subscriber_starts_on_first_wait(void)
     del_lock(key);
 }
 
-/* A waiter blocked on a 10 s lease gets the lock within a few ms of the
- * release, through the release message. */
+/* A waiter blocked on a 10 s lease gets the lock through the release
+ * message: every hand-off is a grant right after a wake-up by a message
+ * (the counters), and none costs the lease (a lost message would). The
+ * latencies are printed, not asserted: on a busy machine they are the
+ * scheduler's. */
 static void test_handoff_latency(void)
 {
     char key[128], holder[96];
@@ -147,13 +169,15 @@ static void test_handoff_latency(void)
     lock_counters_get(&a);
     for (int i = 0; i < HANDOFFS; i++) {
         waiter w;
+        lock_counters c0;
         key_for("handoff", i, key, sizeof key);
         if (!T_EQ_I64(lock_try_acquire(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK))
             break;
+        lock_counters_get(&c0);
         if (!T_ASSERT(waiter_start(&w, key, 20000)))
             break;
-        T_EQ_I64(wait_subscribed(key, 2000), 0);
-        t_sleep_ms(2);                /* past its retry, into the wait */
+        T_EQ_I64(wait_subscribed(key, 10000), 0);
+        T_EQ_I64(wait_refused(c0.contended, 2, 10000), 0);   /* past its retry */
         double t_rel = t_now_ms();
         T_EQ_I64(lock_release(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
         pthread_join(w.thread, NULL);
@@ -168,11 +192,10 @@ static void test_handoff_latency(void)
            p50 = tl_percentile(lat, n, 50);
     printf("# hand-off release -> waiter acquired over %zu: p50 %.2f ms, p99 %.2f ms, "
            "max %.2f ms (lease %ld ms)\n", n, p50, p99, max, HOLD_LEASE);
-    T_ASSERT(p99 < 20.0);
     T_ASSERT(max < HOLD_LEASE / 2);
     T_EQ_I64(b.waits - a.waits, HANDOFFS);
     T_EQ_I64(b.wait_acquired - a.wait_acquired, HANDOFFS);
-    T_ASSERT(b.wake_samples - a.wake_samples >= HANDOFFS * 9 / 10);
+    T_EQ_I64(b.wake_samples - a.wake_samples, HANDOFFS);
     if (b.wake_samples > a.wake_samples)
         printf("# wake-up latency (message -> granted): mean %.0f us, max %llu us\n",
                (double)(b.wake_us_sum - a.wake_us_sum) / (double)(b.wake_samples - a.wake_samples),
@@ -225,7 +248,7 @@ static void race_rounds(enum lock_hook_point at, const char *name)
     redisFree(hook_ctx);
     printf("# %s: %d rounds, slowest acquire %.2f ms (lease %ld ms)\n", name, HOOK_ROUNDS,
            worst, HOLD_LEASE);
-    T_ASSERT(worst < 200);
+    T_ASSERT(worst < HOLD_LEASE / 2);         /* a lost release costs the lease */
 }
 
 static void test_release_before_subscribe_is_not_lost(void)
@@ -264,11 +287,13 @@ static void test_release_race_repeated(void)
         del_lock(key);
     }
     printf("# random release timing: %d rounds, slowest acquire %.2f ms\n", RACE_ROUNDS, worst);
-    T_ASSERT(worst < 1000);
+    T_ASSERT(worst < HOLD_LEASE / 2);         /* a lost release costs the lease */
 }
 
-/* tryLock(200 ms) on a held lock: false after about 200 ms, and nothing
- * left subscribed. tryLock(0) does not subscribe at all. */
+/* tryLock(200 ms) on a held lock (10 s lease): false once its 200 ms are
+ * spent, long before the lease ends, and nothing left subscribed.
+ * tryLock(0) does not wait at all (its wait, subscription first, is never
+ * counted). */
 static void test_wait_budget_and_no_leftover_subscription(void)
 {
     char key[128], holder[96], owner[96];
@@ -286,7 +311,7 @@ static void test_wait_budget_and_no_leftover_subscription(void)
     T_EQ_I64(lock_try_lock(c, key, owner, 0, HOLD_LEASE, NULL), LOCK_BUSY);
     double t1 = t_now_ms();
     lock_counters_get(&b);
-    T_ASSERT(t1 - t0 < 50);
+    T_ASSERT(t1 - t0 < HOLD_LEASE / 2);
     T_EQ_I64(b.waits - a.waits, 0);
 
     lock_grant g = {0, 0};
@@ -294,7 +319,7 @@ static void test_wait_budget_and_no_leftover_subscription(void)
     T_EQ_I64(lock_try_lock(c, key, owner, 200, HOLD_LEASE, &g), LOCK_BUSY);
     t1 = t_now_ms();
     printf("# tryLock(200 ms) on a held lock returned after %.1f ms\n", t1 - t0);
-    T_ASSERT(t1 - t0 >= 199 && t1 - t0 < 300);
+    T_ASSERT(t1 - t0 >= 199 && t1 - t0 < HOLD_LEASE / 2);
     T_ASSERT(g.ttl_ms > 0 && g.ttl_ms <= HOLD_LEASE);
     T_EQ_I64(wait_unsubscribed(key, 1000), 0);
     lock_counters_get(&a);
@@ -308,7 +333,9 @@ cleanup:
 }
 
 /* With no release message at all, the wait ends when the holder's lease
- * does: the TTL bounds every round. */
+ * (300 ms) does, not when the waiter's budget (20 s) does: the TTL bounds
+ * every round. Measured from before the holder's grant, so that the lease
+ * cannot have started earlier. */
 static void test_wait_bounded_by_holder_ttl(void)
 {
     char key[128], holder[96], owner[96];
@@ -317,13 +344,14 @@ static void test_wait_bounded_by_holder_ttl(void)
     key_for("ttlbound", 0, key, sizeof key);
     tl_owner(holder, sizeof holder, next_owner++);
     tl_owner(owner, sizeof owner, next_owner++);
+    double t0 = t_now_ms();
     if (!T_EQ_I64(lock_try_acquire(rc, key, holder, 300, NULL), LOCK_OK))
         goto cleanup;
-    double t0 = t_now_ms();
-    T_EQ_I64(lock_try_lock(c, key, owner, 5000, HOLD_LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_try_lock(c, key, owner, 20000, HOLD_LEASE, NULL), LOCK_OK);
     double dt = t_now_ms() - t0;
-    printf("# holder's 300 ms lease ran out, unannounced: waiter got it after %.1f ms\n", dt);
-    T_ASSERT(dt >= 250 && dt < 600);
+    printf("# holder's 300 ms lease ran out, unannounced: waiter got it %.1f ms after the "
+           "grant was asked for\n", dt);
+    T_ASSERT(dt >= 295 && dt < 20000 / 2);
     T_EQ_I64(lock_release(c, key, owner, HOLD_LEASE, NULL), LOCK_OK);
 cleanup:
     redisFree(c);
@@ -338,18 +366,21 @@ static void test_waiters_share_one_subscription(void)
     char key[128], holder[96], ch[256];
     waiter w[NW];
     long long most = 0;
+    lock_counters c0;
 
     key_for("shared", 0, key, sizeof key);
     lock_channel_name(key, ch, sizeof ch);
     tl_owner(holder, sizeof holder, next_owner++);
     if (!T_EQ_I64(lock_try_acquire(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK))
         return;
+    lock_counters_get(&c0);
     for (int i = 0; i < NW; i++) {
         if (!T_ASSERT(waiter_start(&w[i], key, 20000)))
             return;
     }
-    T_EQ_I64(wait_subscribed(key, 2000), 0);
-    t_sleep_ms(50);
+    T_EQ_I64(wait_subscribed(key, 10000), 0);
+    /* every waiter subscribed and refused on its retry: all six are in */
+    T_EQ_I64(wait_refused(c0.contended, 2 * NW, 10000), 0);
     most = tl_numsub(rc, ch);
     T_EQ_I64(most, 1);
     T_EQ_I64(lockwait_channel_count(), 1);
@@ -361,7 +392,7 @@ static void test_waiters_share_one_subscription(void)
     }
     double dt = t_now_ms() - t0;
     printf("# %d waiters of one process passed the lock on in %.1f ms\n", NW, dt);
-    T_ASSERT(dt < 1000);
+    T_ASSERT(dt < HOLD_LEASE / 2);            /* a lost wake-up costs the lease */
     T_EQ_I64(wait_unsubscribed(key, 1000), 0);
     del_lock(key);
 }
@@ -392,7 +423,7 @@ static void test_subscriber_connection_lost(void)
     lockwait_counters_get(&b);
     printf("# release during a subscriber outage: waiter got the lock after %.1f ms\n", dt);
     T_EQ_I64(w.st, LOCK_OK);
-    T_ASSERT(dt < 2000);
+    T_ASSERT(dt < HOLD_LEASE / 2);            /* not the holder's lease */
     T_ASSERT(b.reconnects - a.reconnects >= 1);
     T_EQ_I64(wait_unsubscribed(key, 1000), 0);
     del_lock(key);
@@ -407,6 +438,8 @@ static void test_redisson_interop(void)
     redisReply *r;
     waiter w;
     lock_grant g = {0, 0};
+    lock_counters c0;
+    lockwait_counters m0, m1;
 
     key_for("redisson", 0, key, sizeof key);
     lock_channel_name(key, ch, sizeof ch);
@@ -419,19 +452,26 @@ static void test_redisson_interop(void)
     freeReplyObject(r);
     T_EQ_I64(lock_try_acquire(c, key, owner, HOLD_LEASE, &g), LOCK_BUSY);
     T_ASSERT(g.ttl_ms > 0 && g.ttl_ms <= HOLD_LEASE);
+    lock_counters_get(&c0);
     if (!T_ASSERT(waiter_start(&w, key, 20000)))
         goto cleanup;
-    T_EQ_I64(wait_subscribed(key, 2000), 0);
-    t_sleep_ms(2);
+    T_EQ_I64(wait_subscribed(key, 10000), 0);
+    T_EQ_I64(wait_refused(c0.contended, 2, 10000), 0);   /* past its retry */
+    lockwait_counters_get(&m0);
     double t0 = t_now_ms();
     r = T_CMD(java, "DEL %s", key);
     freeReplyObject(r);
     r = T_CMD(java, "PUBLISH %s 0", ch);
     freeReplyObject(r);
     pthread_join(w.thread, NULL);
+    lockwait_counters_get(&m1);
     T_EQ_I64(w.st, LOCK_OK);
     printf("# woken by a Redisson-style publish after %.2f ms\n", w.t_done - t0);
-    T_ASSERT(w.t_done - t0 < 50);
+    /* Its "0" arrived and woke our waiter (the waiter's own release may
+     * publish one more before the channel is unsubscribed: no one to wake). */
+    T_ASSERT(m1.messages - m0.messages >= 1);
+    T_EQ_I64(m1.wakeups - m0.wakeups, 1);
+    T_ASSERT(w.t_done - t0 < HOLD_LEASE / 2); /* not the lease running out */
 
     /* 2. We hold; "Java"'s attempt sees our hold and waits for our "0". */
     r = T_CMD(java_sub, "SUBSCRIBE %s", ch);

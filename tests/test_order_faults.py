@@ -29,6 +29,7 @@ backend, and a TCP proxy in front of Redis that this test controls.
 """
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -102,6 +103,27 @@ def wait_for(what, cond, timeout=10.0, step=0.05):
             return
         time.sleep(step)
     fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def unanswered(srv):
+    """Requests instance srv has read and not yet answered, the /metrics
+    request that asks excluded (seckill_http_in_progress counts it)."""
+    r = srv.get("/metrics")
+    m = re.search(r"^seckill_http_in_progress (\d+)$", r.body if isinstance(r.body, str) else "",
+                  re.M)
+    if r.status != 200 or not m:
+        fail(f"/metrics: {r.status} {r.raw[:200]!r}")
+    return int(m.group(1)) - 1
+
+
+def ready(srv):
+    """srv's /ready answered 200: its worker reaches Postgres and Redis (a
+    worker's /ready goes through the Redis circuit breaker: 503 while it is
+    open)."""
+    try:
+        return srv.get("/ready", timeout=5).status == 200
+    except OSError:
+        return False
 
 
 def lock_waiters(app):
@@ -321,7 +343,7 @@ def a_failed_commit_is_never_answered_200():
 
 # ---------------------------------------------------------------- 2. clock steps
 
-CLOCK_STEP_MS = 2500
+CLOCK_STEP_MS = 10000
 
 
 @test
@@ -329,7 +351,10 @@ def a_wall_clock_step_holds_neither_a_batch_nor_the_publisher():
     """TEST_CLOCK_STEP_MS=D makes every wall-clock reading behind a timed
     wait D ahead, as if the clock were stepped back by D just after it was
     read. A batch's gathering window (1 ms) must not last D, nor the stats
-    publisher's one-second tick 1 s + D: both wait on the monotonic clock."""
+    publisher's one-second tick 1 s + D: both wait on the monotonic clock.
+    D is large (10 s) so that the bounds can be generous: an answer within
+    D / 2, a publisher key (PX 5000) never older than 3 s, where a wait on
+    the wall clock takes D more."""
     srv = server("clockstep", SECKILL_STOCK="batched", TEST_CLOCK_STEP_MS=CLOCK_STEP_MS)
     try:
         vid = voucher(srv, 50)
@@ -340,7 +365,7 @@ def a_wall_clock_step_holds_neither_a_batch_nor_the_publisher():
             took.append(time.monotonic() - t0)
             if r.status != 200:
                 fail(f"buyer {uid}: {answer(r)}")
-        if max(took) > 1.0:
+        if max(took) > CLOCK_STEP_MS / 1000 / 2:
             fail(f"a batch of one buyer was held {max(took):.2f}s with the wall clock stepped "
                  f"back {CLOCK_STEP_MS} ms (answers took {[round(t, 2) for t in took]})")
         # The publisher refreshes its key (PX 5000) every second: its age
@@ -354,7 +379,7 @@ def a_wall_clock_step_holds_neither_a_batch_nor_the_publisher():
                 fail(f"the publisher's key expired (pttl {left})")
             oldest = max(oldest, 5000 - left)
             time.sleep(0.05)
-        if oldest > 1800:
+        if oldest > 3000:
             fail(f"the stats publisher's key went {oldest} ms without a refresh (tick 1000 ms; "
                  f"wall clock stepped back {CLOCK_STEP_MS} ms)")
         print(f"  step {CLOCK_STEP_MS} ms: a batch's answer took at most {max(took) * 1000:.0f} ms,"
@@ -392,6 +417,8 @@ def a_buyer_queued_past_its_deadline_gets_503_and_no_order():
             ta, ra = in_background(srv.seckill, vid, a)
             wait_for(f"{name}: buyer A waiting on the row", lambda: lock_waiters(srv.name) >= 1)
             tb, rb = in_background(srv.seckill, vid, b)
+            # B's deadline counts from when the instance read it.
+            wait_for(f"{name}: buyer B read by the instance", lambda: unanswered(srv) >= 2)
             time.sleep(DEADLINE_MS / 1000 + 0.5)
             holder.release()
             ta.join(15)
@@ -475,8 +502,7 @@ def the_next_batch_takes_its_locks_while_the_one_before_commits():
             wait_for("the first batch waiting on the row", lambda: lock_waiters(srv.name) >= 1)
             b = [in_background(srv.seckill, vid, u) for u in second + [again]]
             if pipeline:
-                wait_for("the next batch's locks", lambda: all(lock_held(u) for u in second),
-                         timeout=3)
+                wait_for("the next batch's locks", lambda: all(lock_held(u) for u in second))
             else:
                 time.sleep(1.0)
                 if any(lock_held(u) for u in second):
@@ -522,7 +548,7 @@ def a_pipelined_batch_does_not_order_a_buyer_whose_deadline_passed():
         ta, ra = in_background(srv.seckill, vid, a)
         wait_for("A's batch waiting on the row", lambda: lock_waiters(srv.name) >= 1)
         tb, rb = in_background(srv.seckill, vid, b)
-        wait_for("B's lock, taken by the next batch", lambda: lock_held(b), timeout=3)
+        wait_for("B's lock, taken by the next batch", lambda: lock_held(b))
         time.sleep(DEADLINE_MS / 1000 + 0.5)
         holder.release()
         ta.join(15)
@@ -648,11 +674,12 @@ def a_batch_lock_granted_after_its_reply_was_lost_is_released():
     """Batched, Redis behind a proxy that loses Redis's replies for a
     moment: the batch's lock attempt runs in Redis (granted) but its reply
     never comes; the buyer gets 503. The grant must not be left to its
-    lease (10 s of 409 already_ordered for that buyer): it is released at
-    the next attempt, and the buyer's retry is served."""
+    lease (30 s here, of 409 already_ordered for that buyer, however long
+    the wait for the circuit breaker): it is released at the next attempt,
+    and the buyer's retry is served."""
     proxy = RedisProxy()
     srv = server("lost-acquire", SECKILL_STOCK="batched", THREADS=1, REDIS_URL=proxy.url,
-                 REDIS_TIMEOUT_MS=500)
+                 REDIS_TIMEOUT_MS=500, LOCK_LEASE_MS=30000)
     user = 8_800_001
     try:
         vid = voucher(srv, 50)
@@ -665,7 +692,7 @@ def a_batch_lock_granted_after_its_reply_was_lost_is_released():
             fail(f"the buyer whose lock reply was lost: {lost}")
         if pttl(f"lock:order:{user}") < 0:
             fail("the lock was not granted in Redis: the test proves nothing")
-        time.sleep(0.6)                       # past the Redis circuit breaker
+        wait_for("the Redis circuit breaker to close (/ready)", lambda: ready(srv))
         if srv.seckill(vid, 8_800_002).status != 200:
             fail("the next buyer was not served")
         retry = answer(srv.seckill(vid, user))
@@ -685,10 +712,11 @@ def a_failed_release_does_not_let_the_workers_next_request_reenter_the_lock():
     The same worker's next request of that user must not take the lock
     again as its reentrant owner (that would extend the dead hold's lease
     and let the request through): it is refused like any concurrent
-    request (409), the lease runs out unextended, then the user buys."""
+    request (409), the lease (8 s: it must outlast the wait for the circuit
+    breaker) runs out unextended, then the user buys."""
     proxy = RedisProxy()
     srv = server("lost-release", THREADS=1, REDIS_URL=proxy.url, REDIS_TIMEOUT_MS=500,
-                 LOCK_LEASE_MS=4000)
+                 LOCK_LEASE_MS=8000)
     user, key = 8_800_101, "lock:order:8800101"
     holder = None
     try:
@@ -707,13 +735,13 @@ def a_failed_release_does_not_let_the_workers_next_request_reenter_the_lock():
         before = pttl(key)
         if first != (200, None) or before < 0:
             fail(f"the first order: {first}, its lock's pttl {before} (want 200, still held)")
-        time.sleep(0.6)                       # past the Redis circuit breaker
+        wait_for("the Redis circuit breaker to close (/ready)", lambda: ready(srv))
         second = answer(srv.seckill(v2, user))
         after = pttl(key)
         if second != (409, "already_ordered") or not 0 < after < before:
             fail(f"the worker's next request of the same user: {second}, lock pttl {before} "
                  f"-> {after} ms (re-entered and extended?); orders {orders_of(v2, user)}")
-        wait_for("the lock's lease to run out", lambda: pttl(key) == -2, timeout=6)
+        wait_for("the lock's lease to run out", lambda: pttl(key) == -2, timeout=15)
         if answer(srv.seckill(v2, user)) != (200, None):
             fail("after the lease ran out, the user could not buy")
     finally:
@@ -755,10 +783,11 @@ def the_order_statement_refuses_a_sale_outside_the_window():
                          f"{got}, orders {orders_of(vid, base + 1)}, stock {stock_of(vid)}")
         finally:
             srv.stop_ok()
-    # Just after the end: the instance's check reads whole seconds.
+    # Just after the end: the instance's check reads whole seconds. The
+    # first sale must come before the end: 4 to 5 s for the voucher and it.
     srv = server("window-closing")
     try:
-        end = int(time.time()) + 2
+        end = int(time.time()) + 5
         vid = voucher(srv, 10, begin=end - 60, end=end)
         if srv.seckill(vid, 8_999_000).status != 200:
             fail("the sale before the end failed")

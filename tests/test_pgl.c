@@ -152,7 +152,7 @@ static void test_advisory_holder_killed(void)
     T_EQ_I64(pgl_advisory_try(b, WAIT_MS, key), PGL_BUSY);
     kill(pid, SIGKILL);
     killed = t_now_ms();
-    while (t_now_ms() - killed < 5000) {
+    while (t_now_ms() - killed < 10000) {
         if (pgl_advisory_try(b, WAIT_MS, key) == PGL_OK) {
             took = t_now_ms() - killed;
             break;
@@ -160,7 +160,10 @@ static void test_advisory_holder_killed(void)
         t_sleep_ms(5);
     }
     printf("# advisory holder killed: lock free after %.0f ms\n", took);
-    T_ASSERT(took >= 0 && took < 1000);
+    /* at once, with the holder's socket (a session left to notice it some
+     * other way would hold the lock past this loop's 10 s); generous for a
+     * busy machine */
+    T_ASSERT(took >= 0 && took < 2500);
     close(fds[0]);
     close(fds[1]);
     PQfinish(b);
