@@ -864,6 +864,15 @@ def redis_unreachable_gives_503():
         expect(srv.get("/health"), 200, what="GET /health with Redis down")
         if db_orders(vid) or db_stock(vid) != 5:
             fail(f"Redis down, yet Postgres changed: orders {db_orders(vid)}, stock {db_stock(vid)}")
+        # The admin API's Postgres part works without Redis: a reset is done
+        # (200; the other instances are not told, their cached entries
+        # expire). The dead-letter replay is all Redis: 503.
+        r = srv.post(f"/admin/vouchers/{vid}/reset", AUTH, {"stock": 4})
+        expect(r, 200, what="reset with Redis down")
+        if r.body.get("stock") != 4 or db_stock(vid) != 4:
+            fail(f"reset with Redis down: {r.body!r}, stock in Postgres {db_stock(vid)}")
+        expect_error(srv.post("/admin/dead-letters/replay", AUTH), 503, "unavailable",
+                     "dead-letter replay with Redis down")
         if not srv.alive():
             fail("server died")
     finally:

@@ -11,13 +11,17 @@
 - ADMIN_TOKEN_FILE supplies the token (trailing newline stripped); set
   together with ADMIN_TOKEN, or unreadable, it stops the start with a clear
   message and exit status 2;
-- without INSTANCE_ID the instance is "<hostname>-<port>".
+- without INSTANCE_ID the instance is "<hostname>-<port>";
+- a LUA_DIR without the scripts, or with an empty one, stops the start
+  with exit status 2 and the file's name; a BIND that is not an IPv4
+  address stops it with status 1.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -226,6 +230,24 @@ def instance_id_defaults_to_hostname_and_port():
     finally:
         srv.stop_ok()
 
+
+
+@test
+def a_bad_lua_dir_or_bind_address_stops_the_start():
+    with tempfile.TemporaryDirectory(dir=ss.TEST_TMP) as d:
+        p = run_bin([], {"LUA_DIR": d, "PORT": str(ss.free_port())})
+        want = f"lua scripts: cannot read {d}/lock_acquire.lua"
+        if p.returncode != 2 or want not in p.stderr or "(set LUA_DIR)" not in p.stderr:
+            fail(f"LUA_DIR without scripts: exit {p.returncode} (want 2), stderr {p.stderr[-400:]!r}")
+        for name in os.listdir(os.path.join(ROOT, "lua")):
+            shutil.copy(os.path.join(ROOT, "lua", name), d)
+        open(os.path.join(d, "lock_release.lua"), "w").close()
+        p = run_bin([], {"LUA_DIR": d, "PORT": str(ss.free_port())})
+        if p.returncode != 2 or f"{d}/lock_release.lua is empty" not in p.stderr:
+            fail(f"an empty script: exit {p.returncode} (want 2), stderr {p.stderr[-400:]!r}")
+    p = run_bin([], {"BIND": "localhost", "PORT": str(ss.free_port())})
+    if p.returncode != 1 or "invalid BIND address 'localhost' (IPv4 expected)" not in p.stderr:
+        fail(f"BIND=localhost: exit {p.returncode} (want 1), stderr {p.stderr[-400:]!r}")
 
 
 @test
