@@ -50,6 +50,8 @@ oversold.
                   was fixed back in the stream, each once; they land
   group           the consumers' group destroyed under a running consumer is
                   made again; the orders land, none twice
+  window          Redis's copy of the voucher and Redis's clock decide the
+                  sale window; a malformed copy refuses its buyers only
 """
 
 import datetime
@@ -557,6 +559,45 @@ def an_order_whose_user_has_another_in_postgres_is_dead_lettered_and_its_batch_l
         front.stop_ok()
         if a is not None:
             a.stop_ok()
+        rs.kill()
+
+
+@test
+def redis_copy_decides_the_window_and_a_malformed_one_refuses_only_its_buyers():
+    """Admission reads the sale window from Redis's copy of the voucher, by
+    Redis's clock (one clock for every instance): when that copy says the
+    sale has ended, or not begun, the buyer hears so (409), whatever the
+    instance read from Postgres. A voucher whose Redis hash is malformed (a
+    field that is not an integer) refuses its buyers with 503 and records
+    nothing for them; another voucher sells as before."""
+    rs = durable_redis()
+    a = server("rf-window", rs)
+    try:
+        vid, other = ss.new_voucher(a, TOKEN, 5), ss.new_voucher(a, TOKEN, 5)
+        if a.seckill(vid, 7997001).status != 200:          # its Redis copy is loaded
+            fail("the first buyer was not sold")
+        key, now = f"seckill:v:{{{vid}}}", int(time.time())
+        rcli(rs, "HSET", key, "end", now - 60)
+        r = a.seckill(vid, 7997002)
+        if r.status != 409 or r.body.get("error") != "ended":
+            fail(f"Redis's copy says ended: {r.status} {r.body!r}")
+        rcli(rs, "HSET", key, "begin", now + 600, "end", now + 3600)
+        r = a.seckill(vid, 7997002)
+        if r.status != 409 or r.body.get("error") != "not_started":
+            fail(f"Redis's copy says not started: {r.status} {r.body!r}")
+        rcli(rs, "HSET", key, "begin", now - 60, "stock", "x")
+        length = rcli(rs, "XLEN", "seckill:orders")
+        r = a.seckill(vid, 7997002)
+        if r.status != 503 or r.body.get("error") != "unavailable":
+            fail(f"a malformed Redis copy: {r.status} {r.body!r}")
+        if rcli(rs, "SISMEMBER", f"{key}:buyers", 7997002) != "0" or \
+                rcli(rs, "XLEN", "seckill:orders") != length:
+            fail("a buyer of the malformed voucher was recorded")
+        r = a.seckill(other, 7997002)
+        if r.status != 200:
+            fail(f"another voucher: {r.status} {r.body!r}")
+    finally:
+        a.stop_ok()
         rs.kill()
 
 
