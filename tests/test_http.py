@@ -289,6 +289,36 @@ def order_id_layout():
 
 
 @test
+def an_exhausted_day_counter_answers_503_never_a_wrapped_id():
+    """The order id's counter is the day's (32 bits): once it is used up a
+    buyer gets 503, never an id whose count wrapped; nothing is written and
+    the buyer's lock is released. A server of its own, with an ID_PREFIX of
+    its own, so that no other test's counter is touched."""
+    a = server_a()
+    vid = create_voucher(a, 5)
+    prefix = f"exhausted{os.getpid()}"
+    # today's key, and the next day's should the test run across midnight (UTC)
+    keys = sorted({time.strftime(f"icr:{prefix}:%Y:%m:%d", time.gmtime(time.time() + d))
+                   for d in (0, 600)})
+    srv = ss.Server("http-ids-exhausted", {"ADMIN_TOKEN": TOKEN, "ID_PREFIX": prefix})
+    try:
+        for k in keys:
+            redis(["SET", k, str(2 ** 32 - 1)])
+        user = new_users(1)[0]
+        r = srv.seckill(vid, user)
+        expect_error(r, 503, "unavailable", "seckill with the day's id counter used up")
+        if "order ids unavailable" not in r.body.get("message", ""):
+            fail(f"503 without the reason: {r.body!r}")
+        if db_orders(vid) or db_stock(vid) != 5:
+            fail(f"an order was written: {db_orders(vid)}, stock {db_stock(vid)}")
+        if redis(["EXISTS", f"lock:order:{user}"]) != "0":
+            fail(f"lock:order:{user} is still held after the 503")
+    finally:
+        srv.stop_ok()
+        redis(["DEL", *keys])
+
+
+@test
 def success_body_shape():
     a = server_a()
     vid = create_voucher(a, 3)
