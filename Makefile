@@ -44,12 +44,13 @@ SECKILL_VERSION := $(VERSION_TEXT)$(if $(GIT_DESCRIBE), (git $(GIT_DESCRIBE)))
 # the compose file), clang with its runtime libraries (make fuzz: libFuzzer
 # lives in libclang-rt-14-dev), GCC's ThreadSanitizer runtime (make tsan),
 # nginx's Lua module (the sold-out edge, nginx/nginx.conf.tmpl) and ZooKeeper
-# (SECKILL_LOCK=zk: the C client; the server, with Java, for the tests).
+# (SECKILL_LOCK=zk: the C client; the server, with Java, for the tests) and
+# gcovr (make coverage's report).
 DEB_PKGS  := build-essential pkg-config libmicrohttpd-dev libhiredis-dev libpq-dev libcjson-dev \
              postgresql redis-server nginx libnginx-mod-http-lua apache2-utils wrk python3 curl \
              procps docker-compose \
              chromium nodejs gnuplot-nox clang libclang-rt-14-dev libtsan2 \
-             libzookeeper-mt-dev zookeeperd
+             libzookeeper-mt-dev zookeeperd gcovr
 
 # The Debian package that ships each pkg-config name (for pkg-check's message).
 PKG_DEBS  := libmicrohttpd=libmicrohttpd-dev hiredis=libhiredis-dev libpq=libpq-dev \
@@ -66,7 +67,8 @@ DEPS_MISSING = { dpkg-query -W -f='$${Package} $${db:Status-Abbrev}\n' $(DEB_PKG
                     for (i = 1; i <= n; i++) if (!(p[i] in ok)) printf "%s ", p[i] }'; \
                for c in $(DEB_CMD_PKGS); do command -v $$c >/dev/null 2>&1 || printf '%s ' $$c; done; }
 
-.PHONY: all help test check tests-bin asan tsan tsan-concurrency deps deps-check pkg-check clean
+.PHONY: all help test check tests-bin asan tsan tsan-concurrency coverage coverage-report deps deps-check \
+        pkg-check clean
 
 ##@ Build and test
 
@@ -162,6 +164,34 @@ TSAN_CONCURRENCY_EXCEPT := one_at_a_time early_lock_release early_release
 tsan-concurrency: ## ThreadSanitizer on the concurrency tests only (what CI runs)
 	@TEST_SKIP="$(TSAN_CONCURRENCY_SKIP)" TEST_EXCEPT="$(TSAN_CONCURRENCY_EXCEPT)" \
 	    $(MAKE) --no-print-directory tsan TESTS="$(TSAN_CONCURRENCY_TESTS)"
+
+# Line and branch coverage of app/: gcov builds (--coverage -O0) of the server
+# and the tests in build/coverage, the whole suite (TESTS="...": a subset), then
+# gcovr over app/ alone. The counts of the servers the tests start are written
+# when they exit: on SIGTERM main returns and they are kept; an instance a fault
+# test kills with SIGKILL leaves none. Processes that exit at once merge their
+# counts into the same .gcda files under a lock. The counts of an earlier run
+# are removed first. The report: a table (scripts/coverage-table.py) and
+# build/coverage/html/index.html (a page per file, its lines marked).
+COV_BUILD := build/coverage
+
+coverage: ## every test with gcov builds in build/coverage, then app/'s line and branch coverage: table and HTML
+	@find $(COV_BUILD) -name '*.gcda' -delete 2>/dev/null; \
+	rc=0; $(MAKE) --no-print-directory BUILD=$(COV_BUILD) OPT="-O0 -g" EXTRA_CFLAGS="--coverage" \
+	    EXTRA_LDFLAGS="--coverage" test || rc=$$?; \
+	$(MAKE) --no-print-directory coverage-report || rc=$$?; \
+	exit $$rc
+
+coverage-report: ## app/'s coverage from the counts in build/coverage (gcovr): table and build/coverage/html/index.html
+	@command -v gcovr >/dev/null 2>&1 || { echo "gcovr not found: make deps (or apt-get install gcovr)" >&2; exit 2; }
+	@ls $(COV_BUILD)/app/*.gcda >/dev/null 2>&1 || { echo "no counts in $(COV_BUILD)/app: make coverage" >&2; exit 2; }
+	@rm -rf $(COV_BUILD)/html && mkdir -p $(COV_BUILD)/html
+	@gcovr --root . --filter 'app/' -j $(JOBS) --json $(COV_BUILD)/coverage.json \
+	    --json-summary $(COV_BUILD)/coverage-summary.json \
+	    --html-details $(COV_BUILD)/html/index.html --html-title "seckill: app/ coverage" \
+	    $(COV_BUILD)
+	@scripts/coverage-table.py $(COV_BUILD)/coverage-summary.json
+	@echo "HTML: $(COV_BUILD)/html/index.html"
 
 ##@ Packages
 

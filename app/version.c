@@ -35,14 +35,13 @@ void version_parts(char *version, size_t vn, char *revision, size_t rn)
 
 void version_print(FILE *out)
 {
-    int pq = PQlibVersion();   /* 150014 for 15.14 (major * 10000 + minor since 10) */
+    /* 150014 for 15.14: major * 10000 + minor (the scheme since 10; the
+     * pipeline mode store.c uses needs libpq 14 to link at all). */
+    int pq = PQlibVersion();
 
     fprintf(out, "seckill %s\n", version_string());
     fprintf(out, "libmicrohttpd %s\n", MHD_get_version());
     fprintf(out, "hiredis %s\n", STR(HIREDIS_MAJOR) "." STR(HIREDIS_MINOR) "." STR(HIREDIS_PATCH));
-    if (pq >= 100000)
-        fprintf(out, "libpq %d.%d\n", pq / 10000, pq % 10000);
-    else
-        fprintf(out, "libpq %d.%d.%d\n", pq / 10000, pq / 100 % 100, pq % 100);
+    fprintf(out, "libpq %d.%d\n", pq / 10000, pq % 10000);
     fprintf(out, "cJSON %s\n", cJSON_Version());
 }

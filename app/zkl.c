@@ -278,16 +278,6 @@ void zkl_close(zkl_client *c)
     free(c);
 }
 
-int zkl_connected(zkl_client *c)
-{
-    int ok;
-
-    pthread_mutex_lock(&c->mu);
-    ok = c->state == ZOO_CONNECTED_STATE && !c->expired;
-    pthread_mutex_unlock(&c->mu);
-    return ok;
-}
-
 int64_t zkl_session_id(zkl_client *c)
 {
     int64_t s;
@@ -306,21 +296,6 @@ int zkl_session_timeout(zkl_client *c)
     t = c->zh != NULL ? zoo_recv_timeout(c->zh) : 0;
     pthread_rwlock_unlock(&c->rw);
     return t;
-}
-
-int zkl_session_credentials(zkl_client *c, int64_t *id, char passwd[16])
-{
-    const clientid_t *cid;
-    int rc = -1;
-
-    pthread_rwlock_rdlock(&c->rw);
-    if (c->zh != NULL && (cid = zoo_client_id(c->zh)) != NULL && cid->client_id != 0) {
-        *id = cid->client_id;
-        memcpy(passwd, cid->passwd, 16);
-        rc = 0;
-    }
-    pthread_rwlock_unlock(&c->rw);
-    return rc;
 }
 
 void zkl_counts_get(zkl_client *c, zkl_counts *out)

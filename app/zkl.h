@@ -82,16 +82,9 @@ zkl_status zkl_acquire(zkl_client *c, const char *key, const char *owner, long w
  * lost; the node is deleted at a later call or with the session. */
 zkl_status zkl_release(zkl_client *c, const char *key, const char *owner, int *left);
 
-/* 1 while the session is connected. */
-int zkl_connected(zkl_client *c);
-
 /* The current session's id (0 when none) and its negotiated timeout (ms). */
 int64_t zkl_session_id(zkl_client *c);
 int zkl_session_timeout(zkl_client *c);
-
-/* The session's id and password, so that a test can end it from another
- * handle (how a session expires without waiting for a timeout). */
-int zkl_session_credentials(zkl_client *c, int64_t *id, char passwd[16]);
 
 /* Counters of this client since open. */
 typedef struct zkl_counts {

@@ -280,6 +280,28 @@ def sweep_forgets_fence_rows_older_than_twice_the_horizon():
         psql(gone)
 
 
+@test
+def sweep_pages_through_a_table_larger_than_one_statement_reads():
+    """The sweep reads the fence table 5,000 keys at a time (FENCE_PAGE):
+    12,000 rows past two horizons are all deleted within a pass or two, and
+    /stats counts each."""
+    now_us = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+    gone = "DELETE FROM tb_lock_fence WHERE lock_key LIKE 'lock:order:sweep-big-%'"
+    psql(gone)
+    psql("INSERT INTO tb_lock_fence (lock_key, token) SELECT 'lock:order:sweep-big-' || i, "
+         f"{now_us} - 60000000 FROM generate_series(1, 12000) AS i")
+    srv = server("fence-sweep-big", {"FENCE_HORIZON_MS": 1000})
+    try:
+        left = lambda: int(psql_value(  # noqa: E731
+            "SELECT count(*) FROM tb_lock_fence WHERE lock_key LIKE 'lock:order:sweep-big-%'"))
+        wait_for("12,000 old rows to be swept", lambda: left() == 0, 10)
+        swept = lambda: srv.get("/stats").body["lock"].get("fenceRowsSwept") or 0  # noqa: E731
+        wait_for("/stats lock.fenceRowsSwept to count 12,000", lambda: swept() >= 12000, 5)
+    finally:
+        srv.stop_ok()
+        psql(gone)
+
+
 def scan_count(pattern):
     return len(ss.redis(["--scan", "--pattern", pattern]).split())
 

@@ -289,6 +289,36 @@ def order_id_layout():
 
 
 @test
+def an_exhausted_day_counter_answers_503_never_a_wrapped_id():
+    """The order id's counter is the day's (32 bits): once it is used up a
+    buyer gets 503, never an id whose count wrapped; nothing is written and
+    the buyer's lock is released. A server of its own, with an ID_PREFIX of
+    its own, so that no other test's counter is touched."""
+    a = server_a()
+    vid = create_voucher(a, 5)
+    prefix = f"exhausted{os.getpid()}"
+    # today's key, and the next day's should the test run across midnight (UTC)
+    keys = sorted({time.strftime(f"icr:{prefix}:%Y:%m:%d", time.gmtime(time.time() + d))
+                   for d in (0, 600)})
+    srv = ss.Server("http-ids-exhausted", {"ADMIN_TOKEN": TOKEN, "ID_PREFIX": prefix})
+    try:
+        for k in keys:
+            redis(["SET", k, str(2 ** 32 - 1)])
+        user = new_users(1)[0]
+        r = srv.seckill(vid, user)
+        expect_error(r, 503, "unavailable", "seckill with the day's id counter used up")
+        if "order ids unavailable" not in r.body.get("message", ""):
+            fail(f"503 without the reason: {r.body!r}")
+        if db_orders(vid) or db_stock(vid) != 5:
+            fail(f"an order was written: {db_orders(vid)}, stock {db_stock(vid)}")
+        if redis(["EXISTS", f"lock:order:{user}"]) != "0":
+            fail(f"lock:order:{user} is still held after the 503")
+    finally:
+        srv.stop_ok()
+        redis(["DEL", *keys])
+
+
+@test
 def success_body_shape():
     a = server_a()
     vid = create_voucher(a, 3)
@@ -864,6 +894,15 @@ def redis_unreachable_gives_503():
         expect(srv.get("/health"), 200, what="GET /health with Redis down")
         if db_orders(vid) or db_stock(vid) != 5:
             fail(f"Redis down, yet Postgres changed: orders {db_orders(vid)}, stock {db_stock(vid)}")
+        # The admin API's Postgres part works without Redis: a reset is done
+        # (200; the other instances are not told, their cached entries
+        # expire). The dead-letter replay is all Redis: 503.
+        r = srv.post(f"/admin/vouchers/{vid}/reset", AUTH, {"stock": 4})
+        expect(r, 200, what="reset with Redis down")
+        if r.body.get("stock") != 4 or db_stock(vid) != 4:
+            fail(f"reset with Redis down: {r.body!r}, stock in Postgres {db_stock(vid)}")
+        expect_error(srv.post("/admin/dead-letters/replay", AUTH), 503, "unavailable",
+                     "dead-letter replay with Redis down")
         if not srv.alive():
             fail("server died")
     finally:

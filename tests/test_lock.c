@@ -615,6 +615,36 @@ static void test_counters_and_errors(void)
     del_lock(wrong);
 }
 
+/* Arguments that would corrupt the lock are refused before anything is
+ * sent: an empty key or owner (one owner shared by everyone), a lease of 0
+ * or below (PEXPIRE 0 deletes the key), a release without a request id.
+ * Each is LOCK_ERR, and Redis is left as it was. */
+static void test_bad_arguments_refused(void)
+{
+    char key[256];
+    lock_release_req rq;
+
+    key_for("badargs", key, sizeof key);
+    T_EQ_I64(lock_try_acquire(rc, "", OWNER_A, LEASE, NULL), LOCK_ERR);
+    T_EQ_I64(lock_try_acquire(rc, NULL, OWNER_A, LEASE, NULL), LOCK_ERR);
+    T_EQ_I64(lock_try_acquire(rc, key, "", LEASE, NULL), LOCK_ERR);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, 0, NULL), LOCK_ERR);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, -5, NULL), LOCK_ERR);
+    redisReply *r = T_CMD(rc, "EXISTS %s", key);
+    T_ASSERT(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 0);
+    freeReplyObject(r);
+    T_EQ_I64(lock_try_acquire(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, 0, NULL), LOCK_ERR);
+    T_EQ_I64(lock_release_ex(rc, key, OWNER_A, LEASE, NULL, NULL), LOCK_ERR);
+    memset(&rq, 0, sizeof rq);                    /* not initialised: no request id */
+    T_EQ_I64(lock_release_ex(rc, key, OWNER_A, LEASE, &rq, NULL), LOCK_ERR);
+    r = T_CMD(rc, "HGET %s %s", key, OWNER_A);                /* still held, once */
+    T_ASSERT(r != NULL && r->type == REDIS_REPLY_STRING && strcmp(r->str, "1") == 0);
+    freeReplyObject(r);
+    T_EQ_I64(lock_release(rc, key, OWNER_A, LEASE, NULL), LOCK_OK);
+    del_lock(key);
+}
+
 static void test_dead_connection_is_err(void)
 {
     char key[256];
@@ -985,6 +1015,7 @@ int main(void)
     T_RUN(test_noscript_recovery);
     T_RUN(test_script_sha_matches_server);
     T_RUN(test_counters_and_errors);
+    T_RUN(test_bad_arguments_refused);
     T_RUN(test_dead_connection_is_err);
     T_RUN(test_release_same_request_twice);
     T_RUN(test_release_retry_after_lost_reply);

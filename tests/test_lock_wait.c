@@ -1,8 +1,8 @@
 /* test_lock_wait: lock_try_lock's pub/sub waiting against a real Redis
  * (REDIS_URL), with real threads and processes: hand-off latency, the lost
- * wake-up window, the wait budget, shared subscriptions, a broken
- * subscriber connection, Redisson interop, and mutual exclusion across
- * processes. */
+ * wake-up window, the wait budget, shared subscriptions, a message that
+ * wakes every waiter, a broken subscriber connection, a subscriber that
+ * cannot connect, Redisson interop, and mutual exclusion across processes. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,6 +23,20 @@
 #define JAVA_OWNER   "48203354-bbba-4f31-89f7-e840f01a0d35:1"   /* a Redisson-style id */
 
 static redisContext *rc;      /* main thread's connection */
+static atomic_int refuse_connects;   /* the lock runtime's connect function fails */
+static atomic_int connects_refused;
+
+/* The lock runtime's connect function (the subscriber's): t_redis_open,
+ * unless a case makes it refuse, as a Redis that turns connections away. */
+static redisContext *flaky_connect(char *err, size_t errlen)
+{
+    if (atomic_load(&refuse_connects)) {
+        atomic_fetch_add(&connects_refused, 1);
+        snprintf(err, errlen, "connection refused by the test");
+        return NULL;
+    }
+    return t_redis_open(err, errlen);
+}
 static int next_owner = 1;    /* owner ids of this process (main thread only) */
 
 static void key_for(const char *suffix, int i, char *buf, size_t n)
@@ -397,6 +411,47 @@ static void test_waiters_share_one_subscription(void)
     del_lock(key);
 }
 
+/* A release message other than "0" (Redisson's read-unlock publishes "1")
+ * wakes every waiter of the channel in this process, not one: each tries
+ * again, finds the lock still held, and waits on. */
+static void test_other_message_wakes_every_waiter(void)
+{
+    enum { NW = 3 };
+    char key[128], holder[96], ch[256];
+    lockwait_counters a, b;
+    waiter w[NW];
+    int started = 0;
+    double t0;
+
+    key_for("wakeall", 0, key, sizeof key);
+    lock_channel_name(key, ch, sizeof ch);
+    tl_owner(holder, sizeof holder, next_owner++);
+    if (!T_EQ_I64(lock_try_acquire(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK))
+        return;
+    for (; started < NW; started++)
+        if (!T_ASSERT(waiter_start(&w[started], key, 20000)))
+            break;
+    T_EQ_I64(wait_subscribed(key, 2000), 0);
+    t_sleep_ms(100);                           /* all three blocked in their wait */
+    lockwait_counters_get(&a);
+    freeReplyObject(T_CMD(rc, "PUBLISH %s 1", ch));
+    for (t0 = t_now_ms(); t_now_ms() - t0 < 2000; t_sleep_ms(5)) {
+        lockwait_counters_get(&b);
+        if (b.wakeups - a.wakeups >= NW)
+            break;
+    }
+    printf("# a \"1\" message woke %llu of %d waiters\n",
+           (unsigned long long)(b.wakeups - a.wakeups), NW);
+    T_EQ_I64(b.wakeups - a.wakeups, NW);
+    T_EQ_I64(b.messages - a.messages, 1);
+    T_EQ_I64(lock_release(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
+    for (int i = 0; i < started; i++) {
+        pthread_join(w[i].thread, NULL);
+        T_EQ_I64(w[i].st, LOCK_OK);
+    }
+    del_lock(key);
+}
+
 /* The subscriber connection is killed while a waiter waits, and the lock
  * is released before it is back: the message is lost, but the
  * re-subscription wakes the waiter long before the holder's lease ends. */
@@ -426,6 +481,64 @@ static void test_subscriber_connection_lost(void)
     T_ASSERT(dt < HOLD_LEASE / 2);            /* not the holder's lease */
     T_ASSERT(b.reconnects - a.reconnects >= 1);
     T_EQ_I64(wait_unsubscribed(key, 1000), 0);
+    del_lock(key);
+}
+
+/* The subscriber loses its connection while a waiter waits, and cannot
+ * open another: the waiter falls back to a wait bounded by the holder's
+ * TTL, so the release is not seen but the lock is had when the lease ends.
+ * Once the subscriber connects again (with back-off), a release wakes a
+ * waiter at once again. */
+static void test_subscriber_cannot_connect(void)
+{
+    char key[128], holder[96];
+    lockwait_counters a, b;
+    waiter w;
+    double t0, t1;
+
+    key_for("down", 0, key, sizeof key);
+    tl_owner(holder, sizeof holder, next_owner++);
+    if (!T_EQ_I64(lock_try_acquire(rc, key, holder, 1000, NULL), LOCK_OK))
+        goto out;
+    t0 = t_now_ms();
+    if (!T_ASSERT(waiter_start(&w, key, 5000)))
+        goto out;
+    T_EQ_I64(wait_subscribed(key, 2000), 0);
+    lockwait_counters_get(&a);
+    atomic_store(&refuse_connects, 1);
+    freeReplyObject(T_CMD(rc, "CLIENT KILL TYPE pubsub"));
+    for (t1 = t_now_ms(); atomic_load(&connects_refused) == 0 && t_now_ms() - t1 < 2000;)
+        t_sleep_ms(5);
+    T_ASSERT(atomic_load(&connects_refused) > 0);
+    t1 = t_now_ms();
+    T_EQ_I64(lock_release(rc, key, holder, 1000, NULL), LOCK_OK);
+    pthread_join(w.thread, NULL);
+    printf("# subscriber down: released %.0f ms into a 1000 ms lease, the waiter got the "
+           "lock %.0f ms in\n", t1 - t0, w.t_done - t0);
+    T_EQ_I64(w.st, LOCK_OK);
+    T_ASSERT(w.t_done - t0 >= 900 && w.t_done - t0 < 3000);
+    del_lock(key);
+
+    atomic_store(&refuse_connects, 0);
+    for (t1 = t_now_ms(); t_now_ms() - t1 < 5000; t_sleep_ms(10)) {
+        lockwait_counters_get(&b);
+        if (b.reconnects > a.reconnects)
+            break;
+    }
+    T_ASSERT(b.reconnects > a.reconnects);
+    if (!T_EQ_I64(lock_try_acquire(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK))
+        goto out;
+    if (!T_ASSERT(waiter_start(&w, key, 20000)))
+        goto out;
+    T_EQ_I64(wait_subscribed(key, 2000), 0);
+    t1 = t_now_ms();
+    T_EQ_I64(lock_release(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
+    pthread_join(w.thread, NULL);
+    printf("# subscriber back: waiter got the lock %.1f ms after the release\n", w.t_done - t1);
+    T_EQ_I64(w.st, LOCK_OK);
+    T_ASSERT(w.t_done - t1 < 1000);
+out:
+    atomic_store(&refuse_connects, 0);
     del_lock(key);
 }
 
@@ -635,6 +748,18 @@ int main(int argc, char **argv)
 
     rc = t_redis();
     tl_setup(argv[0]);
+    /* The lock runtime again, with a connect function a case can make fail
+     * (nothing waited yet: the subscriber thread has not started). */
+    lock_runtime_stop();
+    lock_options o = {
+        .connect = flaky_connect,
+        .command_timeout_ms = g_cfg.redis_timeout_ms,
+        .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
+    };
+    if (lock_runtime_start(&o) != 0) {
+        fprintf(stderr, "lock_runtime_start failed\n");
+        return 2;
+    }
     T_RUN(test_subscriber_starts_on_first_wait);
     T_RUN(test_handoff_latency);
     T_RUN(test_release_before_subscribe_is_not_lost);
@@ -643,7 +768,9 @@ int main(int argc, char **argv)
     T_RUN(test_wait_budget_and_no_leftover_subscription);
     T_RUN(test_wait_bounded_by_holder_ttl);
     T_RUN(test_waiters_share_one_subscription);
+    T_RUN(test_other_message_wakes_every_waiter);
     T_RUN(test_subscriber_connection_lost);
+    T_RUN(test_subscriber_cannot_connect);
     T_RUN(test_redisson_interop);
     T_RUN(test_mutual_exclusion_processes);
     lock_runtime_stop();

@@ -16,7 +16,9 @@ an advisory lock goes with its holder's database session, and the order
 of a dropped session never commits; ZK_HOSTS that is missing, malformed or
 unreachable stops the server at start with a clear message, and so does a
 LOCK_REDIS_NODES that is missing, malformed, unreachable, names a node twice
-or has fewer than three nodes for redlock. With one node of three killed,
+or has fewer than three nodes for redlock, and so does multilock or redlock
+with the watchdog (LOCK_LEASE_MS=-1) or LOCK_SYNC_REPLICAS. LOCK_PG_SWEEP_MS
+deletes expired pg-table rows on a timer. With one node of three killed,
 multilock sells to no one (503) and redlock sells as before.
 """
 
@@ -356,6 +358,34 @@ def pg_table_holder_past_its_lease_is_fenced():
 
 
 @test
+def pg_table_sweeper_deletes_expired_rows_and_keeps_held_ones():
+    """LOCK_PG_SWEEP_MS: the instance deletes the lock rows whose lease has
+    ended on a timer, with no acquire of their key; a row within its lease
+    stays. The sweeper stops with the instance (exit 0)."""
+    tag = f"t:sweep:{os.getpid()}"
+    psql("INSERT INTO tb_lock (lock_key, owner, holds, token, expires_at) VALUES "
+         f"('{tag}:expired', 'gone', 1, nextval('tb_lock_token_seq'), "
+         "clock_timestamp() - interval '1 second'), "
+         f"('{tag}:held', 'live', 1, nextval('tb_lock_token_seq'), "
+         "clock_timestamp() + interval '1 hour')")
+
+    def rows():
+        return psql_value(f"SELECT string_agg(owner, ',' ORDER BY owner) FROM tb_lock "
+                          f"WHERE lock_key LIKE '{tag}:%'")
+
+    srv = ss.Server("locks-pgt-sweep", env_of("pg-table", LOCK_PG_SWEEP_MS=200))
+    try:
+        deadline = time.monotonic() + 10
+        while rows() != "live":
+            if time.monotonic() > deadline:
+                fail(f"lock rows left after 10 s of 200 ms sweeps: {rows()!r}, want 'live'")
+            time.sleep(0.1)
+    finally:
+        srv.stop_ok()
+        psql(f"DELETE FROM tb_lock WHERE lock_key LIKE '{tag}:%'")
+
+
+@test
 def zk_holder_whose_session_expired_is_fenced():
     """A takes the node and stalls (DEMO_PAUSE_MS); the whole process is
     stopped (SIGSTOP, like a long GC pause) past its session timeout, so
@@ -477,6 +507,12 @@ def bad_lock_redis_nodes_stop_the_server_at_start():
             fail(f"{lock}: an unreachable node took {took:.1f} s to stop the server")
         start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": ",".join(good[:3]),
                      "LOCK_LEASE_MS": 400}, "at most a tenth of LOCK_LEASE_MS")
+        # no watchdog renews a hold on several masters; WAIT counts replicas, which they lack
+        start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": ",".join(good[:3]),
+                     "LOCK_LEASE_MS": -1}, f"SECKILL_LOCK={lock} needs a fixed lease")
+        start_fails({"SECKILL_LOCK": lock, "LOCK_REDIS_NODES": ",".join(good[:3]),
+                     "LOCK_SYNC_REPLICAS": 1, "LOCK_SYNC_TIMEOUT_MS": 100},
+                    "LOCK_SYNC_REPLICAS is for the single lock's replicas")
     start_fails({"SECKILL_LOCK": "redlock", "LOCK_REDIS_NODES": ",".join(good[:2])},
                 "needs at least 3 nodes in LOCK_REDIS_NODES (got 2)")
 

@@ -192,6 +192,10 @@ static void test_reentry_and_not_owner(void)
         T_EQ_I64(mlock_acquire(b, quorum, key, "B", 10000, &g), MLOCK_OK);
         T_EQ_I64(mlock_release(b, key, "B", 10000, 0x1f, 0, NULL), 5);
     }
+    /* No watchdog renews a hold on several masters: a lease is required. */
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 0, &g), MLOCK_ERR);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", -1, &g), MLOCK_ERR);
+    T_EQ_I64(present(key), 0);
     mlock_set_free(a);
     mlock_set_free(b);
 }

@@ -11,13 +11,19 @@
 - ADMIN_TOKEN_FILE supplies the token (trailing newline stripped); set
   together with ADMIN_TOKEN, or unreadable, it stops the start with a clear
   message and exit status 2;
-- without INSTANCE_ID the instance is "<hostname>-<port>".
+- without INSTANCE_ID the instance is "<hostname>-<port>";
+- the db of REDIS_URL is selected on every connection (one Redis lacks:
+  not ready, the reason logged);
+- a LUA_DIR without the scripts, or with an empty one, stops the start
+  with exit status 2 and the file's name; a BIND that is not an IPv4
+  address stops it with status 1.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -226,6 +232,58 @@ def instance_id_defaults_to_hostname_and_port():
     finally:
         srv.stop_ok()
 
+
+
+@test
+def a_bad_lua_dir_or_bind_address_stops_the_start():
+    with tempfile.TemporaryDirectory(dir=ss.TEST_TMP) as d:
+        p = run_bin([], {"LUA_DIR": d, "PORT": str(ss.free_port())})
+        want = f"lua scripts: cannot read {d}/lock_acquire.lua"
+        if p.returncode != 2 or want not in p.stderr or "(set LUA_DIR)" not in p.stderr:
+            fail(f"LUA_DIR without scripts: exit {p.returncode} (want 2), stderr {p.stderr[-400:]!r}")
+        for name in os.listdir(os.path.join(ROOT, "lua")):
+            shutil.copy(os.path.join(ROOT, "lua", name), d)
+        open(os.path.join(d, "lock_release.lua"), "w").close()
+        p = run_bin([], {"LUA_DIR": d, "PORT": str(ss.free_port())})
+        if p.returncode != 2 or f"{d}/lock_release.lua is empty" not in p.stderr:
+            fail(f"an empty script: exit {p.returncode} (want 2), stderr {p.stderr[-400:]!r}")
+    p = run_bin([], {"BIND": "localhost", "PORT": str(ss.free_port())})
+    if p.returncode != 1 or "invalid BIND address 'localhost' (IPv4 expected)" not in p.stderr:
+        fail(f"BIND=localhost: exit {p.returncode} (want 1), stderr {p.stderr[-400:]!r}")
+
+
+@test
+def the_db_of_redis_url_is_the_one_used():
+    """REDIS_URL's /db is selected on every connection: a sale's keys are in
+    that database, none in db 0. A db the Redis does not have leaves the
+    instance unready (503) with Redis's reason in the log."""
+    rs = ss.RedisServer().start()
+    try:
+        srv = ss.Server("ops-db5", {"ADMIN_TOKEN": "db-token",
+                                    "REDIS_URL": f"redis://127.0.0.1:{rs.port}/5"})
+        try:
+            vid = ss.new_voucher(srv, "db-token", 5, "ops db test")
+            r = srv.seckill(vid, 8800001)
+            if r.status != 200:
+                fail(f"buy with REDIS_URL .../5: {r.status} {r.body!r}")
+        finally:
+            srv.stop_ok()
+        in5 = ss.redis(["--scan", "--pattern", "icr:*"], url=f"{rs.url.rsplit('/', 1)[0]}/5")
+        in0 = ss.redis(["--scan", "--pattern", "*"], url=f"{rs.url.rsplit('/', 1)[0]}/0")
+        if not in5.strip() or in0.strip():
+            fail(f"keys in db 5: {in5!r}; in db 0: {in0!r}")
+        srv = ss.Server("ops-db99", {"REDIS_URL": f"redis://127.0.0.1:{rs.port}/99"})
+        try:
+            r = srv.get("/ready")
+            if r.status != 503:
+                fail(f"GET /ready with db 99 of 16: {r.status} {r.body!r}")
+            with open(srv.log_path, errors="replace") as f:
+                if "SELECT: ERR DB index is out of range" not in f.read():
+                    fail(f"the log does not say why:\n{srv.log_tail()}")
+        finally:
+            srv.stop_ok()
+    finally:
+        rs.kill()
 
 
 @test

@@ -29,7 +29,9 @@ oversold.
   claim           an instance killed while holding delivered entries: another
                   claims them (XAUTOCLAIM) and they land
   poison          unreadable entries and entries Postgres refuses go to the
-                  dead-letter stream with a metric; the others land
+                  dead-letter stream with a metric; the others land; an
+                  order whose user has another in Postgres is set aside and
+                  the rest of its batch lands
   rebuild         a voucher's Redis state lost while orders are still in the
                   stream is rebuilt from Postgres plus the stream; entries
                   already settled (persisted, dead-lettered) do not count
@@ -46,6 +48,10 @@ oversold.
                   the newest; a dead letter carries the order whole
   replay          POST /admin/dead-letters/replay puts dead letters whose cause
                   was fixed back in the stream, each once; they land
+  group           the consumers' group destroyed under a running consumer is
+                  made again; the orders land, none twice
+  window          Redis's copy of the voucher and Redis's clock decide the
+                  sale window; a malformed copy refuses its buyers only
 """
 
 import datetime
@@ -514,6 +520,87 @@ def a_poison_entry_goes_to_the_dead_letter_stream_and_the_rest_lands():
         rs.kill()
 
 
+@test
+def an_order_whose_user_has_another_in_postgres_is_dead_lettered_and_its_batch_lands():
+    """Four orders wait in the stream; meanwhile another order of one of
+    their users for the voucher reached Postgres by another way (written by
+    hand, with its unit). The batch is refused (the unique key on user and
+    voucher), tried one by one: that user's order goes to the dead-letter
+    stream with the reason, the three others land."""
+    rs = durable_redis()
+    front = server("rf-dupuser-front", rs, CONSUMERS=0)
+    a = None
+    try:
+        vid = ss.new_voucher(front, TOKEN, 10)
+        acked, _ = buy_all([front], vid, range(7996001, 7996005), workers=1)
+        if len(acked) != 4:
+            fail(f"{len(acked)} acknowledged of 4")
+        other = 9_200_000_000 + vid
+        ss.psql(f"INSERT INTO tb_voucher_order (id, user_id, voucher_id) "
+                f"VALUES ({other}, 7996002, {vid}); "
+                f"UPDATE tb_voucher SET stock = stock - 1 WHERE voucher_id = {vid}")
+        a = server("rf-dupuser", rs, CONSUMER_LINGER_MS=200)
+        drain(a)
+        letters = dead_letters(rs)
+        if [(int(d["u"]), int(d["o"]), d["reason"]) for d in letters] != \
+                [(7996002, acked[7996002],
+                  "the user already has another order of this voucher")]:
+            fail(f"dead letters: {letters}")
+        rows = {int(r[0]): int(r[1]) for r in ss.psql(
+            f"SELECT user_id, id FROM tb_voucher_order WHERE voucher_id = {vid}")}
+        want = {u: oid for u, oid in acked.items() if u != 7996002}
+        want[7996002] = other
+        if rows != want:
+            fail(f"orders in Postgres {rows}, want {want}")
+        stock = ss.psql_value(f"SELECT stock FROM tb_voucher WHERE voucher_id = {vid}")
+        if stock != "6":
+            fail(f"stock in Postgres {stock}, want 6 (10 - 3 landed - 1 by hand)")
+    finally:
+        front.stop_ok()
+        if a is not None:
+            a.stop_ok()
+        rs.kill()
+
+
+@test
+def redis_copy_decides_the_window_and_a_malformed_one_refuses_only_its_buyers():
+    """Admission reads the sale window from Redis's copy of the voucher, by
+    Redis's clock (one clock for every instance): when that copy says the
+    sale has ended, or not begun, the buyer hears so (409), whatever the
+    instance read from Postgres. A voucher whose Redis hash is malformed (a
+    field that is not an integer) refuses its buyers with 503 and records
+    nothing for them; another voucher sells as before."""
+    rs = durable_redis()
+    a = server("rf-window", rs)
+    try:
+        vid, other = ss.new_voucher(a, TOKEN, 5), ss.new_voucher(a, TOKEN, 5)
+        if a.seckill(vid, 7997001).status != 200:          # its Redis copy is loaded
+            fail("the first buyer was not sold")
+        key, now = f"seckill:v:{{{vid}}}", int(time.time())
+        rcli(rs, "HSET", key, "end", now - 60)
+        r = a.seckill(vid, 7997002)
+        if r.status != 409 or r.body.get("error") != "ended":
+            fail(f"Redis's copy says ended: {r.status} {r.body!r}")
+        rcli(rs, "HSET", key, "begin", now + 600, "end", now + 3600)
+        r = a.seckill(vid, 7997002)
+        if r.status != 409 or r.body.get("error") != "not_started":
+            fail(f"Redis's copy says not started: {r.status} {r.body!r}")
+        rcli(rs, "HSET", key, "begin", now - 60, "stock", "x")
+        length = rcli(rs, "XLEN", "seckill:orders")
+        r = a.seckill(vid, 7997002)
+        if r.status != 503 or r.body.get("error") != "unavailable":
+            fail(f"a malformed Redis copy: {r.status} {r.body!r}")
+        if rcli(rs, "SISMEMBER", f"{key}:buyers", 7997002) != "0" or \
+                rcli(rs, "XLEN", "seckill:orders") != length:
+            fail("a buyer of the malformed voucher was recorded")
+        r = a.seckill(other, 7997002)
+        if r.status != 200:
+            fail(f"another voucher: {r.status} {r.body!r}")
+    finally:
+        a.stop_ok()
+        rs.kill()
+
+
 def consumers(rs):
     """The group's consumers: {name: {"pending": n, "idle": ms}} (XINFO
     CONSUMERS, whatever fields the Redis version adds)."""
@@ -713,6 +800,35 @@ def dead_letters_whose_cause_is_fixed_are_replayed_once_and_land():
         front.stop_ok()
         if a is not None:
             a.stop_ok()
+        rs.kill()
+
+
+@test
+def a_consumer_group_destroyed_under_the_consumer_is_made_again_and_orders_land():
+    """XGROUP DESTROY while an instance runs (a Redis restored without the
+    group, an operator's slip): the consumer's next read finds no group,
+    makes it again from the stream's start, and the later orders land; the
+    orders it had persisted already are delivered again and not written
+    twice, nor dead-lettered."""
+    rs = durable_redis()
+    a = server("rf-nogroup", rs)
+    try:
+        vid = ss.new_voucher(a, TOKEN, 10)
+        acked, _ = buy_all([a], vid, range(7995001, 7995004), workers=2)
+        drain(a)
+        if rcli(rs, "XGROUP", "DESTROY", "seckill:orders", "seckill") != "1":
+            fail("XGROUP DESTROY found no group")
+        more, _ = buy_all([a], vid, range(7995004, 7995006), workers=2)
+        acked.update(more)
+        if len(acked) != 5:
+            fail(f"{len(acked)} orders acknowledged of 5")
+        st, n = reconcile(a, rs, vid, acked, 10)
+        if n != 5 or st["redisFirst"]["deadLetters"] != 0:
+            fail(f"{n} rows; redisFirst {st['redisFirst']}")
+        if rcli(rs, "XINFO", "GROUPS", "seckill:orders").split("\n")[1] != "seckill":
+            fail("the group was not made again")
+    finally:
+        a.stop_ok()
         rs.kill()
 
 

@@ -20,7 +20,8 @@ LOCK_SYNC_REPLICAS undoes grants the replicas did not acknowledge.
   and the stats publisher follow too;
 - WAIT: with LOCK_SYNC_REPLICAS=1 and the replica paused, a buyer gets 503
   unavailable, the grant is undone (no lock key left, no order), and the
-  same buyer buys once the replica is back;
+  same buyer buys once the replica is back; against a master without a
+  replica the start says so;
 - an order id handed out again (the id counter went back, as after a
   failover that lost increments): 503, not 409 already_ordered.
 
@@ -176,6 +177,28 @@ def sync_timeout_must_be_below_the_redis_timeout():
                                 "REDIS_TIMEOUT_MS": 1000})
     if rc != 2 or "LOCK_SYNC_TIMEOUT_MS" not in out:
         fail(f"LOCK_SYNC_TIMEOUT_MS = REDIS_TIMEOUT_MS: exit {rc}:\n{out}")
+
+
+@test
+def sync_replicas_above_the_masters_replicas_is_said_at_start():
+    """LOCK_SYNC_REPLICAS=1 against a master with no replica (the run's
+    Redis): the start says that every grant will be refused, and a buyer
+    gets 503 unavailable with no order written."""
+    srv = server("sentinel-noreplica", {"LOCK_SYNC_REPLICAS": 1, "LOCK_SYNC_TIMEOUT_MS": 100})
+    try:
+        with open(srv.log_path, errors="replace") as f:
+            text = f.read()
+        if "LOCK_SYNC_REPLICAS=1 but the master has 0 replica(s) connected" not in text:
+            fail(f"no warning at start:\n{srv.log_tail()}")
+        v, u = voucher(srv), user_base() + 7
+        r = srv.seckill(v, u)
+        if r.status != 503 or r.body.get("error") != "unavailable":
+            fail(f"a grant no replica acknowledged: {r.status} {r.raw!r}")
+        orders = ss.psql_value(f"SELECT count(*) FROM tb_voucher_order WHERE voucher_id = {v}")
+        if orders != "0":
+            fail(f"{orders} orders written")
+    finally:
+        srv.stop_ok()
 
 
 # ---------------------------------------------------------------- READONLY

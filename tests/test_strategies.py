@@ -464,5 +464,34 @@ def batched_sells_exactly_the_stock_across_two_instances():
         b.stop_ok()
 
 
+
+@test
+def batched_buyers_of_more_hot_vouchers_than_queues_are_settled_alone():
+    """The batched strategy gathers buyers in 32 queues, one per voucher.
+    40 vouchers bought at once, each queue gathering for 0.3 s: the buyers
+    of the vouchers that find no free queue are settled alone on their
+    worker. Each voucher sells its one unit, and every lock is released."""
+    env = {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "batched", "THREADS": 48,
+           "BATCH_WINDOW_US": 300000, "LOG_LEVEL": "warn"}
+    srv = ss.Server("batch-queues", env)
+    try:
+        vids = [create_voucher(srv, 1) for _ in range(40)]
+        jobs = [[(vid, 9_300_000 + i)] for i, vid in enumerate(vids)]
+        res = ss.run_concurrently(lambda i: srv.port, jobs,
+                                  lambda c, job: c.seckill(job[0], job[1]), len(jobs))
+        bad = [(job, r if isinstance(r, Exception) else (r.status, r.body))
+               for job, r in res if isinstance(r, Exception) or r.status != 200]
+        if bad:
+            fail(f"{len(bad)} of 40 buyers not sold their unit: {bad[:3]}")
+        for vid in vids:
+            if db_state(vid) != (1, 0, 0):
+                fail(f"voucher {vid}: orders, stock, duplicates {db_state(vid)}, want (1, 0, 0)")
+        lock = srv.get("/stats").body["lock"]
+        if lock["acquired"] < 40 or lock["released"] != lock["acquired"] or lock["errors"]:
+            fail(f"locks: {lock}")
+    finally:
+        srv.stop_ok()
+
+
 if __name__ == "__main__":
     ss.main()

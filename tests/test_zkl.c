@@ -7,7 +7,7 @@
  * (holds lost, a new session, the next holder's token higher), the czxid
  * token across a re-created parent (where the sequence number restarts),
  * a holder process killed with SIGKILL (freed after the session timeout),
- * and an unreachable server at open. */
+ * and an unreachable server or a bad root at open. */
 #include "t.h"
 #include "t_zk.h"
 #include "zkl.h"
@@ -379,6 +379,23 @@ static void test_unreachable(void)
     zkl_close(c);
 }
 
+/* A root that is not an absolute path is refused before connecting; one
+ * ZooKeeper refuses to create (an empty path element) after. */
+static void test_open_refuses_a_bad_root(void)
+{
+    char err[512] = "";
+    zkl_client *c = zkl_open(t_zk_hosts, "seckill-no-slash", TIMEOUT_MS, 10000, err, sizeof err);
+    T_ASSERT(c == NULL);
+    T_EQ_STR(err, "invalid ZooKeeper hosts or root");
+    zkl_close(c);
+    err[0] = '\0';
+    c = zkl_open(t_zk_hosts, "/seckill-test//empty", TIMEOUT_MS, 10000, err, sizeof err);
+    T_ASSERT(c == NULL);
+    if (!T_ASSERT(strstr(err, "cannot create /seckill-test//empty in ZooKeeper") != NULL))
+        printf("    %s\n", err);
+    zkl_close(c);
+}
+
 int main(int argc, char **argv)
 {
     self_path = argv[0];
@@ -391,6 +408,7 @@ int main(int argc, char **argv)
     t_zk_start("test_zkl");
     setenv("ZK_HOSTS", t_zk_hosts, 1);                          /* for the child */
     T_RUN(test_unreachable);
+    T_RUN(test_open_refuses_a_bad_root);
     T_RUN(test_exclusion_and_tokens);
     T_RUN(test_reentry_and_not_owner);
     T_RUN(test_waiters_in_order);

@@ -1,8 +1,10 @@
 /* unit_config: configuration from the environment and flags (config.h):
  * defaults, parsing and refusals with their messages, flags over the
- * environment, REDIS_URL parsing, ADMIN_TOKEN_FILE, the default INSTANCE_ID,
- * and the masked description logged at start. No service. */
+ * environment, REDIS_URL parsing, ADMIN_TOKEN_FILE, the defaults of
+ * INSTANCE_ID and LUA_DIR, and the masked description logged at start.
+ * No service. */
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -184,6 +186,15 @@ static void test_refusals_name_the_setting(void)
     refuses(ENV1("FENCING=2"), NULL, "FENCING");
     refuses(((const char *const[]){ "LOCK_SYNC_REPLICAS=1", "LOCK_SYNC_TIMEOUT_MS=1000", NULL }),
             NULL, "LOCK_SYNC_TIMEOUT_MS");
+    refuses(ENV1("REDIS_ORDER_DURABILITY=sometimes"), NULL, "REDIS_ORDER_DURABILITY");
+    refuses(ENV1("ZK_HOSTS=127.0.0.1:2181,"), NULL, "trailing comma");
+
+    /* A text longer than its setting holds is refused, not cut. */
+    char env_long[80], flag_long[80];
+    snprintf(env_long, sizeof env_long, "BIND=%064d", 1);
+    refuses(ENV1(env_long), NULL, "BIND is too long (at most 63 bytes)");
+    snprintf(flag_long, sizeof flag_long, "--bind=%064d", 1);
+    refuses(NULL, ARGS(flag_long), "--bind is too long");
 }
 
 /* REDIS_SENTINELS: host:port pairs, each checked; FENCING=0 is a demo
@@ -266,6 +277,16 @@ static void test_redis_url(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (!T_EQ_I64(config_parse_redis_url(bad[i], &u), -1))
             printf("    accepted \"%s\"\n", bad[i]);
+
+    /* A user name longer than its buffer (127 bytes) is refused, not cut. */
+    char url[400];
+    memset(url, 'u', sizeof url);
+    memcpy(url, "redis://", 8);
+    snprintf(url + 8 + 128, sizeof url - 8 - 128, ":pw@h:1");
+    T_EQ_I64(config_parse_redis_url(url, &u), -1);
+    snprintf(url + 8 + 127, sizeof url - 8 - 127, ":pw@h:1");
+    if (T_EQ_I64(config_parse_redis_url(url, &u), 0))
+        T_EQ_I64(strlen(u.username), 127);
 }
 
 static void test_admin_token_file(void)
@@ -306,6 +327,16 @@ static void test_admin_token_file(void)
     write_file("token-empty", "\n", path, sizeof path);
     snprintf(env_file, sizeof env_file, "ADMIN_TOKEN_FILE=%s", path);
     refuses(env, NULL, "empty");
+
+    /* A NUL byte in the file: refused (the token would end there). */
+    snprintf(path, sizeof path, "%s/token-nul", tmpdir);
+    FILE *f = fopen(path, "w");
+    if (T_ASSERT(f != NULL)) {
+        fwrite("tok\0en\n", 1, 7, f);
+        fclose(f);
+    }
+    snprintf(env_file, sizeof env_file, "ADMIN_TOKEN_FILE=%s", path);
+    refuses(env, NULL, "holds a NUL byte");
 
     char big[400];
     memset(big, 'k', 300);
@@ -349,6 +380,13 @@ static void test_masks(void)
     T_EQ_STR(out, "redis://:***@h:1,redis://h:2,redis://u:***@h:3/1");
     config_mask_redis_urls("", out, sizeof out);
     T_EQ_STR(out, "");
+    /* An entry longer than any the parser takes is masked whole. */
+    char list[1400];
+    int n = snprintf(list, sizeof list, "redis://:a@h:1,redis://:");
+    memset(list + n, 'p', 1250);
+    snprintf(list + n + 1250, sizeof list - (size_t)n - 1250, "@h:2");
+    config_mask_redis_urls(list, out, sizeof out);
+    T_EQ_STR(out, "redis://:***@h:1,***");
 
     mask_dsn("", "");
     mask_dsn("host=127.0.0.1 port=5432 dbname=seckill", "host=127.0.0.1 port=5432 dbname=seckill");
@@ -356,6 +394,7 @@ static void test_masks(void)
     mask_dsn("host=h password = 's3 cr\\'et' user=u", "host=h password = *** user=u");
     mask_dsn("password=a\\ b dbname=x", "password=*** dbname=x");
     mask_dsn("  password=x", "  password=***");
+    mask_dsn("password=x  ", "password=***  ");
     mask_dsn("host=h passwordx=1", "host=h passwordx=1");
     /* What libpq would refuse is cut, never echoed. */
     mask_dsn("host=h password 's3cret'", "host=h...");
@@ -397,6 +436,42 @@ static void test_describe_masks_secrets(void)
     config_describe(d, 16);
     T_EQ_I64(strlen(d), 15);
     T_EQ_I64(d[16], 'x');
+    d[0] = 'x';
+    config_describe(d, 0);                      /* no room at all: nothing written */
+    T_EQ_I64(d[0], 'x');
+
+    /* A value holding a space, a quote or a backslash is quoted, those two escaped. */
+    if (!T_EQ_I64(load(ENV1("LUA_DIR=/opt/a \"b\\c"), NULL, NULL, 0), 0))
+        return;
+    config_describe(d, sizeof d);
+    if (!T_ASSERT(strstr(d, " LUA_DIR=\"/opt/a \\\"b\\\\c\" ") != NULL))
+        printf("    %s\n", d);
+}
+
+/* Without LUA_DIR, run from the checkout: ./lua. Run from elsewhere: the
+ * lua/ directory found from the binary's own path (the test binaries live
+ * in build/tests/ or build/<variant>/tests/ of the checkout). */
+static void test_lua_dir_default(void)
+{
+    char cwd[PATH_MAX], lua[PATH_MAX + 8], want[PATH_MAX], got[PATH_MAX];
+    int rc;
+
+    if (!T_ASSERT(getcwd(cwd, sizeof cwd) != NULL))
+        return;
+    snprintf(lua, sizeof lua, "%s/lua", cwd);
+    if (!T_ASSERT(realpath(lua, want) != NULL))     /* tests/run.sh runs us from the checkout */
+        return;
+    if (T_EQ_I64(load(NULL, NULL, NULL, 0), 0))
+        T_EQ_STR(g_cfg.lua_dir, "lua");
+    if (!T_EQ_I64(chdir(tmpdir), 0))
+        return;
+    rc = load(NULL, NULL, NULL, 0);
+    T_EQ_I64(chdir(cwd), 0);
+    if (!T_EQ_I64(rc, 0))
+        return;
+    T_EQ_I64(g_cfg.lua_dir[0], '/');
+    if (T_ASSERT(realpath(g_cfg.lua_dir, got) != NULL))
+        T_EQ_STR(got, want);
 }
 
 int main(void)
@@ -416,6 +491,7 @@ int main(void)
     T_RUN(test_admin_token_file);
     T_RUN(test_masks);
     T_RUN(test_describe_masks_secrets);
+    T_RUN(test_lua_dir_default);
     {
         char cmd[600];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -1,7 +1,8 @@
 /* unit_log: log lines stay whole, whatever the length and bytes of what
  * they carry. A field that does not fit is cut at a character boundary and
  * ends with "…"; the line keeps every other field, and in JSON it stays one
- * valid object (valid UTF-8 included). No Redis, no Postgres. */
+ * valid object (valid UTF-8 included): valid characters are kept, bytes that
+ * are not UTF-8 escaped. LOG_LEVEL's names. No Redis, no Postgres. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +212,58 @@ static void test_short_lines_are_unchanged(void)
     T_ASSERT(one_line(n) && ends_with(out, " info  listening on 127.0.0.1:8081\n"));
 }
 
+/* Valid UTF-8 (up to four-byte characters) goes into a line as it is; each
+ * byte of a sequence that is not UTF-8 (cut short, a bad continuation byte,
+ * overlong, a surrogate, above U+10FFFF) is shown on its own: \xNN in
+ * text, U+FFFD in JSON, so the line stays valid UTF-8. */
+static const char utf8_mix[] = "ok \xe2\x82\xac \xf0\x9f\x98\x80 |\xf0\x9f\x98|\xe2\x28\xa1|"
+                               "\xe0\x80\xaf|\xed\xa0\x80|\xf4\x90\x80\x80|";
+
+static void msg_utf8(void)
+{
+    log_msg(LOG_WARN, "%s", utf8_mix);
+}
+
+static void test_utf8_kept_and_invalid_bytes_escaped(void)
+{
+    size_t n;
+    cJSON *o;
+
+    log_set_json(0);
+    n = capture(msg_utf8);
+    if (T_ASSERT(one_line(n)) &&
+        !T_ASSERT(ends_with(out, " warn  ok \xe2\x82\xac \xf0\x9f\x98\x80 |\\xf0\\x9f\\x98|"
+                                 "\\xe2(\\xa1|\\xe0\\x80\\xaf|\\xed\\xa0\\x80|"
+                                 "\\xf4\\x90\\x80\\x80|\n")))
+        printf("    %s", out);
+    log_set_json(1);
+    n = capture(msg_utf8);
+    if ((o = parse_line(n)) == NULL)
+        return;
+    if (!T_EQ_STR(str_field(o, "msg"),
+                  "ok \xe2\x82\xac \xf0\x9f\x98\x80 |\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd|"
+                  "\xef\xbf\xbd(\xef\xbf\xbd|\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd|"
+                  "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd|"
+                  "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd|"))
+        printf("    %s\n", out);
+    cJSON_Delete(o);
+    log_set_json(0);
+}
+
+/* LOG_LEVEL takes the names in any case, and "warning" for warn. */
+static void test_level_names(void)
+{
+    enum log_level l;
+
+    T_EQ_I64(log_parse_level("DEBUG", &l), 0);
+    T_EQ_I64(l, LOG_DEBUG);
+    T_EQ_I64(log_parse_level("warning", &l), 0);
+    T_EQ_I64(l, LOG_WARN);
+    T_EQ_I64(log_parse_level("Error", &l), 0);
+    T_EQ_I64(l, LOG_ERROR);
+    T_EQ_I64(log_parse_level("verbose", &l), -1);
+}
+
 int main(void)
 {
     log_set_level(LOG_DEBUG);
@@ -220,5 +273,7 @@ int main(void)
     T_RUN(test_text_message_with_newlines_stays_one_line);
     T_RUN(test_json_message_with_newlines);
     T_RUN(test_short_lines_are_unchanged);
+    T_RUN(test_utf8_kept_and_invalid_bytes_escaped);
+    T_RUN(test_level_names);
     return t_done();
 }

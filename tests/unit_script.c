@@ -1,8 +1,12 @@
 /* unit_script: SHA-1 (script_sha1_hex) against FIPS 180 example messages
- * and lengths around the padding boundaries, and script_load_all on lua/
- * (every script read, a missing directory refused). No Redis: EVALSHA's
- * digests are checked here, the scripts themselves by test_lock. */
+ * and lengths around the padding boundaries, script_load_all on lua/
+ * (every script read, a missing directory refused), and script_file_load's
+ * refusals (an empty file, a directory name too long for a path). No Redis:
+ * EVALSHA's digests are checked here, the scripts themselves by test_lock. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "script.h"
 #include "t.h"
@@ -100,6 +104,46 @@ static void test_load_all_refuses_a_missing_directory(void)
     T_EQ_STR(script_sha(SCRIPT_LOCK_ACQUIRE), before);
 }
 
+/* An empty script file is refused by name (it would run as a no-op), and
+ * so is a directory whose path does not fit; the script given keeps what
+ * it held. */
+static void test_file_load_refuses_empty_and_too_long(void)
+{
+    char dir[512], path[600], err[512] = "", big[5000];
+    script_file s = { 0 };
+    FILE *f;
+
+    snprintf(dir, sizeof dir, "%s/unit_script.XXXXXX",
+             getenv("TEST_TMP") ? getenv("TEST_TMP") : "/tmp");
+    if (!T_ASSERT(mkdtemp(dir) != NULL))
+        return;
+    snprintf(path, sizeof path, "%s/ok.lua", dir);
+    if (T_ASSERT((f = fopen(path, "w")) != NULL)) {
+        fputs("return 1\n", f);
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/empty.lua", dir);
+    if (T_ASSERT((f = fopen(path, "w")) != NULL))
+        fclose(f);
+
+    if (T_EQ_I64(script_file_load(&s, dir, "ok", err, sizeof err), 0))
+        T_EQ_I64(s.len, 9);
+    T_EQ_I64(script_file_load(&s, dir, "empty", err, sizeof err), -1);
+    T_ASSERT(strstr(err, "empty.lua is empty") != NULL);
+    T_EQ_I64(s.len, 9);
+    memset(big, 'd', sizeof big - 1);
+    big[0] = '/';
+    big[sizeof big - 1] = '\0';
+    T_EQ_I64(script_file_load(&s, big, "ok", err, sizeof err), -1);
+    T_ASSERT(strncmp(err, "script dir too long: /ddd", 25) == 0);
+    T_EQ_I64(s.len, 9);
+    free(s.src);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/ok.lua", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     T_RUN(test_sha1_fips_examples);
@@ -107,5 +151,6 @@ int main(void)
     T_RUN(test_sha1_padding_boundaries);
     T_RUN(test_load_all_reads_every_script);
     T_RUN(test_load_all_refuses_a_missing_directory);
+    T_RUN(test_file_load_refuses_empty_and_too_long);
     return t_done();
 }
