@@ -349,30 +349,32 @@ def a_failed_commit_is_never_answered_200():
 
 @test
 def an_order_missing_after_its_commit_is_never_answered_200():
-    """Early lock release (the default): the order statement reports its
-    insert and commits, but the table does not hold the order after the
-    commit (a trigger deletes it). The durability wait behind the commit
-    finds no row: the buyer gets 503, never 200; the buyers beside him are
-    served."""
-    srv = server("vanish-early")
-    try:
-        vid = voucher(srv, 10)
-        bad, fine = 8_150_000, 8_150_100
-        if srv.seckill(vid, fine).status != 200:
-            fail("the sale before the fault failed")
-        with order_vanishes(bad, bad):
-            got = answer(srv.seckill(vid, bad))
+    """Early lock release, one buyer and a batch (BATCH_EARLY_LOCK_RELEASE):
+    the order statement reports its insert and commits, but the table does
+    not hold the order after the commit (a trigger deletes it). The
+    durability wait behind the commit finds no row: the buyer gets 503,
+    never 200; the buyer after him is served."""
+    configs = [("early", {}),
+               ("batched", {"SECKILL_STOCK": "batched", "BATCH_EARLY_LOCK_RELEASE": 1})]
+    for k, (name, env) in enumerate(configs):
+        srv = server(f"vanish-{name}", **env)
+        try:
+            vid = voucher(srv, 10)
+            bad, fine = 8_150_000 + 100 * k, 8_150_050 + 100 * k
+            if srv.seckill(vid, fine).status != 200:
+                fail(f"{name}: the sale before the fault failed")
+            with order_vanishes(bad, bad):
+                got = answer(srv.seckill(vid, bad))
             beside = answer(srv.seckill(vid, fine + 1))
-        if got[0] == 200 or orders_of(vid, bad) != 0:
-            fail(f"an order the table does not hold was answered {got}, "
-                 f"rows {orders_of(vid, bad)}")
-        if got != (503, "unavailable"):
-            fail(f"an order the table does not hold: {got}, want 503 unavailable")
-        if beside != (200, None) or orders_of(vid, fine + 1) != 1:
-            fail(f"the buyer after the fault got {beside}")
-    finally:
-        srv.stop_ok()
-
+            if got[0] == 200 or orders_of(vid, bad) != 0:
+                fail(f"{name}: an order the table does not hold was answered {got}, "
+                     f"rows {orders_of(vid, bad)}")
+            if got != (503, "unavailable"):
+                fail(f"{name}: an order the table does not hold: {got}, want 503 unavailable")
+            if beside != (200, None) or orders_of(vid, fine + 1) != 1:
+                fail(f"{name}: the buyer after the fault got {beside}")
+        finally:
+            srv.stop_ok()
 
 # ---------------------------------------------------------------- 2. clock steps
 
@@ -700,51 +702,54 @@ def fencing_alone_keeps_one_order_when_a_stale_holder_commits_late():
 
 @test
 def the_user_lock_is_held_until_the_order_commits():
-    """The user's lock is released after the order's commit, never before.
-    The order statement waits behind a held voucher row: meanwhile the
-    user's lock key still holds the buyer's hold, and the same user on
-    another instance is refused at once as already_ordered (the lock is
-    busy), not let in to queue behind the row. Once the row is free the
-    order commits (200), and only then is the lock gone."""
-    a = server("lock-held-a")
-    b = server("lock-held-b")
-    holder = None
-    user = 8_750_000
-    key = f"lock:order:{user}"
-    try:
-        vid = voucher(a, 10)
-        for srv, uid in ((a, 8_750_100), (b, 8_750_200)):        # cached, connected
-            if srv.seckill(vid, uid).status != 200:
-                fail("the first sales failed")
-        holder = RowHolder(vid)
-        ta, ra = in_background(a.seckill, vid, user)
-        wait_for("A's order statement waiting on the voucher row",
-                 lambda: lock_waiters(a.name) >= 1)
-        fields = ss.redis(["HGETALL", key]).split()
-        if len(fields) != 2 or fields[1] != "1":
-            fail(f"while A's order waits for its commit, {key} holds {fields}: "
-                 "the lock was released before the commit")
-        t0 = time.monotonic()
-        tb, rb = in_background(b.seckill, vid, user)
-        tb.join(3)
-        took = time.monotonic() - t0
-        if tb.is_alive() or answer(rb.get("r")) != (409, "already_ordered"):
-            fail(f"the same user on B while A's order waits: {answer(rb['r']) if 'r' in rb else 'no answer'} "
-                 f"after {took:.1f}s; want 409 already_ordered at once")
-        holder.release()
-        ta.join(15)
-        tb.join(15)
-        if answer(ra.get("r")) != (200, None) or orders_of(vid, user) != 1:
-            fail(f"A after the row was freed: {answer(ra.get('r'))}, "
-                 f"{orders_of(vid, user)} orders")
-        if ss.redis(["EXISTS", key]) != "0":
-            fail(f"{key} is still held after the order")
-    finally:
-        if holder is not None:
+    """The user's lock is released after the order's commit, never before,
+    one buyer at a time and in a batch. The order statement waits behind a
+    held voucher row: meanwhile the user's lock key still holds the buyer's
+    hold, and the same user on another instance is refused at once as
+    already_ordered (the lock is busy), not let in to queue behind the row.
+    Once the row is free the order commits (200), and only then is the
+    lock gone."""
+    configs = [("early", {}), ("batched", {"SECKILL_STOCK": "batched"})]
+    for k, (name, env) in enumerate(configs):
+        a = server(f"lock-held-{name}-a", **env)
+        b = server(f"lock-held-{name}-b", **env)
+        holder = None
+        user = 8_750_000 + k
+        key = f"lock:order:{user}"
+        try:
+            vid = voucher(a, 10)
+            for srv, uid in ((a, 8_750_100 + k), (b, 8_750_200 + k)):    # cached, connected
+                if srv.seckill(vid, uid).status != 200:
+                    fail(f"{name}: the first sales failed")
+            holder = RowHolder(vid)
+            ta, ra = in_background(a.seckill, vid, user)
+            wait_for(f"{name}: A's order statement waiting on the voucher row",
+                     lambda: lock_waiters(a.name) >= 1)
+            fields = ss.redis(["HGETALL", key]).split()
+            if len(fields) != 2 or fields[1] != "1":
+                fail(f"{name}: while A's order waits for its commit, {key} holds {fields}: "
+                     "the lock was released before the commit")
+            t0 = time.monotonic()
+            tb, rb = in_background(b.seckill, vid, user)
+            tb.join(3)
+            took = time.monotonic() - t0
+            if tb.is_alive() or answer(rb.get("r")) != (409, "already_ordered"):
+                fail(f"{name}: the same user on B while A's order waits: "
+                     f"{answer(rb['r']) if 'r' in rb else 'no answer'} after {took:.1f}s; "
+                     "want 409 already_ordered at once")
             holder.release()
-        a.stop_ok()
-        b.stop_ok()
-
+            ta.join(15)
+            tb.join(15)
+            if answer(ra.get("r")) != (200, None) or orders_of(vid, user) != 1:
+                fail(f"{name}: A after the row was freed: {answer(ra.get('r'))}, "
+                     f"{orders_of(vid, user)} orders")
+            if ss.redis(["EXISTS", key]) != "0":
+                fail(f"{name}: {key} is still held after the order")
+        finally:
+            if holder is not None:
+                holder.release()
+            a.stop_ok()
+            b.stop_ok()
 
 # ---------------------------------------------------------------- 8. lost lock replies
 
