@@ -147,6 +147,36 @@ def naive_oversells_and_cas_and_optimistic_do_not():
 
 
 @test
+def stepwise_strategies_refuse_a_crowd_past_the_stock_as_sold_out():
+    """optimistic slowed by DEMO_DELAY_MS (the step-by-step transaction) and
+    pessimistic under a crowd twice the stock: exactly the stock sells, and
+    every other buyer is answered 409 sold_out (the stock check refuses them;
+    never the CHECK constraint's error, never an oversell)."""
+    stock = 50
+    for k, strategy in enumerate(("optimistic", "pessimistic")):
+        srv = ss.Server(f"crowd-past-{strategy}", {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": strategy,
+                                                   "DEMO_DELAY_MS": 30, "THREADS": 16,
+                                                   "LOG_LEVEL": "warn"})
+        try:
+            vid = create_voucher(srv, stock)
+            users = list(range(7_100_000 + 1000 * k, 7_100_000 + 1000 * k + 2 * stock))
+            jobs = [users[i::50] for i in range(50)]
+            res = ss.run_concurrently(lambda i: srv.port, jobs,
+                                      lambda c, uid: c.seckill(vid, uid), 50)
+            answers = {}
+            for _uid, r in res:
+                key = (r.status, r.body.get("error")) if not isinstance(r, Exception) \
+                    else type(r).__name__
+                answers[key] = answers.get(key, 0) + 1
+            got = db_state(vid)
+            if answers != {(200, None): stock, (409, "sold_out"): stock} or got != (stock, 0, 0):
+                fail(f"{strategy} slowed, {2 * stock} buyers for {stock}: answers {answers}, "
+                     f"db orders/stock/duplicates {got}")
+        finally:
+            srv.stop_ok()
+
+
+@test
 def pessimistic_holds_the_row_from_its_read_to_its_commit():
     """pessimistic reads the stock with SELECT ... FOR UPDATE: from that read
     to its commit the voucher row is locked, so buyers go one at a time. A
