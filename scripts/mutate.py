@@ -120,9 +120,10 @@ def parse(path):
 
 
 def test_functions(pyfile):
-    """The @test functions of a Python test program."""
+    """The test functions of a Python test program: those under a decorator
+    whose name says test (@test, @nginx_test)."""
     text = open(pyfile).read()
-    return re.findall(r"^@test\s*\ndef\s+(\w+)\s*\(", text, re.M)
+    return re.findall(r"^@\w*test\w*\s*\ndef\s+(\w+)\s*\(", text, re.M)
 
 
 def check_tests(mu, root):
