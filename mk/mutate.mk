@@ -4,7 +4,7 @@
 # copy and runs only the tests named for it, which must fail. Not part of
 # make test or CI: it rebuilds and reruns tests once per mutation.
 #
-#   make mutate                          every mutation (about an hour on 2 cores)
+#   make mutate                          every mutation (about 20 minutes on 2 cores)
 #   make mutate MUTATIONS=id-shift,cas-compare   only these
 #   make mutate MUTATE_ARGS=--baseline   first the named tests on the unmutated copy
 #   make mutate MUTATE_ARGS=--list       the mutations and their tests, nothing run
@@ -19,5 +19,5 @@ MUTATE_ARGS ?=
 
 .PHONY: mutate
 
-mutate: ## break the code on purpose (tests/mutations.txt), check that its tests fail (~1 h; MUTATIONS=a,b: some)
+mutate: ## break the code on purpose (tests/mutations.txt), check that its tests fail (~20 min; MUTATIONS=a,b: some)
 	@MUTATIONS="$(MUTATIONS)" python3 scripts/mutate.py --scratch $(abspath $(BUILD))/mutate $(MUTATE_ARGS)
