@@ -555,7 +555,10 @@ static void test_redisson_interop(void)
     lockwait_counters m0, m1;
 
     key_for("redisson", 0, key, sizeof key);
-    lock_channel_name(key, ch, sizeof ch);
+    /* The channel as Redisson names it (RedissonLock.getChannelName:
+     * prefixName("redisson_lock__channel", name)), not as the library under
+     * test does: the two must meet. */
+    snprintf(ch, sizeof ch, "redisson_lock__channel:{%s}", key);
     tl_owner(owner, sizeof owner, next_owner++);
 
     /* 1. "Java" holds; our waiter wakes on its publish. */

@@ -3,7 +3,9 @@
 checks what the buyer is told and what Postgres and Redis hold after.
 
   commit failure      a deferred constraint trigger refuses the COMMIT of
-                      one buyer's order: never 200, no row (every strategy)
+                      one buyer's order: never 200, no row (every strategy);
+                      an order its statement reported that the table does
+                      not hold after the commit: never 200 (early release)
   clock step          the wall clock stepped back (TEST_CLOCK_STEP_MS) holds
                       neither a batch's gathering nor the stats publisher
   request deadline    work not started by REQUEST_DEADLINE_MS is answered 503
@@ -14,6 +16,8 @@ checks what the buyer is told and what Postgres and Redis hold after.
   fencing gap         without the unique constraint, a stale holder that
                       commits while the new holder waits on the fence row
                       still leaves one order
+  lock until commit   while the order's statement waits, the user's lock
+                      is still held: a second request of the user is busy
   lost lock replies   a batch's lock granted after its reply was lost is
                       released; a release that failed does not let the
                       worker's next request of that user re-enter the lock
@@ -191,6 +195,30 @@ class commit_refused:
              "DROP FUNCTION IF EXISTS order_faults_refuse();")
 
 
+class order_vanishes:
+    """An AFTER INSERT trigger on tb_voucher_order that deletes the row it
+    was given, for users lo..hi: the order statement reports its insert, its
+    commit succeeds, and the table does not hold the order."""
+
+    def __init__(self, lo, hi):
+        self.lo, self.hi = lo, hi
+
+    def __enter__(self):
+        psql("CREATE OR REPLACE FUNCTION order_faults_vanish() RETURNS trigger "
+             "LANGUAGE plpgsql AS $$ BEGIN "
+             "IF NEW.user_id BETWEEN TG_ARGV[0]::bigint AND TG_ARGV[1]::bigint THEN "
+             "DELETE FROM tb_voucher_order WHERE id = NEW.id; END IF; "
+             "RETURN NULL; END $$;\n"
+             "DROP TRIGGER IF EXISTS order_faults_vanish ON tb_voucher_order;\n"
+             "CREATE TRIGGER order_faults_vanish AFTER INSERT ON tb_voucher_order "
+             f"FOR EACH ROW EXECUTE FUNCTION order_faults_vanish('{self.lo}', '{self.hi}');")
+        return self
+
+    def __exit__(self, *exc):
+        psql("DROP TRIGGER IF EXISTS order_faults_vanish ON tb_voucher_order;\n"
+             "DROP FUNCTION IF EXISTS order_faults_vanish();")
+
+
 class without_unique:
     """Drops the unique constraint for the block (the demo ladder runs
     without it); restores it after, the duplicates made on purpose first
@@ -340,6 +368,35 @@ def a_failed_commit_is_never_answered_200():
         finally:
             srv.stop_ok()
 
+
+@test
+def an_order_missing_after_its_commit_is_never_answered_200():
+    """Early lock release, one buyer and a batch (BATCH_EARLY_LOCK_RELEASE):
+    the order statement reports its insert and commits, but the table does
+    not hold the order after the commit (a trigger deletes it). The
+    durability wait behind the commit finds no row: the buyer gets 503,
+    never 200; the buyer after him is served."""
+    configs = [("early", {}),
+               ("batched", {"SECKILL_STOCK": "batched", "BATCH_EARLY_LOCK_RELEASE": 1})]
+    for k, (name, env) in enumerate(configs):
+        srv = server(f"vanish-{name}", **env)
+        try:
+            vid = voucher(srv, 10)
+            bad, fine = 8_150_000 + 100 * k, 8_150_050 + 100 * k
+            if srv.seckill(vid, fine).status != 200:
+                fail(f"{name}: the sale before the fault failed")
+            with order_vanishes(bad, bad):
+                got = answer(srv.seckill(vid, bad))
+            beside = answer(srv.seckill(vid, fine + 1))
+            if got[0] == 200 or orders_of(vid, bad) != 0:
+                fail(f"{name}: an order the table does not hold was answered {got}, "
+                     f"rows {orders_of(vid, bad)}")
+            if got != (503, "unavailable"):
+                fail(f"{name}: an order the table does not hold: {got}, want 503 unavailable")
+            if beside != (200, None) or orders_of(vid, fine + 1) != 1:
+                fail(f"{name}: the buyer after the fault got {beside}")
+        finally:
+            srv.stop_ok()
 
 # ---------------------------------------------------------------- 2. clock steps
 
@@ -666,6 +723,59 @@ def fencing_alone_keeps_one_order_when_a_stale_holder_commits_late():
             a.stop_ok()
             b.stop_ok()
 
+
+# ---------------------------------------------------------------- 5. the lock until the commit
+
+@test
+def the_user_lock_is_held_until_the_order_commits():
+    """The user's lock is released after the order's commit, never before,
+    one buyer at a time and in a batch. The order statement waits behind a
+    held voucher row: meanwhile the user's lock key still holds the buyer's
+    hold, and the same user on another instance is refused at once as
+    already_ordered (the lock is busy), not let in to queue behind the row.
+    Once the row is free the order commits (200), and only then is the
+    lock gone."""
+    configs = [("early", {}), ("batched", {"SECKILL_STOCK": "batched"})]
+    for k, (name, env) in enumerate(configs):
+        a = server(f"lock-held-{name}-a", **env)
+        b = server(f"lock-held-{name}-b", **env)
+        holder = None
+        user = 8_750_000 + k
+        key = f"lock:order:{user}"
+        try:
+            vid = voucher(a, 10)
+            for srv, uid in ((a, 8_750_100 + k), (b, 8_750_200 + k)):    # cached, connected
+                if srv.seckill(vid, uid).status != 200:
+                    fail(f"{name}: the first sales failed")
+            holder = RowHolder(vid)
+            ta, ra = in_background(a.seckill, vid, user)
+            wait_for(f"{name}: A's order statement waiting on the voucher row",
+                     lambda: lock_waiters(a.name) >= 1)
+            fields = ss.redis(["HGETALL", key]).split()
+            if len(fields) != 2 or fields[1] != "1":
+                fail(f"{name}: while A's order waits for its commit, {key} holds {fields}: "
+                     "the lock was released before the commit")
+            t0 = time.monotonic()
+            tb, rb = in_background(b.seckill, vid, user)
+            tb.join(3)
+            took = time.monotonic() - t0
+            if tb.is_alive() or answer(rb.get("r")) != (409, "already_ordered"):
+                fail(f"{name}: the same user on B while A's order waits: "
+                     f"{answer(rb['r']) if 'r' in rb else 'no answer'} after {took:.1f}s; "
+                     "want 409 already_ordered at once")
+            holder.release()
+            ta.join(15)
+            tb.join(15)
+            if answer(ra.get("r")) != (200, None) or orders_of(vid, user) != 1:
+                fail(f"{name}: A after the row was freed: {answer(ra.get('r'))}, "
+                     f"{orders_of(vid, user)} orders")
+            if ss.redis(["EXISTS", key]) != "0":
+                fail(f"{name}: {key} is still held after the order")
+        finally:
+            if holder is not None:
+                holder.release()
+            a.stop_ok()
+            b.stop_ok()
 
 # ---------------------------------------------------------------- 8. lost lock replies
 

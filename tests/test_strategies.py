@@ -147,6 +147,72 @@ def naive_oversells_and_cas_and_optimistic_do_not():
 
 
 @test
+def stepwise_strategies_refuse_a_crowd_past_the_stock_as_sold_out():
+    """optimistic slowed by DEMO_DELAY_MS (the step-by-step transaction) and
+    pessimistic under a crowd twice the stock: exactly the stock sells, and
+    every other buyer is answered 409 sold_out (the stock check refuses them;
+    never the CHECK constraint's error, never an oversell)."""
+    stock = 50
+    for k, strategy in enumerate(("optimistic", "pessimistic")):
+        srv = ss.Server(f"crowd-past-{strategy}", {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": strategy,
+                                                   "DEMO_DELAY_MS": 30, "THREADS": 16,
+                                                   "LOG_LEVEL": "warn"})
+        try:
+            vid = create_voucher(srv, stock)
+            users = list(range(7_100_000 + 1000 * k, 7_100_000 + 1000 * k + 2 * stock))
+            jobs = [users[i::50] for i in range(50)]
+            res = ss.run_concurrently(lambda i: srv.port, jobs,
+                                      lambda c, uid: c.seckill(vid, uid), 50)
+            answers = {}
+            for _uid, r in res:
+                key = (r.status, r.body.get("error")) if not isinstance(r, Exception) \
+                    else type(r).__name__
+                answers[key] = answers.get(key, 0) + 1
+            got = db_state(vid)
+            if answers != {(200, None): stock, (409, "sold_out"): stock} or got != (stock, 0, 0):
+                fail(f"{strategy} slowed, {2 * stock} buyers for {stock}: answers {answers}, "
+                     f"db orders/stock/duplicates {got}")
+        finally:
+            srv.stop_ok()
+
+
+@test
+def pessimistic_holds_the_row_from_its_read_to_its_commit():
+    """pessimistic reads the stock with SELECT ... FOR UPDATE: from that read
+    to its commit the voucher row is locked, so buyers go one at a time. A
+    buyer held between its read and its write (DEMO_DELAY_MS) keeps the row:
+    a probe from psql (FOR UPDATE SKIP LOCKED) finds it taken. (The
+    conditional decrement would keep the stock right without the lock; this
+    is the strategy's own promise.)"""
+    name = "strat-pess-row"
+    srv = ss.Server(name, {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "pessimistic",
+                           "DEMO_DELAY_MS": 3000, "LOG_LEVEL": "warn"})
+    out = []
+    try:
+        vid = create_voucher(srv, 5)
+        t = threading.Thread(target=lambda: out.append(srv.seckill(vid, 9_600_001)), daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        # The buyer's session is idle in its transaction once the stock read
+        # ran (its last statement): the delay before the write.
+        while psql_value("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                         f"'{name}' AND state = 'idle in transaction' "
+                         "AND query LIKE 'SELECT stock FROM tb_voucher%'") != "1":
+            if time.monotonic() > deadline:
+                fail("the buyer's stock read never came")
+            time.sleep(0.05)
+        free = psql_value("SELECT count(*) FROM (SELECT 1 FROM tb_voucher WHERE voucher_id = "
+                          f"{vid} FOR UPDATE SKIP LOCKED) r")
+        t.join(15)
+        if free != "0":
+            fail("between its stock read and its write, the buyer did not hold the voucher row")
+        if [r.status for r in out] != [200] or db_state(vid) != (1, 4, 0):
+            fail(f"the buyer got {[(r.status, r.body) for r in out]}, db {db_state(vid)}")
+    finally:
+        srv.stop_ok()
+
+
+@test
 def no_lock_sells_twice_to_one_user_without_the_constraint():
     srv = ss.Server("storm-none", {"ADMIN_TOKEN": TOKEN, "SECKILL_LOCK": "none",
                                    "DEMO_DELAY_MS": 100, "THREADS": 16, "LOG_LEVEL": "warn"})
@@ -190,6 +256,48 @@ def no_lock_runs_unprotected_on_the_default_stock_without_a_delay():
                     break
             else:
                 fail(f"lock=none, optimistic, no delay: one order per storm in {len(seen)} storms: {seen}")
+    finally:
+        srv.stop_ok()
+
+
+def constraint_refusals():
+    """How many writes Postgres's log shows refused by the unique constraint."""
+    with open(os.path.join(ss.TEST_TMP, "pg", "postgres.log"), errors="replace") as f:
+        return f.read().count(f'unique constraint "{UNIQUE}"')
+
+
+@test
+def a_racing_duplicate_is_refused_by_the_unique_constraint():
+    """No lock, and the race widened (DEMO_DELAY_MS between the duplicate
+    check and the write): one user's concurrent requests pass the check
+    together. The unique constraint on (user_id, voucher_id) refuses every
+    write but the first, and each of those buyers is answered 409
+    already_ordered, not an error: one order, the stock taken once."""
+    srv = ss.Server("storm-none-unique", {"ADMIN_TOKEN": TOKEN, "SECKILL_LOCK": "none",
+                                          "DEMO_DELAY_MS": 100, "THREADS": 16,
+                                          "LOG_LEVEL": "warn"})
+    try:
+        # Every worker's connections opened first (as in the test above).
+        crowd(srv, create_voucher(srv, 200), list(range(4_246_000, 4_246_200)))
+        vid = create_voucher(srv, 50)
+        before = constraint_refusals()
+        jobs = [[4_246_500] * 4 for _ in range(25)]
+        res = ss.run_concurrently(lambda i: srv.port, jobs,
+                                  lambda c, uid: c.seckill(vid, uid), 25)
+        refused = constraint_refusals() - before
+        answers = {}
+        for _uid, r in res:
+            k = (r.status, r.body.get("error")) if not isinstance(r, Exception) \
+                else type(r).__name__
+            answers[k] = answers.get(k, 0) + 1
+        orders, left, dups = db_state(vid)
+        if (orders, left, dups) != (1, 49, 0):
+            fail(f"one user, no lock: orders {orders}, stock {left}, duplicate users {dups}; "
+                 f"answers {answers}")
+        if answers != {(200, None): 1, (409, "already_ordered"): 99}:
+            fail(f"one user, no lock: answers {answers}; want one 200 and 99 already_ordered")
+        if refused < 1:
+            fail("no write reached the unique constraint: the race did not happen")
     finally:
         srv.stop_ok()
 
