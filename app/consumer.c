@@ -25,9 +25,9 @@
 #define WATCH_EVERY_MS 1000           /* stock_redis_watch: durability and backlog */
 #define TRIM_EVERY_MS 200             /* settled entries leave the stream (stream_trim.lua) */
 
-static pthread_t thread;
+static pthread_t thread, watch_thread;
 static _Atomic int stop_flag;
-static int running;
+static int running, consuming;      /* the threads started (consumer_start) */
 static script_file trim_script = { .name = "stream_trim" };
 
 /* One stream entry, parsed. */
@@ -366,10 +366,13 @@ static const char *poison_reason(store_status st)
     }
 }
 
-/* Entries of a sale that a reset ended: dropped, never written. */
-static int drop_stale(consumer *k, int64_t voucher_id, const int *idx, int n)
+/* Entries of a sale that a reset ended: dropped, never written. Redis
+ * still admitting in that sale (a reset whose load into Redis failed) is
+ * made to rebuild the voucher from Postgres at its next buyer. */
+static int drop_stale(consumer *k, int64_t voucher_id, int64_t pg_sale, const int *idx, int n)
 {
-    if (settle(k, idx, n, voucher_id, 0, NULL) != 0)
+    if (stock_redis_retire(k->c, voucher_id, pg_sale) < 0 ||
+        settle(k, idx, n, voucher_id, 0, NULL) != 0)
         return -1;
     for (int i = 0; i < n; i++)
         rec_note(REC_STREAM_STALE);
@@ -382,7 +385,10 @@ static int drop_stale(consumer *k, int64_t voucher_id, const int *idx, int n)
  * next try opens one, through PG_DSN's hosts), and the entries stay pending. */
 static int refused_for_now(consumer *k, PGconn *pg)
 {
-    if (PQstatus(pg) != CONNECTION_OK)
+    /* A session left in a transaction or in pipeline mode would fail the
+     * same way at every try: a new one. */
+    if (PQstatus(pg) != CONNECTION_OK || PQtransactionStatus(pg) != PQTRANS_IDLE ||
+        PQpipelineStatus(pg) != PQ_PIPELINE_OFF)
         pg_drop(k);
     rec_note(REC_STREAM_RETRY);
     return -1;
@@ -393,7 +399,7 @@ static int refused_for_now(consumer *k, PGconn *pg)
  * Postgres refused for now or Redis failed: the rest stay pending to us. */
 static int persist(consumer *k, int64_t voucher_id, int64_t gen, const int *idx, int n)
 {
-    int64_t inserted;
+    int64_t inserted, pg_sale;
     store_status st;
     PGconn *pg;
 
@@ -406,13 +412,15 @@ static int persist(consumer *k, int64_t voucher_id, int64_t gen, const int *idx,
         k->orders[i] = (store_order){ .order_id = e->order_id, .voucher_id = voucher_id,
                                       .user_id = e->user_id };
     }
-    st = store_orders_persist(pg, voucher_id, gen, k->orders, (size_t)n, &inserted);
+    st = store_orders_persist(pg, voucher_id, gen, k->orders, (size_t)n, &inserted, &pg_sale);
     if (st == STORE_OK) {
+        if (settle(k, idx, n, voucher_id, n, NULL) != 0)
+            return -1;
         landed(k, idx, n);
-        return settle(k, idx, n, voucher_id, n, NULL);
+        return 0;
     }
     if (st == STORE_STALE_SALE)
-        return drop_stale(k, voucher_id, idx, n);
+        return drop_stale(k, voucher_id, pg_sale, idx, n);
     if (poison_reason(st) == NULL)
         return refused_for_now(k, pg);
     /* Refused for good as a whole: one by one, so that the one that cannot
@@ -421,13 +429,13 @@ static int persist(consumer *k, int64_t voucher_id, int64_t gen, const int *idx,
              voucher_id, (int)st);
     for (int i = 0; i < n; i++) {
         const char *why;
-        st = store_orders_persist(pg, voucher_id, gen, &k->orders[i], 1, &inserted);
+        st = store_orders_persist(pg, voucher_id, gen, &k->orders[i], 1, &inserted, &pg_sale);
         if (st == STORE_OK) {
-            landed(k, &idx[i], 1);
             if (settle(k, &idx[i], 1, voucher_id, 1, NULL) != 0)
                 return -1;
+            landed(k, &idx[i], 1);
         } else if (st == STORE_STALE_SALE) {
-            if (drop_stale(k, voucher_id, &idx[i], 1) != 0)
+            if (drop_stale(k, voucher_id, pg_sale, &idx[i], 1) != 0)
                 return -1;
         } else if ((why = poison_reason(st)) == NULL) {
             return refused_for_now(k, pg);
@@ -510,7 +518,7 @@ static void consume(consumer *k)
     int n = 0;
 
     if (now < k->retry_at_us) {
-        /* Pausing after a refusal: the watch still runs every second. */
+        /* Pausing after a refusal; the master is still checked once a second. */
         linger_until(k->retry_at_us < k->next_check_us ? k->retry_at_us : k->next_check_us);
         return;
     }
@@ -552,29 +560,22 @@ static void consume(consumer *k)
     }
 }
 
-/* One round: the watch when it is due (on every instance that admits),
- * then consuming (CONSUMERS=1) or a pause. A context that no longer leads
- * to the master (a Sentinel failover) is dropped like a failed one. */
+/* One round of consuming. A context that no longer leads to the master (a
+ * Sentinel failover) is dropped like a failed one, checked once a second. */
 static void round_once(consumer *k)
 {
     int64_t now = util_mono_us();
 
     if (now >= k->next_check_us) {
         k->next_check_us = now + WATCH_EVERY_MS * 1000LL;
-        stock_redis_watch(k->c);
-        if (k->c->err == 0 && !conn_redis_current(k->c)) {
+        if (!conn_redis_current(k->c)) {
             log_warn("consumer: the Redis master changed: reconnecting");
             redis_drop(k);
             return;
         }
     }
-    if (k->c->err == 0) {
-        if (g_cfg.consumers > 0)
-            consume(k);
-        else
-            linger_until(k->next_check_us);
-    }
-    if (k->c != NULL && k->c->err)
+    consume(k);
+    if (k->c->err)
         redis_drop(k);
 }
 
@@ -583,18 +584,17 @@ static void *consumer_main(void *arg)
     consumer *k = arg;
     char err[256];
 
-    util_thread_name(g_cfg.consumers > 0 ? "sk-consumer" : "sk-watch");
+    util_thread_name("sk-consumer");
     while (!atomic_load(&stop_flag)) {
         if (k->c == NULL) {
-            if ((k->c = conn_redis_open(err, sizeof err)) == NULL ||
-                (g_cfg.consumers > 0 && ensure_group(k->c) != 0)) {
+            if ((k->c = conn_redis_open(err, sizeof err)) == NULL || ensure_group(k->c) != 0) {
                 if (k->c != NULL)
                     redis_drop(k);
                 pause_ms(RETRY_PAUSE_MS);
                 continue;
             }
             k->own_pending = 1;
-            k->next_check_us = 0;
+            k->next_check_us = util_mono_us() + WATCH_EVERY_MS * 1000LL;
         }
         round_once(k);
     }
@@ -604,6 +604,34 @@ static void *consumer_main(void *arg)
     free(k->orders);
     free(k->argv);
     free(k);
+    return NULL;
+}
+
+/* The watch, once a second on a connection of its own, on every instance
+ * that admits (whatever the consumer is waiting for meanwhile, a Postgres
+ * that does not answer included): admission follows its verdicts. */
+static void *watch_main(void *arg)
+{
+    redisContext *c = NULL;
+    char err[256];
+
+    (void)arg;
+    util_thread_name("sk-watch");
+    while (!atomic_load(&stop_flag)) {
+        int64_t next = util_mono_us() + WATCH_EVERY_MS * 1000LL;
+        if (c == NULL && (c = conn_redis_open(err, sizeof err)) == NULL)
+            log_debug("watch: Redis: %s", err);
+        if (c != NULL) {
+            stock_redis_watch(c);
+            if (c->err || !conn_redis_current(c)) {
+                redisFree(c);             /* failed, or a failover: open anew */
+                c = NULL;
+            }
+        }
+        linger_until(next);
+    }
+    if (c != NULL)
+        redisFree(c);
     return NULL;
 }
 
@@ -618,6 +646,17 @@ int consumer_start(void)
         log_error("consumer: %s", err);
         return -1;
     }
+    atomic_store(&stop_flag, 0);
+    if (pthread_create(&watch_thread, NULL, watch_main, NULL) != 0) {
+        log_error("consumer: cannot start the watch thread");
+        return -1;
+    }
+    running = 1;
+    if (g_cfg.consumers == 0) {
+        log_info("consumer: none in this instance (CONSUMERS=0); its watch checks Redis's "
+                 "durability and the stream's backlog every second");
+        return 0;
+    }
     k = xcalloc(1, sizeof *k);
     /* A name of its own per process: a restarted instance does not take
      * over its predecessor's entries as if they were being worked on; they
@@ -628,23 +667,18 @@ int consumer_start(void)
     k->e = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->e);
     k->orders = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->orders);
     k->argv = xcalloc((size_t)g_cfg.consumer_batch_max + 3, sizeof *k->argv);
-    atomic_store(&stop_flag, 0);
     if (pthread_create(&thread, NULL, consumer_main, k) != 0) {
         free(k->e);
         free(k->orders);
         free(k->argv);
         free(k);
         log_error("consumer: cannot start its thread");
+        consumer_stop();
         return -1;
     }
-    running = 1;
-    if (g_cfg.consumers > 0)
-        log_info("consumer %s: persisting %s in batches of up to %d (claim after %d ms idle)",
-                 k->name, STOCK_REDIS_STREAM, g_cfg.consumer_batch_max,
-                 g_cfg.consumer_claim_idle_ms);
-    else
-        log_info("consumer: none in this instance (CONSUMERS=0); it watches Redis's durability "
-                 "and the stream's backlog");
+    consuming = 1;
+    log_info("consumer %s: persisting %s in batches of up to %d (claim after %d ms idle)",
+             k->name, STOCK_REDIS_STREAM, g_cfg.consumer_batch_max, g_cfg.consumer_claim_idle_ms);
     return 0;
 }
 
@@ -653,6 +687,8 @@ void consumer_stop(void)
     if (!running)
         return;
     atomic_store(&stop_flag, 1);
-    pthread_join(thread, NULL);
-    running = 0;
+    if (consuming)
+        pthread_join(thread, NULL);
+    pthread_join(watch_thread, NULL);
+    running = consuming = 0;
 }

@@ -1,11 +1,12 @@
 /* consumer: the Redis-first strategy's way to Postgres (stock_redis.h).
  *
- * One thread per instance that admits. Every second it runs the watch
- * (stock_redis_watch: Redis's durability and the stream's backlog, whose
- * verdicts admission follows) and checks that its Redis context still leads
- * to the master (a Sentinel failover: it reconnects). With CONSUMERS=1 it is
- * also a consumer of the group STOCK_REDIS_GROUP on the stream
- * STOCK_REDIS_STREAM, with its own Redis and Postgres connections.
+ * Two threads per instance that admits. The watch, on a Redis connection
+ * of its own, runs stock_redis_watch every second (Redis's durability and
+ * the stream's backlog, whose verdicts admission follows), whatever the
+ * consumer waits for. With CONSUMERS=1 the consumer, a member of the group
+ * STOCK_REDIS_GROUP on the stream STOCK_REDIS_STREAM with its own Redis and
+ * Postgres connections; it checks once a second that its Redis context
+ * still leads to the master (a Sentinel failover: it reconnects).
  * It reads up to CONSUMER_BATCH_MAX orders (XREADGROUP), at most once every
  * CONSUMER_LINGER_MS unless its last read was full (a transaction costs
  * Postgres about the same for one order as for a hundred), persists those of
@@ -36,18 +37,20 @@
  *   is capped near DEAD_LETTERS_MAX (stream_tidy.h).
  * - An entry of a sale that was reset since (its generation is older than
  *   tb_voucher.sale_gen, read under the voucher row's lock) is dropped and
- *   counted.
+ *   counted; when Redis still holds that older sale (a reset whose load
+ *   into Redis failed), Redis's copy of the voucher is dropped so that the
+ *   next buyer rebuilds it from Postgres (stock_redis_retire).
  * - The names of consumers that are gone (one per restart) leave the group
  *   once idle with nothing pending (stream_tidy.h, every few seconds). */
 #ifndef SECKILL_CONSUMER_H
 #define SECKILL_CONSUMER_H
 
-/* Starts the thread when the stock strategy is "redis" (else does nothing):
- * a consumer when CONSUMERS is 1, the watch alone when it is 0. 0, or -1
- * when the thread cannot start (logged here). */
+/* Starts the threads when the stock strategy is "redis" (else does
+ * nothing): the watch, and the consumer when CONSUMERS is 1. 0, or -1 when
+ * a thread cannot start (logged here). */
 int consumer_start(void);
 
-/* Stops the thread after its current batch (idempotent). */
+/* Stops the threads, the consumer after its current batch (idempotent). */
 void consumer_stop(void);
 
 #endif

@@ -18,6 +18,7 @@
 
 static script_file admit_script = { .name = "order_admit" };
 static script_file load_script = { .name = "stock_load" };
+static script_file retire_script = { .name = "stock_retire" };
 
 /* The durability verdict, shared by the workers and written by whoever
  * checked last (the watch, every second). DUR_UNCHECKED: Redis refuses
@@ -64,6 +65,10 @@ static int config_get(redisContext *c, const char *name, char *out, size_t n)
         rc = 0;
     } else if (r->type == REDIS_REPLY_ERROR) {
         snprintf(out, n, "%s", r->str);
+        rc = 1;
+    } else {
+        /* A Redis that hides the setting (an empty array): not checkable. */
+        snprintf(out, n, "CONFIG GET %s answered no value", name);
         rc = 1;
     }
     freeReplyObject(r);
@@ -124,7 +129,8 @@ int stock_redis_start(char *err, size_t errlen)
     redisContext *c;
 
     if (script_file_load(&admit_script, g_cfg.lua_dir, admit_script.name, err, errlen) != 0 ||
-        script_file_load(&load_script, g_cfg.lua_dir, load_script.name, err, errlen) != 0)
+        script_file_load(&load_script, g_cfg.lua_dir, load_script.name, err, errlen) != 0 ||
+        script_file_load(&retire_script, g_cfg.lua_dir, retire_script.name, err, errlen) != 0)
         return -1;
     if (mode_is("none"))
         log_warn("REDIS_ORDER_DURABILITY=none: an order is answered 200 before Redis made it "
@@ -947,17 +953,21 @@ out:
 
 int stock_redis_watch(redisContext *c)
 {
-    int64_t backlog, pending, oldest;
-    int over, was;
+    int64_t backlog, pending, oldest, bound;
+    int over, was, rc = stock_redis_check_durability(c) < 0 ? -1 : 0;
 
-    if (stock_redis_check_durability(c) < 0 || stream_backlog(c, &backlog, &pending, &oldest) != 0)
+    if (c->err || stream_backlog(c, &backlog, &pending, &oldest) != 0)
         return -1;
     atomic_store(&watch_backlog, backlog);
     atomic_store(&watch_oldest_ms, oldest);
-    /* A backlog Redis cannot count (-1) is past BACKLOG_COUNT_MAX. */
-    over = g_cfg.stream_backlog_max > 0 &&
-           (backlog > g_cfg.stream_backlog_max ||
-            (backlog < 0 && g_cfg.stream_backlog_max < BACKLOG_COUNT_MAX));
+    /* A backlog Redis cannot count (-1): the stream's length bounds it. */
+    bound = backlog;
+    if (bound < 0 && g_cfg.stream_backlog_max > 0) {
+        redisReply *r = redisCommand(c, "XLEN %s", STOCK_REDIS_STREAM);
+        bound = r != NULL && r->type == REDIS_REPLY_INTEGER ? r->integer : INT64_MAX;
+        freeReplyObject(r);
+    }
+    over = g_cfg.stream_backlog_max > 0 && bound > g_cfg.stream_backlog_max;
     was = atomic_exchange(&watch_over, over);
     if (over && !was)
         log_error("stock_redis: %" PRId64 " admitted orders are not in Postgres yet (the oldest "
@@ -966,7 +976,34 @@ int stock_redis_watch(redisContext *c)
     else if (!over && was)
         log_warn("stock_redis: the stream's backlog is back under STREAM_BACKLOG_MAX (%" PRId64
                  "): admission goes on", backlog);
-    return 0;
+    return c->err ? -1 : rc;
+}
+
+int stock_redis_retire(redisContext *c, int64_t voucher_id, int64_t pg_sale)
+{
+    char num[24];
+    const char *argv[3];
+    redisReply *r;
+    vkeys k;
+    int rc = -1;
+
+    vkeys_fill(&k, voucher_id);
+    snprintf(num, sizeof num, "%" PRId64, pg_sale);
+    argv[0] = k.hash;
+    argv[1] = k.buyers;
+    argv[2] = num;
+    r = script_file_run(c, &retire_script, 2, 3, argv, NULL);
+    if (r != NULL && r->type == REDIS_REPLY_INTEGER) {
+        rc = (int)r->integer;
+        if (rc == 1)
+            log_warn("stock_redis: voucher %" PRId64 ": Redis held an older sale than Postgres's "
+                     "(%" PRId64 "; a reset whose load into Redis failed): dropped, the next "
+                     "buyer rebuilds it from Postgres", voucher_id, pg_sale);
+    } else if (r != NULL) {
+        log_warn("stock_redis: stock_retire: %s", r->type == REDIS_REPLY_ERROR ? r->str : "?");
+    }
+    freeReplyObject(r);
+    return rc;
 }
 
 void stock_redis_watch_get(stock_redis_figures *out)

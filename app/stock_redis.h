@@ -55,6 +55,13 @@ int stock_redis_check_durability(redisContext *c);
  * admission follows (503 past it). 0, or -1 when Redis failed. */
 int stock_redis_watch(redisContext *c);
 
+/* Drops the voucher's Redis state when it holds an older sale than
+ * 'pg_sale' (Postgres's tb_voucher.sale_gen), so that its next buyer
+ * rebuilds it from Postgres (lua/stock_retire.lua): for a consumer whose
+ * orders Postgres refused as of an older sale. 1 dropped, 0 left as it
+ * is, -1 when Redis failed. */
+int stock_redis_retire(redisContext *c, int64_t voucher_id, int64_t pg_sale);
+
 /* What the watch found last; figures -1 until known. */
 typedef struct stock_redis_figures {
     int durable;              /* acknowledgement durable as REDIS_ORDER_DURABILITY asks */

@@ -1004,7 +1004,8 @@ store_status store_order_batch(PGconn *pg, const store_order *orders, size_t n,
 }
 
 store_status store_orders_persist(PGconn *pg, int64_t voucher_id, int64_t sale_gen,
-                                  const store_order *orders, size_t n, int64_t *inserted)
+                                  const store_order *orders, size_t n, int64_t *inserted,
+                                  int64_t *pg_sale)
 {
     char v[24], g[24];
     char *ids = array_text(n, orders, 0), *users = array_text(n, orders, 1);
@@ -1015,6 +1016,7 @@ store_status store_orders_persist(PGconn *pg, int64_t voucher_id, int64_t sale_g
     int64_t t0 = util_mono_us(), fresh, now_gen;
 
     *inserted = 0;
+    *pg_sale = 0;
     snprintf(v, sizeof v, "%" PRId64, voucher_id);
     snprintf(g, sizeof g, "%" PRId64, sale_gen);
     /* orders_lock, then orders_persist: one transaction, one round trip. */
@@ -1037,7 +1039,7 @@ store_status store_orders_persist(PGconn *pg, int64_t voucher_id, int64_t sale_g
     }
     fresh = get_i64(res, 0, 0);
     *inserted = get_i64(res, 0, 1);
-    now_gen = get_i64(res, 0, 4);
+    now_gen = *pg_sale = get_i64(res, 0, 4);
     if (PQgetvalue(res, 0, 2)[0] != 't')
         st = STORE_NOT_FOUND;
     else if (now_gen > sale_gen)

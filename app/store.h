@@ -166,13 +166,15 @@ store_status store_order_batch_recv(PGconn *pg, const store_batch_call *call, si
  * constraint), nothing written; STORE_CONFLICT: an order id of the batch
  * belongs to another order (not a re-delivery), nothing written;
  * STORE_STALE_SALE: the orders were admitted in sale 'sale_gen', which a
- * reset has ended (the voucher's sale_gen is newer), nothing written;
+ * reset has ended (the voucher's sale_gen is newer, in '*pg_sale'), nothing
+ * written;
  * STORE_INVALID: 'sale_gen' is newer than the voucher's (Postgres lost a
  * reset), nothing written; STORE_UNAVAILABLE: Postgres failed or refused
  * for now (read-only, a lock or statement timeout, a lost connection):
  * nothing is known to be written, and the same call may be made again. */
 store_status store_orders_persist(PGconn *pg, int64_t voucher_id, int64_t sale_gen,
-                                  const store_order *orders, size_t n, int64_t *inserted);
+                                  const store_order *orders, size_t n, int64_t *inserted,
+                                  int64_t *pg_sale);
 
 /* The users who ordered 'voucher_id' ('*users' malloc'ed, caller frees;
  * set even when empty). */

@@ -21,6 +21,16 @@
 -- Persisting is idempotent on the order id (a row with that id is
 -- skipped). An entry without t and c (unreadable, or written before the
 -- dead letters carried them) is left where it is.
+--
+-- Redis's side of the sale must count the order again: a rebuild of the
+-- voucher (a Redis that lost it) counts only unsettled entries, so a dead
+-- letter's unit and buyer went back on sale. When the voucher's hash holds
+-- the letter's sale, the buyer is added back to its buyers set and, if the
+-- buyer was not there, one unit is taken (none left: the letter stays, as
+-- the order would only be refused again). A letter of another sale (a reset
+-- since) stays too. A voucher not in Redis now is counted by its next
+-- rebuild, from the stream. These keys follow from the letters, so they
+-- are not declared (one Redis, not a cluster).
 local max = tonumber(ARGV[1])
 local replayed, unreplayable = 0, 0
 local from = '-'
@@ -42,8 +52,23 @@ while replayed < max do
         for i = 1, #e[2], 2 do
             f[e[2][i]] = e[2][i + 1]
         end
-        if integer(f['v']) and integer(f['u']) and integer(f['t']) and integer(f['c'])
-                and integer(f['g']) then
+        local ok = integer(f['v']) and integer(f['u']) and integer(f['t']) and integer(f['c'])
+                   and integer(f['g'])
+        if ok then
+            local hash = 'seckill:v:{' .. f['v'] .. '}'
+            local sale = redis.call('hget', hash, 'gen')
+            if sale and tonumber(sale) ~= tonumber(f['g']) then
+                ok = false
+            elseif sale and redis.call('sadd', hash .. ':buyers', f['u']) == 1 then
+                if tonumber(redis.call('hget', hash, 'stock') or '0') > 0 then
+                    redis.call('hincrby', hash, 'stock', -1)
+                else
+                    redis.call('srem', hash .. ':buyers', f['u'])
+                    ok = false
+                end
+            end
+        end
+        if ok then
             redis.call('xadd', KEYS[2], '*', 'v', f['v'], 'u', f['u'], 't', f['t'],
                        'c', f['c'], 'g', f['g'])
             redis.call('xdel', KEYS[1], e[1])

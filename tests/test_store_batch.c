@@ -154,13 +154,13 @@ static int sale_batch(PGconn *pg, int i)
 static int stream_batch(PGconn *pg, int i)
 {
     store_order o[BUYERS];
-    int64_t inserted = 0;
+    int64_t inserted = 0, sale;
 
     for (int k = 0; k < BUYERS; k++) {
         int64_t u = 1000000 + (int64_t)i * BUYERS + k;
         o[k] = (store_order){ .order_id = u, .voucher_id = 1, .user_id = u };
     }
-    return store_orders_persist(pg, 1, 1, o, BUYERS, &inserted) == STORE_OK && inserted == BUYERS;
+    return store_orders_persist(pg, 1, 1, o, BUYERS, &inserted, &sale) == STORE_OK && inserted == BUYERS;
 }
 
 /* Rows the two tables gave to scans so far (sequential and through an
