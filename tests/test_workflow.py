@@ -399,8 +399,10 @@ def run_sh_check_tier_takes_several_filters():
 # match its filters, and the Python tests, scanned in turn.
 
 DOC_FILES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
-# Script commands that touch no build artefact: stopping and listing the stack.
-NO_ARTEFACTS = {("scripts/stack.sh", "stop"), ("scripts/stack.sh", "status")}
+# Script commands that touch no build artefact of BUILD: stopping and listing
+# the stack, and the mutation runner (it builds a copy of the tree per run).
+NO_ARTEFACTS = {("scripts/stack.sh", "stop"), ("scripts/stack.sh", "status"),
+                ("scripts/mutate.py", "--scratch")}
 SCRIPT_RE = re.compile(r"(?<![\w./-])((?:loadtest|scripts|tests|nginx|\.ci)/[\w.-]+\.(?:py|sh))(?![\w.-])")
 
 
