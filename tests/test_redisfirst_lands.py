@@ -248,9 +248,10 @@ def every_200_lands_through_a_fast_postgres_restart():
     rs = durable_redis()
     a = server("rl-restart", rs)
     data, stop_cmd = pg_ctl("stop", "-m", "fast", "-w", "-t", "30")
-    # The log where the postgres user may write: beside its data directory.
+    # The log it had (tests/run.sh's, beside the data directory): other
+    # tests read it after this one.
     _, start_cmd = pg_ctl("start", "-w", "-t", "30", "-l",
-                          os.path.join(os.path.dirname(data), "restart.log"))
+                          os.path.join(os.path.dirname(data), "postgres.log"))
     restarted = False
     try:
         vid = ss.new_voucher(a, TOKEN, 400)
