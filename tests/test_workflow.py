@@ -121,6 +121,16 @@ def help_lists_every_target_with_a_description():
 
 
 @test
+def every_mutation_still_applies():
+    """make mutate is not in CI (too long): this keeps tests/mutations.txt in
+    step with the code, each search text found exactly once in its file."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mutate.py"), "--check"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        fail(f"scripts/mutate.py --check: exit {p.returncode}: {(p.stdout + p.stderr)[-600:]}")
+
+
+@test
 def help_states_the_fast_tiers_time():
     entries, _ = help_entries()
     if not re.search(r"\b\d+ s\b", entries.get("check", "")):
