@@ -3,16 +3,10 @@
 #ifndef SECKILL_CONFIG_H
 #define SECKILL_CONFIG_H
 
+#include "redis_url.h"
+
 #include <stdint.h>
 #include <stdio.h>
-
-typedef struct redis_url {
-    char host[256];
-    int port;
-    char username[128];   /* empty: no ACL user */
-    char password[256];   /* empty: no AUTH */
-    int db;
-} redis_url;
 
 /* The demo ladder: none, local, setnx and owner exist to be measured;
  * reentrant (the default) and the other lock services' backends are safe.
@@ -115,8 +109,6 @@ int config_load(int argc, char **argv);
  * masked. Truncated to fit 'n' (at least 1). */
 void config_describe(char *buf, size_t n);
 
-/* 'url' (redis://...) with the password replaced by ***. */
-void config_mask_redis_url(const char *url, char *out, size_t n);
 /* The same for each entry of a comma-separated list (LOCK_REDIS_NODES). */
 void config_mask_redis_urls(const char *list, char *out, size_t n);
 
@@ -138,8 +130,5 @@ int config_unsafe(void);
  * CONFIG_MAX_SENTINELS; a host is a name or an IPv4 address). Returns the
  * count, or -1. */
 int config_parse_sentinels(const char *s, sentinel_addr *out, int max);
-
-/* Parses "redis://[[user]:password@]host[:port][/db]". Returns 0 or -1. */
-int config_parse_redis_url(const char *s, redis_url *out);
 
 #endif

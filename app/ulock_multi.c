@@ -13,6 +13,7 @@
 #include "log.h"
 #include "mlock.h"
 #include "rec.h"
+#include "redis_url.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -29,7 +30,7 @@ typedef struct priv {
 _Static_assert(sizeof(priv) <= ULOCK_PRIV_BYTES, "ulock_hold.priv too small");
 
 /* Set by 'start' before any worker runs; read-only after. */
-static mlock_node nodes[MLOCK_MAX_NODES];
+static redis_url nodes[MLOCK_MAX_NODES];
 static size_t nnodes;
 
 static pthread_mutex_t sets_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -56,7 +57,7 @@ static mlock_set *thread_set(void)
  * same port and the same host name, or an address in common as the
  * resolver answers now (localhost and 127.0.0.1 are one). 'ra', 'rb': the
  * hosts' addresses (NULL: not resolved). */
-static int same_server(const mlock_node *a, const mlock_node *b, const struct addrinfo *ra,
+static int same_server(const redis_url *a, const redis_url *b, const struct addrinfo *ra,
                        const struct addrinfo *rb)
 {
     if (a->port != b->port)
@@ -118,7 +119,7 @@ static int parse_nodes(char *err, size_t errlen)
         }
         memcpy(one, p, len);
         one[len] = '\0';
-        if (config_parse_redis_url(one, &u) != 0) {
+        if (redis_url_parse(one, &u) != 0) {
             snprintf(err, errlen, "invalid LOCK_REDIS_NODES entry '%s': expected "
                      "redis://[[user]:password@]host[:port][/db]", one);
             return -1;
@@ -127,13 +128,7 @@ static int parse_nodes(char *err, size_t errlen)
             snprintf(err, errlen, "LOCK_REDIS_NODES: more than %d nodes", MLOCK_MAX_NODES);
             return -1;
         }
-        mlock_node *nd = &nodes[nnodes++];
-        memset(nd, 0, sizeof *nd);
-        snprintf(nd->host, sizeof nd->host, "%s", u.host);
-        nd->port = u.port;
-        snprintf(nd->username, sizeof nd->username, "%s", u.username);
-        snprintf(nd->password, sizeof nd->password, "%s", u.password);
-        nd->db = u.db;
+        nodes[nnodes++] = u;
         p += len;
         if (*p == ',' && *++p == '\0') {
             snprintf(err, errlen, "invalid LOCK_REDIS_NODES: trailing comma");

@@ -232,41 +232,41 @@ static void test_sentinels_and_fencing(void)
 static void test_redis_url(void)
 {
     redis_url u;
-    T_EQ_I64(config_parse_redis_url("redis://127.0.0.1", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://127.0.0.1", &u), 0);
     T_EQ_STR(u.host, "127.0.0.1");
     T_EQ_I64(u.port, 6379);
     T_EQ_I64(u.db, 0);
     T_EQ_STR(u.password, "");
-    T_EQ_I64(config_parse_redis_url("redis://h:7000/3", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://h:7000/3", &u), 0);
     T_EQ_STR(u.host, "h");
     T_EQ_I64(u.port, 7000);
     T_EQ_I64(u.db, 3);
-    T_EQ_I64(config_parse_redis_url("redis://:s3cret@h:1/", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://:s3cret@h:1/", &u), 0);
     T_EQ_STR(u.username, "");
     T_EQ_STR(u.password, "s3cret");
     T_EQ_I64(u.db, 0);
-    T_EQ_I64(config_parse_redis_url("redis://alice:s3cret@h", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://alice:s3cret@h", &u), 0);
     T_EQ_STR(u.username, "alice");
     T_EQ_STR(u.password, "s3cret");
-    T_EQ_I64(config_parse_redis_url("redis://s3cret@h", &u), 0);  /* a lone secret: password */
+    T_EQ_I64(redis_url_parse("redis://s3cret@h", &u), 0);  /* a lone secret: password */
     T_EQ_STR(u.username, "");
     T_EQ_STR(u.password, "s3cret");
     /* a password holding '@', '/' or ':' as it is (the last '@' ends it), or
      * percent-encoded as URLs spell them (%25 for a '%') */
-    T_EQ_I64(config_parse_redis_url("redis://:p@ss@127.0.0.1:7000/3", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://:p@ss@127.0.0.1:7000/3", &u), 0);
     T_EQ_STR(u.password, "p@ss");
     T_EQ_STR(u.host, "127.0.0.1");
     T_EQ_I64(u.port, 7000);
     T_EQ_I64(u.db, 3);
-    T_EQ_I64(config_parse_redis_url("redis://bob:pa/ss:w@h/2", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://bob:pa/ss:w@h/2", &u), 0);
     T_EQ_STR(u.username, "bob");
     T_EQ_STR(u.password, "pa/ss:w");
     T_EQ_STR(u.host, "h");
     T_EQ_I64(u.db, 2);
-    T_EQ_I64(config_parse_redis_url("redis://b%6Fb:s3cr%3At%40x%2f%25@h", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://b%6Fb:s3cr%3At%40x%2f%25@h", &u), 0);
     T_EQ_STR(u.username, "bob");
     T_EQ_STR(u.password, "s3cr:t@x/%");
-    T_EQ_I64(config_parse_redis_url("redis://:100%@h", &u), 0);   /* no hex after '%': as it is */
+    T_EQ_I64(redis_url_parse("redis://:100%@h", &u), 0);   /* no hex after '%': as it is */
     T_EQ_STR(u.password, "100%");
 
     static const char *const bad[] = { "", "h:6379", "rediss://h", "redis://", "redis://:1",
@@ -275,7 +275,7 @@ static void test_redis_url(void)
                                        "redis://h:6379/1/2", "redis://:pw@", "redis://:pw@/1",
                                        "redis://:a%00b@h" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        if (!T_EQ_I64(config_parse_redis_url(bad[i], &u), -1))
+        if (!T_EQ_I64(redis_url_parse(bad[i], &u), -1))
             printf("    accepted \"%s\"\n", bad[i]);
 
     /* A user name longer than its buffer (127 bytes) is refused, not cut. */
@@ -283,9 +283,9 @@ static void test_redis_url(void)
     memset(url, 'u', sizeof url);
     memcpy(url, "redis://", 8);
     snprintf(url + 8 + 128, sizeof url - 8 - 128, ":pw@h:1");
-    T_EQ_I64(config_parse_redis_url(url, &u), -1);
+    T_EQ_I64(redis_url_parse(url, &u), -1);
     snprintf(url + 8 + 127, sizeof url - 8 - 127, ":pw@h:1");
-    if (T_EQ_I64(config_parse_redis_url(url, &u), 0))
+    if (T_EQ_I64(redis_url_parse(url, &u), 0))
         T_EQ_I64(strlen(u.username), 127);
 }
 
@@ -356,7 +356,7 @@ static void test_admin_token_file(void)
 static void mask_redis(const char *in, const char *want)
 {
     char out[256];
-    config_mask_redis_url(in, out, sizeof out);
+    redis_url_mask(in, out, sizeof out);
     T_EQ_STR(out, want);
 }
 
