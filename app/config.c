@@ -329,14 +329,13 @@ static int host_ok(const char *h, size_t n)
 
 int config_parse_sentinels(const char *s, sentinel_addr *out, int max)
 {
+    util_list it;
+    const char *p;
+    size_t len;
     int n = 0;
-    const char *p = s;
 
-    if (*p == '\0')
-        return -1;
-    for (;;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
+    util_list_init(&it, s);
+    while (util_list_next(&it, &p, &len)) {
         const char *colon = memchr(p, ':', len);
         char port_s[8];
         char *stop;
@@ -358,10 +357,8 @@ int config_parse_sentinels(const char *s, sentinel_addr *out, int max)
         out[n].host[colon - p] = '\0';
         out[n].port = (int)port;
         n++;
-        if (end == NULL)
-            return n;
-        p = end + 1;
     }
+    return n;
 }
 
 /* ---- the effective configuration, secrets masked ---- */
@@ -401,11 +398,12 @@ static sbuf sb_init(char *out, size_t n)
 void config_mask_redis_urls(const char *list, char *out, size_t n)
 {
     sbuf sb = sb_init(out, n);
-    const char *p = list;
+    util_list it;
+    const char *p;
+    size_t len;
 
-    for (;;) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+    util_list_init(&it, list);
+    while (util_list_next(&it, &p, &len)) {
         char one[1200], masked[1200];
 
         if (len >= sizeof one) {       /* longer than any entry the parser takes */
@@ -416,10 +414,8 @@ void config_mask_redis_urls(const char *list, char *out, size_t n)
             redis_url_mask(one, masked, sizeof masked);
             sb_str(&sb, masked);
         }
-        if (comma == NULL)
-            break;
-        sb_str(&sb, ",");
-        p = comma + 1;
+        if (!it.last)
+            sb_str(&sb, ",");
     }
 }
 
@@ -704,18 +700,25 @@ static void default_lua_dir(void)
 /* ZK_HOSTS: host:port[,host:port...], required by SECKILL_LOCK=zk. */
 static int check_zk_hosts(void)
 {
-    const char *p = g_cfg.zk_hosts;
+    util_list it;
+    const char *p;
+    size_t len;
+    int n = 0;
 
-    if (p[0] == '\0') {
+    if (g_cfg.zk_hosts[0] == '\0') {
         if (g_cfg.lock_strategy != LOCKS_ZK)
             return 0;
         fprintf(stderr, "seckill: SECKILL_LOCK=zk needs ZK_HOSTS=host:port[,host:port...]\n");
         return -1;
     }
-    while (*p != '\0') {
-        const char *comma = strchr(p, ',');
-        const char *end = comma != NULL ? comma : p + strlen(p);
+    util_list_init(&it, g_cfg.zk_hosts);
+    while (util_list_next(&it, &p, &len)) {
+        const char *end = p + len;
         const char *colon = NULL;
+        if (len == 0 && it.last && n > 0) {
+            fprintf(stderr, "seckill: invalid ZK_HOSTS '%s': trailing comma\n", g_cfg.zk_hosts);
+            return -1;
+        }
         for (const char *q = p; q < end; q++)
             if (*q == ':')
                 colon = q;
@@ -728,11 +731,7 @@ static int check_zk_hosts(void)
                     g_cfg.zk_hosts);
             return -1;
         }
-        p = comma != NULL ? comma + 1 : end;
-        if (comma != NULL && *p == '\0') {
-            fprintf(stderr, "seckill: invalid ZK_HOSTS '%s': trailing comma\n", g_cfg.zk_hosts);
-            return -1;
-        }
+        n++;
     }
     return 0;
 }

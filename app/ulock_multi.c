@@ -100,19 +100,24 @@ static int check_distinct(char *err, size_t errlen)
 /* LOCK_REDIS_NODES: redis://host:port[,redis://host:port...], no node twice. */
 static int parse_nodes(char *err, size_t errlen)
 {
-    const char *p = g_cfg.lock_redis_nodes;
+    util_list it;
+    const char *p;
+    size_t len;
 
     nnodes = 0;
-    if (p[0] == '\0') {
+    if (g_cfg.lock_redis_nodes[0] == '\0') {
         snprintf(err, errlen, "SECKILL_LOCK=%s needs LOCK_REDIS_NODES=redis://host:port,...",
                  config_lock_name(g_cfg.lock_strategy));
         return -1;
     }
-    while (*p != '\0') {
-        const char *comma = strchr(p, ',');
-        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+    util_list_init(&it, g_cfg.lock_redis_nodes);
+    while (util_list_next(&it, &p, &len)) {
         char one[512];
         redis_url u;
+        if (len == 0 && it.last && nnodes > 0) {
+            snprintf(err, errlen, "invalid LOCK_REDIS_NODES: trailing comma");
+            return -1;
+        }
         if (len == 0 || len >= sizeof one) {
             snprintf(err, errlen, "invalid LOCK_REDIS_NODES: an empty or too long entry");
             return -1;
@@ -129,11 +134,6 @@ static int parse_nodes(char *err, size_t errlen)
             return -1;
         }
         nodes[nnodes++] = u;
-        p += len;
-        if (*p == ',' && *++p == '\0') {
-            snprintf(err, errlen, "invalid LOCK_REDIS_NODES: trailing comma");
-            return -1;
-        }
     }
     return check_distinct(err, errlen);
 }
