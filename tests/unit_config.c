@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "config_parse.h"
+#include "config_show.h"
+#include "redis_url.h"
 #include "t.h"
 
 static char tmpdir[256];
@@ -101,7 +104,7 @@ static void test_defaults(void)
     T_EQ_I64(g_cfg.fence_horizon_ms, 600000);
     T_EQ_I64(g_cfg.lock_strategy, LOCKS_REENTRANT);
     T_EQ_I64(g_cfg.stock_strategy, STOCKS_OPTIMISTIC);
-    T_EQ_STR(g_cfg.log_format, "text");
+    T_EQ_I64(g_cfg.log_format, LOGS_TEXT);
     T_EQ_STR(g_cfg.admin_token, "");
     T_EQ_STR(g_cfg.id_prefix, "order");
     T_ASSERT(!config_unsafe());
@@ -125,7 +128,7 @@ static void test_environment_and_flags(void)
     T_EQ_I64(g_cfg.threads, 3);
     T_EQ_I64(g_cfg.lock_strategy, LOCKS_SETNX);
     T_EQ_I64(g_cfg.stock_strategy, STOCKS_BATCHED);
-    T_EQ_STR(g_cfg.log_format, "json");
+    T_EQ_I64(g_cfg.log_format, LOGS_JSON);
     T_EQ_I64(g_cfg.lock_lease_ms, -1);
     T_EQ_STR(g_cfg.redis.host, "redis.example");
     T_EQ_I64(g_cfg.redis.port, 6380);
@@ -363,7 +366,7 @@ static void mask_redis(const char *in, const char *want)
 static void mask_dsn(const char *in, const char *want)
 {
     char out[512];
-    config_mask_dsn(in, out, sizeof out);
+    config_show_mask_dsn(in, out, sizeof out);
     T_EQ_STR(out, want);
 }
 
@@ -376,16 +379,16 @@ static void test_masks(void)
     mask_redis("redis://:p@w:x@h/1", "redis://:***@h/1");
     /* LOCK_REDIS_NODES: each entry of the list */
     char out[256];
-    config_mask_redis_urls("redis://:a@h:1,redis://h:2,redis://u:b@h:3/1", out, sizeof out);
+    config_show_mask_redis_urls("redis://:a@h:1,redis://h:2,redis://u:b@h:3/1", out, sizeof out);
     T_EQ_STR(out, "redis://:***@h:1,redis://h:2,redis://u:***@h:3/1");
-    config_mask_redis_urls("", out, sizeof out);
+    config_show_mask_redis_urls("", out, sizeof out);
     T_EQ_STR(out, "");
     /* An entry longer than any the parser takes is masked whole. */
     char list[1400];
     int n = snprintf(list, sizeof list, "redis://:a@h:1,redis://:");
     memset(list + n, 'p', 1250);
     snprintf(list + n + 1250, sizeof list - (size_t)n - 1250, "@h:2");
-    config_mask_redis_urls(list, out, sizeof out);
+    config_show_mask_redis_urls(list, out, sizeof out);
     T_EQ_STR(out, "redis://:***@h:1,***");
 
     mask_dsn("", "");
@@ -416,7 +419,7 @@ static void test_describe_masks_secrets(void)
     char d[2048];
     if (!T_EQ_I64(load(env, NULL, NULL, 0), 0))
         return;
-    config_describe(d, sizeof d);
+    config_show_describe(d, sizeof d);
     T_ASSERT(strstr(d, "SECRET") == NULL);
     T_ASSERT(strstr(d, "ADMIN_TOKEN=***") != NULL);
     T_ASSERT(strstr(d, "REDIS_URL=redis://:***@127.0.0.1:6390/1") != NULL);
@@ -430,20 +433,20 @@ static void test_describe_masks_secrets(void)
 
     /* No token: shown as empty, not as ***. A short buffer is cut, not overrun. */
     load(NULL, NULL, NULL, 0);
-    config_describe(d, sizeof d);
+    config_show_describe(d, sizeof d);
     T_ASSERT(strstr(d, "ADMIN_TOKEN=\"\"") != NULL);
     memset(d, 'x', sizeof d);
-    config_describe(d, 16);
+    config_show_describe(d, 16);
     T_EQ_I64(strlen(d), 15);
     T_EQ_I64(d[16], 'x');
     d[0] = 'x';
-    config_describe(d, 0);                      /* no room at all: nothing written */
+    config_show_describe(d, 0);                      /* no room at all: nothing written */
     T_EQ_I64(d[0], 'x');
 
     /* A value holding a space, a quote or a backslash is quoted, those two escaped. */
     if (!T_EQ_I64(load(ENV1("LUA_DIR=/opt/a \"b\\c"), NULL, NULL, 0), 0))
         return;
-    config_describe(d, sizeof d);
+    config_show_describe(d, sizeof d);
     if (!T_ASSERT(strstr(d, " LUA_DIR=\"/opt/a \\\"b\\\\c\" ") != NULL))
         printf("    %s\n", d);
 }
