@@ -1,4 +1,5 @@
-/* unit_config: configuration from the environment and flags (config.h):
+/* unit_config: configuration from the environment and flags (config.h and
+ * its parts: config_parse.h, config_show.h, redis_url.h):
  * defaults, parsing and refusals with their messages, flags over the
  * environment, REDIS_URL parsing, ADMIN_TOKEN_FILE, the defaults of
  * INSTANCE_ID and LUA_DIR, and the masked description logged at start.
@@ -105,6 +106,7 @@ static void test_defaults(void)
     T_EQ_I64(g_cfg.lock_strategy, LOCKS_REENTRANT);
     T_EQ_I64(g_cfg.stock_strategy, STOCKS_OPTIMISTIC);
     T_EQ_I64(g_cfg.log_format, LOGS_TEXT);
+    T_EQ_I64(g_cfg.redis_order_durability, DURABILITY_AOF);
     T_EQ_STR(g_cfg.admin_token, "");
     T_EQ_STR(g_cfg.id_prefix, "order");
     T_ASSERT(!config_unsafe());
@@ -121,7 +123,8 @@ static void test_environment_and_flags(void)
                                        "SECKILL_STOCK=batched", "LOG_LEVEL=debug",
                                        "LOG_FORMAT=json", "LOCK_LEASE_MS=-1",
                                        "REDIS_URL=redis://:pw@redis.example:6380/2",
-                                       "INSTANCE_ID=shop-a.1", NULL };
+                                       "INSTANCE_ID=shop-a.1", "REDIS_ORDER_DURABILITY=wait",
+                                       NULL };
     if (!T_EQ_I64(load(env, NULL, NULL, 0), 0))
         return;
     T_EQ_I64(g_cfg.port, 9001);
@@ -129,6 +132,8 @@ static void test_environment_and_flags(void)
     T_EQ_I64(g_cfg.lock_strategy, LOCKS_SETNX);
     T_EQ_I64(g_cfg.stock_strategy, STOCKS_BATCHED);
     T_EQ_I64(g_cfg.log_format, LOGS_JSON);
+    T_EQ_I64(g_cfg.redis_order_durability, DURABILITY_WAIT);
+    T_EQ_STR(config_durability_name(g_cfg.redis_order_durability), "wait");
     T_EQ_I64(g_cfg.lock_lease_ms, -1);
     T_EQ_STR(g_cfg.redis.host, "redis.example");
     T_EQ_I64(g_cfg.redis.port, 6380);
