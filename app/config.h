@@ -1,18 +1,16 @@
 /* config: the process configuration, read once from the environment (and
- * mirrored flags) before any thread starts, then read-only. */
+ * mirrored flags) before any thread starts, then read-only. config.c holds
+ * the settings, one row each (config_parse.h says what a row gives);
+ * config_parse turns their text into values, config_check applies the rules
+ * between them, config_machine fills what the machine supplies, and
+ * config_show prints them with the secrets masked. */
 #ifndef SECKILL_CONFIG_H
 #define SECKILL_CONFIG_H
 
-#include <stdint.h>
-#include <stdio.h>
+#include "redis_url.h"
 
-typedef struct redis_url {
-    char host[256];
-    int port;
-    char username[128];   /* empty: no ACL user */
-    char password[256];   /* empty: no AUTH */
-    int db;
-} redis_url;
+#include <stddef.h>
+#include <stdint.h>
 
 /* The demo ladder: none, local, setnx and owner exist to be measured;
  * reentrant (the default) and the other lock services' backends are safe.
@@ -22,6 +20,10 @@ enum lock_strategy { LOCKS_NONE, LOCKS_LOCAL, LOCKS_SETNX, LOCKS_OWNER, LOCKS_RE
                      LOCKS_MULTILOCK, LOCKS_REDLOCK };
 enum stock_strategy { STOCKS_NAIVE, STOCKS_CAS, STOCKS_OPTIMISTIC, STOCKS_PESSIMISTIC,
                       STOCKS_BATCHED, STOCKS_REDIS };
+/* REDIS_ORDER_DURABILITY: when an order admitted in Redis is answered. */
+enum order_durability { DURABILITY_AOF, DURABILITY_WAIT, DURABILITY_NONE };
+/* LOG_FORMAT */
+enum log_format { LOGS_TEXT, LOGS_JSON };
 
 #define CONFIG_MAX_SENTINELS 16
 
@@ -62,7 +64,7 @@ typedef struct config {
     char admin_token[256];      /* empty: admin API disabled (403) */
     char admin_token_file[1024]; /* ADMIN_TOKEN_FILE: admin_token read from it at start */
     int log_level;              /* enum log_level */
-    char log_format[8];         /* "text" or "json" */
+    int log_format;             /* enum log_format */
     char lua_dir[1024];
     char id_prefix[64];         /* icr:{prefix}:{yyyy:MM:dd} */
     int demo_random_user;
@@ -82,7 +84,7 @@ typedef struct config {
     int batch_window_us;        /* batched: how long a batch gathers buyers */
     int batch_pipeline;         /* batched: overlap a batch's commit with the next */
     int batch_early_lock_release; /* batched: async commit, then wait for the flush */
-    char redis_order_durability[8]; /* redis: "aof", "wait" or "none" */
+    int redis_order_durability; /* redis: enum order_durability */
     int redis_order_wait_replicas;
     int redis_order_wait_ms;
     int consumers;              /* redis: 1 runs a stream consumer here */
@@ -101,45 +103,26 @@ typedef struct config {
 /* The one process-wide configuration. Written only by config_load. */
 extern config g_cfg;
 
-/* Fills g_cfg from the environment and argv. Returns 0, or -1 after printing
- * a clear message to stderr; returns 1 when --help was printed. Reads
- * ADMIN_TOKEN_FILE when set (ADMIN_TOKEN must then be empty). An unset
- * INSTANCE_ID becomes "<hostname>-<port>": in a container the hostname is
- * the container's (distinct for each replica), and on one host the port
- * keeps instances apart. */
+/* Fills g_cfg from the environment and argv. Returns 0, or -1 after
+ * logging a clear message (log_error: stderr, before LOG_FORMAT applies);
+ * returns 1 when --help was printed. Reads ADMIN_TOKEN_FILE when set
+ * (ADMIN_TOKEN must then be empty). An unset INSTANCE_ID becomes
+ * "<hostname>-<port>": in a container the hostname is the container's
+ * (distinct for each replica), and on one host the port keeps instances
+ * apart. */
 int config_load(int argc, char **argv);
 
-/* The effective configuration, for the start-up log: every setting as
- * NAME=value separated by spaces, values with spaces or quotes in double
- * quotes; ADMIN_TOKEN as *** when set, the passwords of REDIS_URL and PG_DSN
- * masked. Truncated to fit 'n' (at least 1). */
-void config_describe(char *buf, size_t n);
+/* Every setting, in the order of --help and of the start-up log. */
+struct config_setting;
+const struct config_setting *config_settings(size_t *n);
 
-/* 'url' (redis://...) with the password replaced by ***. */
-void config_mask_redis_url(const char *url, char *out, size_t n);
-/* The same for each entry of a comma-separated list (LOCK_REDIS_NODES). */
-void config_mask_redis_urls(const char *list, char *out, size_t n);
-
-/* A libpq connection string, key=value or postgres[ql]:// URI, with every
- * password replaced by *** (password=... and the URI's user:password@). */
-void config_mask_dsn(const char *dsn, char *out, size_t n);
-
-void config_usage(FILE *out);
-
-/* "reentrant", "optimistic", ... */
+/* "reentrant", "optimistic", "aof", ...; "unknown" out of range. */
 const char *config_lock_name(int s);
 const char *config_stock_name(int s);
+const char *config_durability_name(int d);
 
 /* 1 when the strategies in force can oversell or sell twice to one user
  * (a demo strategy, a demo delay or pause, or FENCING=0). */
 int config_unsafe(void);
-
-/* Parses REDIS_SENTINELS, "host:port[,host:port...]" (at most
- * CONFIG_MAX_SENTINELS; a host is a name or an IPv4 address). Returns the
- * count, or -1. */
-int config_parse_sentinels(const char *s, sentinel_addr *out, int max);
-
-/* Parses "redis://[[user]:password@]host[:port][/db]". Returns 0 or -1. */
-int config_parse_redis_url(const char *s, redis_url *out);
 
 #endif

@@ -4,6 +4,7 @@
  * shutdown. */
 #include "bcast.h"
 #include "config.h"
+#include "config_show.h"
 #include "conn.h"
 #include "consumer.h"
 #include "fence.h"
@@ -140,10 +141,10 @@ int main(int argc, char **argv)
         return rc > 0 ? EXIT_SUCCESS : EXIT_CONFIG;
     log_set_level((enum log_level)g_cfg.log_level);
     util_set_test_clock_step_ms(g_cfg.test_clock_step_ms);
-    log_set_json(strcmp(g_cfg.log_format, "json") == 0);
+    log_set_json(g_cfg.log_format == LOGS_JSON);
     {
         char desc[1400];
-        config_describe(desc, sizeof desc);
+        config_show_describe(desc, sizeof desc);
         log_info("seckill %s: config %s", version_string(), desc);
     }
     if (script_load_all(g_cfg.lua_dir, err, sizeof err) != 0 ||

@@ -18,7 +18,7 @@
 #define RETRY_MS 250
 
 typedef struct node_conn {
-    mlock_node node;
+    redis_url node;
     redisContext *c;
     int answered;            /* c has had a reply (it worked before it broke) */
     int64_t retry_at_us;     /* monotonic; 0: may connect now */
@@ -30,7 +30,7 @@ struct mlock_set {
     node_conn conns[MLOCK_MAX_NODES];
 };
 
-mlock_set *mlock_set_new(const mlock_node *nodes, size_t n, int timeout_ms)
+mlock_set *mlock_set_new(const redis_url *nodes, size_t n, int timeout_ms)
 {
     mlock_set *s;
 
@@ -281,7 +281,7 @@ int mlock_check(mlock_set *s, char *err, size_t errlen)
     char why[256];
 
     for (size_t i = 0; i < s->n; i++) {
-        const mlock_node *nd = &s->conns[i].node;
+        const redis_url *nd = &s->conns[i].node;
         redisContext *c = conn(s, i, 0, why, sizeof why);
         if (c == NULL || !reply_ok(c, redisCommand(c, "PING"), why, sizeof why, "PING")) {
             snprintf(err, errlen, "node %zu (%s:%d): %s", i + 1, nd->host, nd->port, why);

@@ -42,18 +42,12 @@
 #ifndef SECKILL_MLOCK_H
 #define SECKILL_MLOCK_H
 
+#include "redis_url.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 #define MLOCK_MAX_NODES 16
-
-typedef struct mlock_node {
-    char host[256];
-    int port;
-    char username[128];    /* empty: no ACL user */
-    char password[256];    /* empty: no AUTH */
-    int db;
-} mlock_node;
 
 typedef enum mlock_quorum { MLOCK_ALL, MLOCK_MAJORITY } mlock_quorum;
 
@@ -79,7 +73,7 @@ typedef struct mlock_set mlock_set;
 
 /* Connections to 'n' (1..MLOCK_MAX_NODES) nodes, copied; none opened yet.
  * 'timeout_ms': each node's connect and command timeout. */
-mlock_set *mlock_set_new(const mlock_node *nodes, size_t n, int timeout_ms);
+mlock_set *mlock_set_new(const redis_url *nodes, size_t n, int timeout_ms);
 void mlock_set_free(mlock_set *s);
 
 /* Grants needed of 'n' nodes: n (ALL) or n / 2 + 1 (MAJORITY). */

@@ -44,9 +44,9 @@ void stock_redis_key(char *buf, size_t n, int64_t voucher_id, const char *suffix
     snprintf(buf, n, "seckill:v:{%" PRId64 "}%s", voucher_id, suffix);
 }
 
-static int mode_is(const char *m)
+static int mode_is(int m)
 {
-    return strcmp(g_cfg.redis_order_durability, m) == 0;
+    return g_cfg.redis_order_durability == m;
 }
 
 /* CONFIG GET 'name' on 'c': its value copied to 'out'. 0; 1 when Redis
@@ -80,7 +80,7 @@ int stock_redis_check_durability(redisContext *c)
     char aof[128], fsync[128];
     int verdict, rc, was;
 
-    if (!mode_is("aof")) {
+    if (!mode_is(DURABILITY_AOF)) {
         atomic_store(&durability, DUR_OK);
         return 0;
     }
@@ -132,7 +132,7 @@ int stock_redis_start(char *err, size_t errlen)
         script_file_load(&load_script, g_cfg.lua_dir, load_script.name, err, errlen) != 0 ||
         script_file_load(&retire_script, g_cfg.lua_dir, retire_script.name, err, errlen) != 0)
         return -1;
-    if (mode_is("none"))
+    if (mode_is(DURABILITY_NONE))
         log_warn("REDIS_ORDER_DURABILITY=none: an order is answered 200 before Redis made it "
                  "durable; a Redis crash loses the orders of its last fsync interval");
     /* A sender keeps its worker while buyers keep coming: one worker at
@@ -520,7 +520,7 @@ static void redis_settle_alone(conn_set *cs, stock_buyer *b, stock_done_fn done,
         goto out;
     rec_admit_round(1);
     st = admit_one(cs, c, &b->order);
-    if (st == STORE_OK && mode_is("wait") && wait_replicas(c) != 0) {
+    if (st == STORE_OK && mode_is(DURABILITY_WAIT) && wait_replicas(c) != 0) {
         /* Admitted, but not known to survive a failover: not acknowledged.
          * (The order stands: a retry answers already_ordered, or
          * sold_out when it took the last unit.) */
@@ -594,7 +594,7 @@ static void pipe_wait(redisContext *c, pipe_waiter **w, int n)
 
     for (int i = 0; i < n; i++)
         admitted += w[i]->st == STORE_OK;
-    if (admitted == 0 || !mode_is("wait") || (c->err == 0 && wait_replicas(c) == 0))
+    if (admitted == 0 || !mode_is(DURABILITY_WAIT) || (c->err == 0 && wait_replicas(c) == 0))
         return;
     for (int i = 0; i < n; i++)
         if (w[i]->st == STORE_OK)
@@ -1039,7 +1039,8 @@ int stock_redis_stats(redisContext *c, cJSON *root, cJSON *vouchers)
     freeReplyObject(r);
     if (c->err)
         return -1;
-    cJSON_AddStringToObject(rf, "durability", g_cfg.redis_order_durability);
+    cJSON_AddStringToObject(rf, "durability",
+                            config_durability_name(g_cfg.redis_order_durability));
     cJSON_AddBoolToObject(rf, "durable", atomic_load(&durability) == DUR_OK);
     cJSON_AddStringToObject(rf, "durabilityCheck", durability_text(atomic_load(&durability)));
     cJSON_AddNumberToObject(rf, "backlog", (double)backlog);

@@ -13,6 +13,7 @@
 #include "log.h"
 #include "mlock.h"
 #include "rec.h"
+#include "redis_url.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -29,7 +30,7 @@ typedef struct priv {
 _Static_assert(sizeof(priv) <= ULOCK_PRIV_BYTES, "ulock_hold.priv too small");
 
 /* Set by 'start' before any worker runs; read-only after. */
-static mlock_node nodes[MLOCK_MAX_NODES];
+static redis_url nodes[MLOCK_MAX_NODES];
 static size_t nnodes;
 
 static pthread_mutex_t sets_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -56,7 +57,7 @@ static mlock_set *thread_set(void)
  * same port and the same host name, or an address in common as the
  * resolver answers now (localhost and 127.0.0.1 are one). 'ra', 'rb': the
  * hosts' addresses (NULL: not resolved). */
-static int same_server(const mlock_node *a, const mlock_node *b, const struct addrinfo *ra,
+static int same_server(const redis_url *a, const redis_url *b, const struct addrinfo *ra,
                        const struct addrinfo *rb)
 {
     if (a->port != b->port)
@@ -99,26 +100,31 @@ static int check_distinct(char *err, size_t errlen)
 /* LOCK_REDIS_NODES: redis://host:port[,redis://host:port...], no node twice. */
 static int parse_nodes(char *err, size_t errlen)
 {
-    const char *p = g_cfg.lock_redis_nodes;
+    util_list it;
+    const char *p;
+    size_t len;
 
     nnodes = 0;
-    if (p[0] == '\0') {
+    if (g_cfg.lock_redis_nodes[0] == '\0') {
         snprintf(err, errlen, "SECKILL_LOCK=%s needs LOCK_REDIS_NODES=redis://host:port,...",
                  config_lock_name(g_cfg.lock_strategy));
         return -1;
     }
-    while (*p != '\0') {
-        const char *comma = strchr(p, ',');
-        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+    util_list_init(&it, g_cfg.lock_redis_nodes);
+    while (util_list_next(&it, &p, &len)) {
         char one[512];
         redis_url u;
+        if (len == 0 && it.last && nnodes > 0) {
+            snprintf(err, errlen, "invalid LOCK_REDIS_NODES: trailing comma");
+            return -1;
+        }
         if (len == 0 || len >= sizeof one) {
             snprintf(err, errlen, "invalid LOCK_REDIS_NODES: an empty or too long entry");
             return -1;
         }
         memcpy(one, p, len);
         one[len] = '\0';
-        if (config_parse_redis_url(one, &u) != 0) {
+        if (redis_url_parse(one, &u) != 0) {
             snprintf(err, errlen, "invalid LOCK_REDIS_NODES entry '%s': expected "
                      "redis://[[user]:password@]host[:port][/db]", one);
             return -1;
@@ -127,18 +133,7 @@ static int parse_nodes(char *err, size_t errlen)
             snprintf(err, errlen, "LOCK_REDIS_NODES: more than %d nodes", MLOCK_MAX_NODES);
             return -1;
         }
-        mlock_node *nd = &nodes[nnodes++];
-        memset(nd, 0, sizeof *nd);
-        snprintf(nd->host, sizeof nd->host, "%s", u.host);
-        nd->port = u.port;
-        snprintf(nd->username, sizeof nd->username, "%s", u.username);
-        snprintf(nd->password, sizeof nd->password, "%s", u.password);
-        nd->db = u.db;
-        p += len;
-        if (*p == ',' && *++p == '\0') {
-            snprintf(err, errlen, "invalid LOCK_REDIS_NODES: trailing comma");
-            return -1;
-        }
+        nodes[nnodes++] = u;
     }
     return check_distinct(err, errlen);
 }

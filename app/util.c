@@ -285,3 +285,48 @@ void util_thread_name(const char *name)
     /* Only a label for tools: a failure (a name too long) changes nothing. */
     (void)pthread_setname_np(pthread_self(), name);
 }
+
+util_sbuf util_sbuf_init(char *out, size_t n)
+{
+    util_sbuf sb = { out, n, 0 };
+
+    if (n > 0)
+        out[0] = '\0';
+    return sb;
+}
+
+void util_sbuf_mem(util_sbuf *sb, const char *s, size_t k)
+{
+    if (sb->n == 0)
+        return;
+    if (k > sb->n - 1 - sb->len)
+        k = sb->n - 1 - sb->len;
+    memcpy(sb->b + sb->len, s, k);
+    sb->len += k;
+    sb->b[sb->len] = '\0';
+}
+
+void util_sbuf_str(util_sbuf *sb, const char *s)
+{
+    util_sbuf_mem(sb, s, strlen(s));
+}
+
+void util_list_init(util_list *it, const char *s)
+{
+    it->next = s;
+    it->last = 0;
+}
+
+int util_list_next(util_list *it, const char **s, size_t *len)
+{
+    const char *comma;
+
+    if (it->next == NULL)
+        return 0;
+    comma = strchr(it->next, ',');
+    *s = it->next;
+    *len = comma != NULL ? (size_t)(comma - it->next) : strlen(it->next);
+    it->next = comma != NULL ? comma + 1 : NULL;
+    it->last = comma == NULL;
+    return 1;
+}

@@ -60,4 +60,29 @@ void *xcalloc(size_t n, size_t m);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 
+/* A bounded string being built in a caller's buffer 'b' of 'n' bytes: an
+ * append that does not fit is cut at the end of the buffer, never runs past
+ * it, and the text is NUL-terminated after every append (when n > 0). */
+typedef struct util_sbuf {
+    char *b;
+    size_t n, len;
+} util_sbuf;
+
+/* An empty text in 'out' (n bytes, 0 allowed: nothing is ever written). */
+util_sbuf util_sbuf_init(char *out, size_t n);
+void util_sbuf_mem(util_sbuf *sb, const char *s, size_t k);
+void util_sbuf_str(util_sbuf *sb, const char *s);
+
+/* The entries of a comma-separated list, in order, without copying: ""
+ * is one empty entry, "a,,b" three, "a," two (the last one empty). */
+typedef struct util_list {
+    const char *next;        /* NULL: no entry left */
+    int last;                /* the entry returned last was the list's last */
+} util_list;
+
+void util_list_init(util_list *it, const char *s);
+/* The next entry: *s (not NUL-terminated) and *len (0 for an empty one).
+ * Returns 1, or 0 when every entry was returned. */
+int util_list_next(util_list *it, const char **s, size_t *len);
+
 #endif

@@ -77,7 +77,7 @@ static mlock_set *nodes_open(void)
 {
     const char *p = getenv("LOCK_REDIS_NODES");
     const char *tmo = getenv("LOCK_REDIS_NODE_TIMEOUT_MS");
-    mlock_node nodes[MLOCK_MAX_NODES];
+    redis_url nodes[MLOCK_MAX_NODES];
     size_t n = 0;
 
     memset(nodes, 0, sizeof nodes);

@@ -190,7 +190,8 @@ def server_env_vars():
     names = set()
     for path in glob.glob(os.path.join(ROOT, "app", "*.c")):
         text = read(path)
-        names.update(re.findall(r'\{\s*"([A-Z][A-Z0-9_]*)",\s*"[a-z0-9-]+",\s*OPT_', text))
+        names.update(re.findall(r'\b(?:INT|LONG|LEASE|BOOL|LEVEL|ENUM|STR|SECRET)\(\s*'
+                                r'"([A-Z][A-Z0-9_]*)",\s*"[a-z0-9-]+",', text))
         names.update(re.findall(r'getenv\(\s*"([A-Z][A-Z0-9_]*)"\s*\)', text))
     return names
 

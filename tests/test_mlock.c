@@ -30,7 +30,7 @@
 
 static char dir[512];
 static char script[600];
-static mlock_node nodes[N];
+static redis_url nodes[N];
 static redisContext *raw[N];          /* the test's own look at each node */
 
 static void nodes_cmd(const char *what, int i)
@@ -348,7 +348,7 @@ static void *closer_main(void *arg)
 /* A stand-in for node 'node': a loopback listener in '*fd' served by
  * 'serve' on thread '*th'; 'set' gets the nodes with that one replaced.
  * 0, or -1 (asserted). */
-static int stand_in(int node, int *fd, void *(*serve)(void *), pthread_t *th, mlock_node *set)
+static int stand_in(int node, int *fd, void *(*serve)(void *), pthread_t *th, redis_url *set)
 {
     struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     socklen_t len = sizeof sa;
@@ -368,7 +368,7 @@ static int stand_in(int node, int *fd, void *(*serve)(void *), pthread_t *th, ml
  * connection it closed never answered, so it keeps the pause. */
 static void test_a_node_that_closes_new_connections_keeps_the_pause(void)
 {
-    mlock_node with_closer[N];
+    redis_url with_closer[N];
     mlock_set *a;
     pthread_t th;
     char key[64];
@@ -477,7 +477,7 @@ static void *late_main(void *arg)
  * on a new one), and so is a RedLock hold granted without that node. */
 static void test_a_node_that_answers_late_keeps_no_hold(void)
 {
-    mlock_node with_late[N];
+    redis_url with_late[N];
     mlock_set *a;
     pthread_t th;
     char key[64];

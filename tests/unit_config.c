@@ -1,4 +1,5 @@
-/* unit_config: configuration from the environment and flags (config.h):
+/* unit_config: configuration from the environment and flags (config.h and
+ * its parts: config_parse.h, config_show.h, redis_url.h):
  * defaults, parsing and refusals with their messages, flags over the
  * environment, REDIS_URL parsing, ADMIN_TOKEN_FILE, the defaults of
  * INSTANCE_ID and LUA_DIR, and the masked description logged at start.
@@ -11,6 +12,9 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "config_parse.h"
+#include "config_show.h"
+#include "redis_url.h"
 #include "t.h"
 
 static char tmpdir[256];
@@ -101,7 +105,8 @@ static void test_defaults(void)
     T_EQ_I64(g_cfg.fence_horizon_ms, 600000);
     T_EQ_I64(g_cfg.lock_strategy, LOCKS_REENTRANT);
     T_EQ_I64(g_cfg.stock_strategy, STOCKS_OPTIMISTIC);
-    T_EQ_STR(g_cfg.log_format, "text");
+    T_EQ_I64(g_cfg.log_format, LOGS_TEXT);
+    T_EQ_I64(g_cfg.redis_order_durability, DURABILITY_AOF);
     T_EQ_STR(g_cfg.admin_token, "");
     T_EQ_STR(g_cfg.id_prefix, "order");
     T_ASSERT(!config_unsafe());
@@ -118,14 +123,17 @@ static void test_environment_and_flags(void)
                                        "SECKILL_STOCK=batched", "LOG_LEVEL=debug",
                                        "LOG_FORMAT=json", "LOCK_LEASE_MS=-1",
                                        "REDIS_URL=redis://:pw@redis.example:6380/2",
-                                       "INSTANCE_ID=shop-a.1", NULL };
+                                       "INSTANCE_ID=shop-a.1", "REDIS_ORDER_DURABILITY=wait",
+                                       NULL };
     if (!T_EQ_I64(load(env, NULL, NULL, 0), 0))
         return;
     T_EQ_I64(g_cfg.port, 9001);
     T_EQ_I64(g_cfg.threads, 3);
     T_EQ_I64(g_cfg.lock_strategy, LOCKS_SETNX);
     T_EQ_I64(g_cfg.stock_strategy, STOCKS_BATCHED);
-    T_EQ_STR(g_cfg.log_format, "json");
+    T_EQ_I64(g_cfg.log_format, LOGS_JSON);
+    T_EQ_I64(g_cfg.redis_order_durability, DURABILITY_WAIT);
+    T_EQ_STR(config_durability_name(g_cfg.redis_order_durability), "wait");
     T_EQ_I64(g_cfg.lock_lease_ms, -1);
     T_EQ_STR(g_cfg.redis.host, "redis.example");
     T_EQ_I64(g_cfg.redis.port, 6380);
@@ -232,41 +240,41 @@ static void test_sentinels_and_fencing(void)
 static void test_redis_url(void)
 {
     redis_url u;
-    T_EQ_I64(config_parse_redis_url("redis://127.0.0.1", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://127.0.0.1", &u), 0);
     T_EQ_STR(u.host, "127.0.0.1");
     T_EQ_I64(u.port, 6379);
     T_EQ_I64(u.db, 0);
     T_EQ_STR(u.password, "");
-    T_EQ_I64(config_parse_redis_url("redis://h:7000/3", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://h:7000/3", &u), 0);
     T_EQ_STR(u.host, "h");
     T_EQ_I64(u.port, 7000);
     T_EQ_I64(u.db, 3);
-    T_EQ_I64(config_parse_redis_url("redis://:s3cret@h:1/", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://:s3cret@h:1/", &u), 0);
     T_EQ_STR(u.username, "");
     T_EQ_STR(u.password, "s3cret");
     T_EQ_I64(u.db, 0);
-    T_EQ_I64(config_parse_redis_url("redis://alice:s3cret@h", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://alice:s3cret@h", &u), 0);
     T_EQ_STR(u.username, "alice");
     T_EQ_STR(u.password, "s3cret");
-    T_EQ_I64(config_parse_redis_url("redis://s3cret@h", &u), 0);  /* a lone secret: password */
+    T_EQ_I64(redis_url_parse("redis://s3cret@h", &u), 0);  /* a lone secret: password */
     T_EQ_STR(u.username, "");
     T_EQ_STR(u.password, "s3cret");
     /* a password holding '@', '/' or ':' as it is (the last '@' ends it), or
      * percent-encoded as URLs spell them (%25 for a '%') */
-    T_EQ_I64(config_parse_redis_url("redis://:p@ss@127.0.0.1:7000/3", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://:p@ss@127.0.0.1:7000/3", &u), 0);
     T_EQ_STR(u.password, "p@ss");
     T_EQ_STR(u.host, "127.0.0.1");
     T_EQ_I64(u.port, 7000);
     T_EQ_I64(u.db, 3);
-    T_EQ_I64(config_parse_redis_url("redis://bob:pa/ss:w@h/2", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://bob:pa/ss:w@h/2", &u), 0);
     T_EQ_STR(u.username, "bob");
     T_EQ_STR(u.password, "pa/ss:w");
     T_EQ_STR(u.host, "h");
     T_EQ_I64(u.db, 2);
-    T_EQ_I64(config_parse_redis_url("redis://b%6Fb:s3cr%3At%40x%2f%25@h", &u), 0);
+    T_EQ_I64(redis_url_parse("redis://b%6Fb:s3cr%3At%40x%2f%25@h", &u), 0);
     T_EQ_STR(u.username, "bob");
     T_EQ_STR(u.password, "s3cr:t@x/%");
-    T_EQ_I64(config_parse_redis_url("redis://:100%@h", &u), 0);   /* no hex after '%': as it is */
+    T_EQ_I64(redis_url_parse("redis://:100%@h", &u), 0);   /* no hex after '%': as it is */
     T_EQ_STR(u.password, "100%");
 
     static const char *const bad[] = { "", "h:6379", "rediss://h", "redis://", "redis://:1",
@@ -275,7 +283,7 @@ static void test_redis_url(void)
                                        "redis://h:6379/1/2", "redis://:pw@", "redis://:pw@/1",
                                        "redis://:a%00b@h" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        if (!T_EQ_I64(config_parse_redis_url(bad[i], &u), -1))
+        if (!T_EQ_I64(redis_url_parse(bad[i], &u), -1))
             printf("    accepted \"%s\"\n", bad[i]);
 
     /* A user name longer than its buffer (127 bytes) is refused, not cut. */
@@ -283,9 +291,9 @@ static void test_redis_url(void)
     memset(url, 'u', sizeof url);
     memcpy(url, "redis://", 8);
     snprintf(url + 8 + 128, sizeof url - 8 - 128, ":pw@h:1");
-    T_EQ_I64(config_parse_redis_url(url, &u), -1);
+    T_EQ_I64(redis_url_parse(url, &u), -1);
     snprintf(url + 8 + 127, sizeof url - 8 - 127, ":pw@h:1");
-    if (T_EQ_I64(config_parse_redis_url(url, &u), 0))
+    if (T_EQ_I64(redis_url_parse(url, &u), 0))
         T_EQ_I64(strlen(u.username), 127);
 }
 
@@ -356,14 +364,14 @@ static void test_admin_token_file(void)
 static void mask_redis(const char *in, const char *want)
 {
     char out[256];
-    config_mask_redis_url(in, out, sizeof out);
+    redis_url_mask(in, out, sizeof out);
     T_EQ_STR(out, want);
 }
 
 static void mask_dsn(const char *in, const char *want)
 {
     char out[512];
-    config_mask_dsn(in, out, sizeof out);
+    config_show_mask_dsn(in, out, sizeof out);
     T_EQ_STR(out, want);
 }
 
@@ -376,16 +384,16 @@ static void test_masks(void)
     mask_redis("redis://:p@w:x@h/1", "redis://:***@h/1");
     /* LOCK_REDIS_NODES: each entry of the list */
     char out[256];
-    config_mask_redis_urls("redis://:a@h:1,redis://h:2,redis://u:b@h:3/1", out, sizeof out);
+    config_show_mask_redis_urls("redis://:a@h:1,redis://h:2,redis://u:b@h:3/1", out, sizeof out);
     T_EQ_STR(out, "redis://:***@h:1,redis://h:2,redis://u:***@h:3/1");
-    config_mask_redis_urls("", out, sizeof out);
+    config_show_mask_redis_urls("", out, sizeof out);
     T_EQ_STR(out, "");
     /* An entry longer than any the parser takes is masked whole. */
     char list[1400];
     int n = snprintf(list, sizeof list, "redis://:a@h:1,redis://:");
     memset(list + n, 'p', 1250);
     snprintf(list + n + 1250, sizeof list - (size_t)n - 1250, "@h:2");
-    config_mask_redis_urls(list, out, sizeof out);
+    config_show_mask_redis_urls(list, out, sizeof out);
     T_EQ_STR(out, "redis://:***@h:1,***");
 
     mask_dsn("", "");
@@ -416,7 +424,7 @@ static void test_describe_masks_secrets(void)
     char d[2048];
     if (!T_EQ_I64(load(env, NULL, NULL, 0), 0))
         return;
-    config_describe(d, sizeof d);
+    config_show_describe(d, sizeof d);
     T_ASSERT(strstr(d, "SECRET") == NULL);
     T_ASSERT(strstr(d, "ADMIN_TOKEN=***") != NULL);
     T_ASSERT(strstr(d, "REDIS_URL=redis://:***@127.0.0.1:6390/1") != NULL);
@@ -430,20 +438,20 @@ static void test_describe_masks_secrets(void)
 
     /* No token: shown as empty, not as ***. A short buffer is cut, not overrun. */
     load(NULL, NULL, NULL, 0);
-    config_describe(d, sizeof d);
+    config_show_describe(d, sizeof d);
     T_ASSERT(strstr(d, "ADMIN_TOKEN=\"\"") != NULL);
     memset(d, 'x', sizeof d);
-    config_describe(d, 16);
+    config_show_describe(d, 16);
     T_EQ_I64(strlen(d), 15);
     T_EQ_I64(d[16], 'x');
     d[0] = 'x';
-    config_describe(d, 0);                      /* no room at all: nothing written */
+    config_show_describe(d, 0);                      /* no room at all: nothing written */
     T_EQ_I64(d[0], 'x');
 
     /* A value holding a space, a quote or a backslash is quoted, those two escaped. */
     if (!T_EQ_I64(load(ENV1("LUA_DIR=/opt/a \"b\\c"), NULL, NULL, 0), 0))
         return;
-    config_describe(d, sizeof d);
+    config_show_describe(d, sizeof d);
     if (!T_ASSERT(strstr(d, " LUA_DIR=\"/opt/a \\\"b\\\\c\" ") != NULL))
         printf("    %s\n", d);
 }

@@ -1,5 +1,6 @@
 /* unit_util: the pure parsers and helpers of util.h (ids, ISO-8601 times,
- * UTF-8, secrets, UUIDs). No Redis, no Postgres. */
+ * UTF-8, secrets, UUIDs, comma lists, bounded strings). No Redis, no
+ * Postgres. */
 #include <stdint.h>
 #include <string.h>
 
@@ -162,6 +163,60 @@ static void test_uuid4_format(void)
     T_ASSERT(strcmp(a, b) != 0);
 }
 
+/* util_list: the entries of "a,,b" and "a," joined with '|' after each. */
+static void list_of(const char *in, const char *want, int last_empty)
+{
+    char got[64];
+    util_sbuf sb = util_sbuf_init(got, sizeof got);
+    util_list it;
+    const char *e;
+    size_t len;
+    int n = 0;
+
+    util_list_init(&it, in);
+    while (util_list_next(&it, &e, &len)) {
+        util_sbuf_mem(&sb, e, len);
+        util_sbuf_str(&sb, "|");
+        n++;
+        if (it.last && !T_EQ_I64(len == 0, last_empty))
+            break;
+    }
+    T_EQ_STR(got, want);
+    T_ASSERT(n > 0);
+    T_EQ_I64(util_list_next(&it, &e, &len), 0);
+}
+
+static void test_list_entries(void)
+{
+    list_of("", "|", 1);
+    list_of("a", "a|", 0);
+    list_of("a,bc", "a|bc|", 0);
+    list_of("a,,b", "a||b|", 0);
+    list_of("a,", "a||", 1);
+    list_of(",a", "|a|", 0);
+}
+
+/* util_sbuf: cut at the buffer's end, always terminated, no room: untouched. */
+static void test_sbuf_cuts(void)
+{
+    char b[8];
+    util_sbuf sb;
+
+    memset(b, 'x', sizeof b);
+    sb = util_sbuf_init(b, 5);
+    util_sbuf_str(&sb, "ab");
+    util_sbuf_mem(&sb, "cdef", 4);
+    T_EQ_STR(b, "abcd");
+    T_EQ_I64(sb.len, 4);
+    T_EQ_I64(b[5], 'x');
+    util_sbuf_str(&sb, "g");
+    T_EQ_STR(b, "abcd");
+    b[0] = 'x';
+    sb = util_sbuf_init(b, 0);
+    util_sbuf_str(&sb, "a");
+    T_EQ_I64(b[0], 'x');
+}
+
 int main(void)
 {
     T_RUN(test_parse_id_accepts_positive_decimals);
@@ -174,5 +229,7 @@ int main(void)
     T_RUN(test_utf8_validation);
     T_RUN(test_secret_equal);
     T_RUN(test_uuid4_format);
+    T_RUN(test_list_entries);
+    T_RUN(test_sbuf_cuts);
     return t_done();
 }
