@@ -126,15 +126,15 @@ static int take_locks(conn_set *cs, scratch *s, waiter **w, int n, int *nrefused
         b->id = s->ids[j];
         if (b->id.taken && b->id.st == IDW_OK)
             b->order.order_id = b->id.value;
-        if (b->hold->taken == ULOCK_OK)
+        if (b->hold->taken == LOCK_OK)
             b->order.fence_token = b->hold->token;
     }
     for (int i = 0; i < n; i++) {
         stock_buyer *b = w[i]->b;
         store_status r = STORE_OK;
         if (b->lock_pending)
-            r = b->hold->taken == ULOCK_BUSY ? STORE_DUPLICATE
-                : b->hold->taken != ULOCK_OK || !b->id.taken || b->id.st != IDW_OK
+            r = b->hold->taken == LOCK_BUSY ? STORE_DUPLICATE
+                : b->hold->taken != LOCK_OK || !b->id.taken || b->id.st != IDW_OK
                     ? STORE_UNAVAILABLE
                     : STORE_OK;
         if (r == STORE_OK) {

@@ -328,11 +328,6 @@ static PGconn *pg_get(consumer *k)
     return k->pg;
 }
 
-static int64_t id_ms(const char *id)
-{
-    return strtoll(id, NULL, 10);
-}
-
 /* Records the lag of the 'n' entries just committed. */
 static void landed(consumer *k, const int *idx, int n)
 {
@@ -340,7 +335,7 @@ static void landed(consumer *k, const int *idx, int n)
 
     rec_landed_batch(n);
     for (int i = 0; i < n; i++)
-        rec_landed((now - id_ms(k->e[idx[i]].id)) * 1000);
+        rec_landed((now - stock_redis_id_ms(k->e[idx[i]].id)) * 1000);
 }
 
 /* Why Postgres refused an order for good: a refusal that will recur

@@ -31,14 +31,11 @@
 #include <stdint.h>
 #include <hiredis/hiredis.h>
 
-typedef enum lock_status {
-    LOCK_OK = 0,          /* acquired (new or reentry) / released or count decreased */
-    LOCK_BUSY = 1,        /* held by another owner */
-    LOCK_NOT_OWNER = 2,   /* release by someone who does not hold it: nothing changed */
-    LOCK_ERR = -1,        /* Redis failed; on a NULL reply the context is unusable */
-    LOCK_UNSYNCED = -2    /* granted on the master, but fewer replicas than required
-                           * acknowledged the grant (lock_sync_set): it was undone */
-} lock_status;
+#include "lock_status.h"
+
+/* Outcomes (lock_status.h): LOCK_OK, LOCK_BUSY, LOCK_NOT_OWNER (release),
+ * LOCK_UNSYNCED (acquire, with replica acknowledgement on) and LOCK_ERR:
+ * Redis failed; on a NULL reply the context is unusable. */
 
 typedef struct lock_grant {
     int64_t token;        /* fencing token (LOCK_OK): strictly increasing per key, see above */

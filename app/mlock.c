@@ -200,17 +200,17 @@ static lock_status acquire_on(mlock_set *s, size_t i, const char *key, const cha
     return ls;
 }
 
-mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const char *owner,
-                           long lease_ms, mlock_grant *g)
+lock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const char *owner,
+                          long lease_ms, mlock_grant *g)
 {
     size_t needed = mlock_needed(q, s->n), ngranted = 0, left = s->n, i;
     int64_t t0 = util_mono_us();
-    mlock_status st;
+    lock_status st;
 
     memset(g, 0, sizeof *g);
     if (lease_ms <= 0) {
         log_warn("mlock %s: a fixed lease is required", key);
-        return MLOCK_ERR;
+        return LOCK_ERR;
     }
     /* One node after the other, in the list's order, until the quorum can
      * no longer be reached: contenders then meet at the first node, and the
@@ -238,10 +238,10 @@ mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const 
     g->elapsed_us = util_mono_us() - t0;
     g->validity_ms = lease_ms - (g->elapsed_us + 999) / 1000 - mlock_drift_ms(lease_ms);
     if (ngranted >= needed && g->validity_ms > 0)
-        return MLOCK_OK;
+        return LOCK_OK;
     /* busy when a rival's holds stand in the way, not failed nodes alone */
     st = g->busy != 0 && ngranted + (size_t)__builtin_popcount(g->busy) + left >= needed
-             ? MLOCK_BUSY : MLOCK_ERR;
+             ? LOCK_BUSY : LOCK_ERR;
     if (ngranted >= needed)
         log_warn("mlock %s: granted by %zu nodes but no validity left (%lld ms after %lld us)",
                  key, ngranted, (long long)g->validity_ms, (long long)g->elapsed_us);

@@ -47,15 +47,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lock_status.h"
+
 #define MLOCK_MAX_NODES 16
 
 typedef enum mlock_quorum { MLOCK_ALL, MLOCK_MAJORITY } mlock_quorum;
 
-typedef enum mlock_status {
-    MLOCK_OK = 0,          /* held: the quorum granted it within its validity */
-    MLOCK_BUSY,            /* not held: another owner holds it on some node */
-    MLOCK_ERR              /* not held: too many nodes failed, or no validity left */
-} mlock_status;
+/* mlock_acquire's outcomes (lock_status.h):
+ *   LOCK_OK    held: the quorum granted it within its validity
+ *   LOCK_BUSY  not held: another owner holds it on some node
+ *   LOCK_ERR   not held: too many nodes failed, or no validity left */
 
 /* What an attempt saw, node i being bit i. */
 typedef struct mlock_grant {
@@ -84,8 +85,8 @@ long mlock_drift_ms(long lease_ms);
 
 /* One attempt, no waiting, with a fixed lease ('lease_ms' > 0). 'g' gets
  * what each node answered (required). Not held: released already. */
-mlock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const char *owner,
-                           long lease_ms, mlock_grant *g);
+lock_status mlock_acquire(mlock_set *s, mlock_quorum q, const char *key, const char *owner,
+                          long lease_ms, mlock_grant *g);
 
 /* Releases the hold on every node of 'mask' (the nodes that did not answer
  * "busy" at the acquire). Returns how many counted it down; a node that is

@@ -111,9 +111,9 @@ static PGconn *reach(conn_set *cs, order_job *j)
 static int take_lock(conn_set *cs, order_job *j)
 {
     switch (ulock_acquire(cs, &j->hold, &j->buyer.id)) {
-    case ULOCK_OK:
+    case LOCK_OK:
         break;
-    case ULOCK_BUSY:
+    case LOCK_BUSY:
         return refuse(j, API_ALREADY_ORDERED, NULL);
     default:
         return refuse(j, API_UNAVAILABLE, ulock_unavailable());
@@ -154,9 +154,9 @@ static void leader_refusal(order_job *j)
 {
     if (!j->buyer.lock_pending)
         return;
-    if (j->hold.taken == ULOCK_ERR)
+    if (j->hold.taken == LOCK_ERR)
         j->message = ulock_unavailable();
-    else if (j->hold.taken == ULOCK_OK && (!j->buyer.id.taken || j->buyer.id.st != IDW_OK))
+    else if (j->hold.taken == LOCK_OK && (!j->buyer.id.taken || j->buyer.id.st != IDW_OK))
         j->message = "order ids unavailable, retry later";
 }
 

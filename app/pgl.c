@@ -53,21 +53,21 @@ static PGresult *run(PGconn *pg, int wait_ms, const char *sql, int n, const char
     return r;
 }
 
-pgl_status pgl_table_acquire(PGconn *pg, int wait_ms, const char *key, const char *owner,
-                             long lease_ms, int64_t *token, int *holds)
+lock_status pgl_table_acquire(PGconn *pg, int wait_ms, const char *key, const char *owner,
+                              long lease_ms, int64_t *token, int *holds)
 {
     char lease[24];
     const char *vals[3] = { key, owner, lease };
     PGresult *r;
-    pgl_status out;
+    lock_status out;
 
     snprintf(lease, sizeof lease, "%ld", lease_ms);
     if ((r = run(pg, wait_ms, pgl_sql_acquire, 3, vals)) == NULL)
-        return PGL_ERR;
+        return LOCK_ERR;
     if (PQntuples(r) == 0) {
-        out = PGL_BUSY;
+        out = LOCK_BUSY;
     } else {
-        out = PGL_OK;
+        out = LOCK_OK;
         if (token != NULL)
             *token = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
         if (holds != NULL)
@@ -77,21 +77,21 @@ pgl_status pgl_table_acquire(PGconn *pg, int wait_ms, const char *key, const cha
     return out;
 }
 
-pgl_status pgl_table_release(PGconn *pg, int wait_ms, const char *key, const char *owner,
-                             long lease_ms, int *left)
+lock_status pgl_table_release(PGconn *pg, int wait_ms, const char *key, const char *owner,
+                              long lease_ms, int *left)
 {
     char lease[24];
     const char *vals[3] = { key, owner, lease };
     PGresult *r;
-    pgl_status out = PGL_NOT_OWNER;
+    lock_status out = LOCK_NOT_OWNER;
 
     if (left != NULL)
         *left = 0;
     snprintf(lease, sizeof lease, "%ld", lease_ms);
     if ((r = run(pg, wait_ms, pgl_sql_release, 3, vals)) == NULL)
-        return PGL_ERR;
+        return LOCK_ERR;
     if (PQntuples(r) > 0 && strcmp(PQgetvalue(r, 0, 1), "t") == 0) {
-        out = PGL_OK;
+        out = LOCK_OK;
         if (left != NULL)
             *left = atoi(PQgetvalue(r, 0, 0));
     }
@@ -112,28 +112,28 @@ long pgl_table_sweep(PGconn *pg, int wait_ms)
 }
 
 /* One boolean answer of an advisory-lock function. */
-static pgl_status advisory(PGconn *pg, int wait_ms, const char *sql, int64_t key,
-                           pgl_status if_false)
+static lock_status advisory(PGconn *pg, int wait_ms, const char *sql, int64_t key,
+                            lock_status if_false)
 {
     char k[24];
     const char *vals[1] = { k };
     PGresult *r;
-    pgl_status out;
+    lock_status out;
 
     snprintf(k, sizeof k, "%" PRId64, key);
     if ((r = run(pg, wait_ms, sql, 1, vals)) == NULL)
-        return PGL_ERR;
-    out = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0 ? PGL_OK : if_false;
+        return LOCK_ERR;
+    out = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0 ? LOCK_OK : if_false;
     PQclear(r);
     return out;
 }
 
-pgl_status pgl_advisory_try(PGconn *pg, int wait_ms, int64_t key)
+lock_status pgl_advisory_try(PGconn *pg, int wait_ms, int64_t key)
 {
-    return advisory(pg, wait_ms, pgl_sql_advisory_try, key, PGL_BUSY);
+    return advisory(pg, wait_ms, pgl_sql_advisory_try, key, LOCK_BUSY);
 }
 
-pgl_status pgl_advisory_release(PGconn *pg, int wait_ms, int64_t key)
+lock_status pgl_advisory_release(PGconn *pg, int wait_ms, int64_t key)
 {
-    return advisory(pg, wait_ms, pgl_sql_advisory_unlock, key, PGL_NOT_OWNER);
+    return advisory(pg, wait_ms, pgl_sql_advisory_unlock, key, LOCK_NOT_OWNER);
 }

@@ -19,7 +19,7 @@
  * Each function runs one statement on the caller's connection, outside any
  * transaction block of its own, and waits for its answer at most 'wait_ms'
  * (pgwait.h): a server that does not answer by then has the connection
- * shut down. PGL_ERR: the statement failed or timed out; the caller checks
+ * shut down. LOCK_ERR: the statement failed or timed out; the caller checks
  * PQstatus() to tell a broken connection (CONNECTION_BAD after a time-out). */
 #ifndef SECKILL_PGL_H
 #define SECKILL_PGL_H
@@ -27,12 +27,11 @@
 #include <stdint.h>
 #include <libpq-fe.h>
 
-typedef enum pgl_status {
-    PGL_OK = 0,
-    PGL_BUSY,         /* another owner (or session) holds it */
-    PGL_ERR,
-    PGL_NOT_OWNER     /* release: not held by this owner (or session) */
-} pgl_status;
+#include "lock_status.h"
+
+/* Outcomes (lock_status.h): LOCK_OK; LOCK_BUSY: another owner (or
+ * session) holds it; LOCK_NOT_OWNER (release): not held by this owner (or
+ * session); LOCK_ERR as above. */
 
 /* The statements, with their parameters ($1 key, $2 owner, $3 lease in
  * ms; advisory: $1 the bigint key), for tools that run them elsewhere
@@ -44,21 +43,21 @@ extern const char pgl_sql_advisory_try[];
 extern const char pgl_sql_advisory_unlock[];
 
 /* Lock table. 'token' and 'holds' may be NULL. */
-pgl_status pgl_table_acquire(PGconn *pg, int wait_ms, const char *key, const char *owner,
-                             long lease_ms, int64_t *token, int *holds);
+lock_status pgl_table_acquire(PGconn *pg, int wait_ms, const char *key, const char *owner,
+                              long lease_ms, int64_t *token, int *holds);
 
 /* Counts the owner's hold down (the lease starts again while held) or
- * deletes the row. PGL_NOT_OWNER: no row of this owner, or its lease had
+ * deletes the row. LOCK_NOT_OWNER: no row of this owner, or its lease had
  * ended (the row, if still there, is deleted all the same). 'left' may be
  * NULL. */
-pgl_status pgl_table_release(PGconn *pg, int wait_ms, const char *key, const char *owner,
-                             long lease_ms, int *left);
+lock_status pgl_table_release(PGconn *pg, int wait_ms, const char *key, const char *owner,
+                              long lease_ms, int *left);
 
 /* Deletes expired rows; their count, or -1. */
 long pgl_table_sweep(PGconn *pg, int wait_ms);
 
 /* Advisory lock on 'key' for this session. */
-pgl_status pgl_advisory_try(PGconn *pg, int wait_ms, int64_t key);
-pgl_status pgl_advisory_release(PGconn *pg, int wait_ms, int64_t key);
+lock_status pgl_advisory_try(PGconn *pg, int wait_ms, int64_t key);
+lock_status pgl_advisory_release(PGconn *pg, int wait_ms, int64_t key);
 
 #endif

@@ -84,7 +84,7 @@ void ulock_hold_init(ulock_hold *h, int64_t user_id, const char *owner)
     h->user_id = user_id;
     h->lease_ms = g_cfg.lock_lease_ms;
     h->state = ULOCK_FREE;
-    h->taken = ULOCK_ERR;
+    h->taken = LOCK_ERR;
     h->token = -1;
     snprintf(h->fence_key, sizeof h->fence_key, "%s%s",
              be->fence_prefix != NULL ? be->fence_prefix : "", h->key);
@@ -99,11 +99,11 @@ static void check_free(const ulock_hold *h)
     }
 }
 
-ulock_status ulock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+lock_status ulock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     check_free(h);
     h->taken = be->acquire(cs, h, id);
-    if (h->taken == ULOCK_OK)
+    if (h->taken == LOCK_OK)
         h->state = ULOCK_HELD;
     return h->taken;
 }
@@ -124,7 +124,7 @@ void ulock_acquire_many(conn_set *cs, ulock_hold *const *h, ulock_id *id, size_t
         return;
     be->acquire_many(cs, h, id, n);
     for (size_t i = 0; i < n; i++)
-        if (h[i]->taken == ULOCK_OK)
+        if (h[i]->taken == LOCK_OK)
             h[i]->state = ULOCK_HELD;
 }
 

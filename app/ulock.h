@@ -35,14 +35,15 @@
 
 #include "conn.h"
 #include "idw.h"
+#include "lock_status.h"
 
 #define ULOCK_KEY_PREFIX "lock:order:"
 
-typedef enum ulock_status {
-    ULOCK_OK = 0,     /* held */
-    ULOCK_BUSY,       /* another owner holds it: a concurrent request of this user */
-    ULOCK_ERR         /* the lock's service failed or is unreachable: answer 503 */
-} ulock_status;
+/* An attempt's outcome (lock_status.h), one of three whatever the
+ * backend:
+ *   LOCK_OK    held
+ *   LOCK_BUSY  another owner holds it: a concurrent request of this user
+ *   LOCK_ERR   the lock's service failed or is unreachable: answer 503 */
 
 /* Where a hold stands. Only ulock.c moves it. */
 typedef enum ulock_state {
@@ -70,7 +71,7 @@ typedef struct ulock_hold {
     int64_t user_id;
     long lease_ms;            /* LOCK_LEASE_MS; -1: renewed by a watchdog */
     ulock_state state;
-    ulock_status taken;       /* the last attempt's outcome */
+    lock_status taken;        /* the last attempt's outcome */
     int64_t token;            /* fencing token of the grant (ulock_tokens()) */
     char fence_key[80];       /* the fence's row for this lock: the backend's
                                  fence_prefix, then 'key' (tokens of two services
@@ -100,7 +101,7 @@ typedef struct ulock_backend {
     /* One attempt, not waiting, with h->lease_ms. The caller has just
      * checked cs->redis and cs->pg (conn_redis, conn_pg). Fills h->token on
      * a grant; may take 'id' (not NULL) in the same round trip. */
-    ulock_status (*acquire)(conn_set *cs, ulock_hold *h, ulock_id *id);
+    lock_status (*acquire)(conn_set *cs, ulock_hold *h, ulock_id *id);
     /* Releases a held hold, with whatever retries the backend allows; a
      * hold it cannot release is left to its lease. cs->redis may be NULL
      * (it broke meanwhile). */
@@ -134,7 +135,7 @@ const char *ulock_unavailable(void);
 void ulock_hold_init(ulock_hold *h, int64_t user_id, const char *owner);
 
 /* One attempt (see ulock_backend.acquire); 'id' may be NULL. */
-ulock_status ulock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id);
+lock_status ulock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id);
 
 /* Releases 'h' if it is held; after the call it is not (released, or left
  * to its lease). Idempotent: a hold that is free or released is left

@@ -15,12 +15,12 @@
 
 /*---- none: no lock at all ----*/
 
-static ulock_status none_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status none_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     (void)cs;
     (void)h;
     (void)id;
-    return ULOCK_OK;
+    return LOCK_OK;
 }
 
 static void none_release(conn_set *cs, ulock_hold *h)
@@ -57,13 +57,13 @@ static pthread_mutex_t *local_lock_of(int64_t user_id)
 
 /* Blocking, like Java's synchronized: the second request of the user
  * waits, then finds the first one's order. */
-static ulock_status local_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status local_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     (void)cs;
     (void)id;
     pthread_mutex_lock(local_lock_of(h->user_id));
     rec_note(REC_DEMO_LOCK_ACQUIRED);
-    return ULOCK_OK;
+    return LOCK_OK;
 }
 
 static void local_release(conn_set *cs, ulock_hold *h)
@@ -90,12 +90,12 @@ static long plain_lease_ms(const ulock_hold *h)
 }
 
 /* setnx: SET NX EX, whole seconds; owner: SET NX PX with our owner id. */
-static ulock_status string_acquire(conn_set *cs, ulock_hold *h, int setnx)
+static lock_status string_acquire(conn_set *cs, ulock_hold *h, int setnx)
 {
     redisContext *c = cs->redis;
     long lease = plain_lease_ms(h);
     redisReply *r;
-    ulock_status st;
+    lock_status st;
 
     if (setnx)
         r = redisCommand(c, "SET %s %s NX EX %ld", h->key, h->owner, (lease + 999) / 1000);
@@ -103,13 +103,13 @@ static ulock_status string_acquire(conn_set *cs, ulock_hold *h, int setnx)
         r = redisCommand(c, "SET %s %s NX PX %ld", h->key, h->owner, lease);
     r = script_demoted(c, r);
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-        st = ULOCK_ERR;
+        st = LOCK_ERR;
     } else if (r->type == REDIS_REPLY_NIL) {
         rec_note(REC_DEMO_LOCK_CONTENDED);
-        st = ULOCK_BUSY;
+        st = LOCK_BUSY;
     } else {
         rec_note(REC_DEMO_LOCK_ACQUIRED);
-        st = ULOCK_OK;
+        st = LOCK_OK;
     }
     freeReplyObject(r);
     if (c->err)
@@ -117,7 +117,7 @@ static ulock_status string_acquire(conn_set *cs, ulock_hold *h, int setnx)
     return st;
 }
 
-static ulock_status setnx_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status setnx_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     (void)id;
     return string_acquire(cs, h, 1);
@@ -159,7 +159,7 @@ static int owner_start(char *err, size_t errlen)
     return script_file_load(&owner_release, g_cfg.lua_dir, "owner_release", err, errlen);
 }
 
-static ulock_status owner_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status owner_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     (void)id;
     return string_acquire(cs, h, 0);

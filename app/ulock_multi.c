@@ -203,38 +203,38 @@ static void multi_stop(void)
     my_set = NULL;
 }
 
-static ulock_status acquire(mlock_quorum q, ulock_hold *h)
+static lock_status acquire(mlock_quorum q, ulock_hold *h)
 {
     mlock_set *s = thread_set();
     mlock_grant g;
 
     if (s == NULL)
-        return ULOCK_ERR;
+        return LOCK_ERR;
     switch (mlock_acquire(s, q, h->key, h->owner, h->lease_ms, &g)) {
-    case MLOCK_OK:
+    case LOCK_OK:
         ((priv *)(void *)h->priv)->mask = ~g.busy;
         ((priv *)(void *)h->priv)->reach = g.unanswered;
         rec_note(REC_DEMO_LOCK_ACQUIRED);
         if (g.failed != 0)
             log_debug("%s: held without %d node(s), %lld ms of validity left", h->key,
                       __builtin_popcount(g.failed), (long long)g.validity_ms);
-        return ULOCK_OK;
-    case MLOCK_BUSY:
+        return LOCK_OK;
+    case LOCK_BUSY:
         rec_note(REC_DEMO_LOCK_CONTENDED);
-        return ULOCK_BUSY;
+        return LOCK_BUSY;
     default:
-        return ULOCK_ERR;
+        return LOCK_ERR;
     }
 }
 
-static ulock_status multilock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status multilock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     (void)cs;
     (void)id;
     return acquire(MLOCK_ALL, h);
 }
 
-static ulock_status redlock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status redlock_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     (void)cs;
     (void)id;

@@ -123,22 +123,22 @@ static void table_stop(void)
 }
 
 /* An attempt's outcome, counted; a failed one marks a broken session. */
-static ulock_status acquire_outcome(conn_set *cs, pgl_status st)
+static lock_status acquire_outcome(conn_set *cs, lock_status st)
 {
     switch (st) {
-    case PGL_OK:
+    case LOCK_OK:
         rec_note(REC_DEMO_LOCK_ACQUIRED);
-        return ULOCK_OK;
-    case PGL_BUSY:
+        return LOCK_OK;
+    case LOCK_BUSY:
         rec_note(REC_DEMO_LOCK_CONTENDED);
-        return ULOCK_BUSY;
+        return LOCK_BUSY;
     default:
         broken_if_bad(cs);
-        return ULOCK_ERR;
+        return LOCK_ERR;
     }
 }
 
-static ulock_status table_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status table_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     (void)id;
     return acquire_outcome(cs, pgl_table_acquire(cs->pg, store_round_trip_ms(), h->key, h->owner,
@@ -150,7 +150,7 @@ static ulock_status table_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 static void table_release(conn_set *cs, ulock_hold *h)
 {
     PGconn *pg = conn_pg(cs);
-    pgl_status st;
+    lock_status st;
 
     if (pg == NULL) {
         log_warn("lock %s not released (database unreachable): it expires by itself", h->key);
@@ -158,9 +158,9 @@ static void table_release(conn_set *cs, ulock_hold *h)
     }
     st = pgl_table_release(pg, store_round_trip_ms(), h->key, h->owner, table_lease_ms(h),
                            NULL);
-    if (st == PGL_OK) {
+    if (st == LOCK_OK) {
         rec_note(REC_DEMO_LOCK_RELEASED);
-    } else if (st == PGL_NOT_OWNER) {
+    } else if (st == LOCK_NOT_OWNER) {
         rec_note(REC_DEMO_LOCK_NOT_OWNER);
         log_warn("lock %s expired during the order (lease %ld ms too short?)", h->key,
                  table_lease_ms(h));
@@ -191,7 +191,7 @@ typedef struct adv_priv {
 
 _Static_assert(sizeof(adv_priv) <= ULOCK_PRIV_BYTES, "ulock_hold.priv too small");
 
-static ulock_status adv_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status adv_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     adv_priv *p = (adv_priv *)(void *)h->priv;
 
@@ -205,7 +205,7 @@ static ulock_status adv_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 static void adv_release(conn_set *cs, ulock_hold *h)
 {
     adv_priv *p = (adv_priv *)(void *)h->priv;
-    pgl_status st;
+    lock_status st;
 
     if (cs->pg == NULL || PQstatus(cs->pg) != CONNECTION_OK ||
         PQbackendPID(cs->pg) != p->backend_pid) {
@@ -213,9 +213,9 @@ static void adv_release(conn_set *cs, ulock_hold *h)
         return;
     }
     st = pgl_advisory_release(cs->pg, store_round_trip_ms(), h->user_id);
-    if (st == PGL_OK) {
+    if (st == LOCK_OK) {
         rec_note(REC_DEMO_LOCK_RELEASED);
-    } else if (st == PGL_NOT_OWNER) {
+    } else if (st == LOCK_NOT_OWNER) {
         rec_note(REC_DEMO_LOCK_NOT_OWNER);
         log_warn("lock %s was not held by this session", h->key);
     } else {

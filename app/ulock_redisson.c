@@ -49,9 +49,11 @@ static orphan *orphans;                 /* orphans_mu */
 static size_t norphans, orphans_cap;    /* orphans_mu */
 static _Atomic size_t orphans_waiting;  /* norphans, for the attempts' fast path */
 
-static ulock_status status_of(lock_status st)
+/* The sale's three outcomes (ulock.h): a grant undone for want of
+ * replicas (LOCK_UNSYNCED) is a failure of the lock's service. */
+static lock_status status_of(lock_status st)
 {
-    return st == LOCK_OK ? ULOCK_OK : st == LOCK_BUSY ? ULOCK_BUSY : ULOCK_ERR;
+    return st == LOCK_OK || st == LOCK_BUSY ? st : LOCK_ERR;
 }
 
 static void orphan_add(const char *key, const char *owner, long lease_ms)
@@ -157,14 +159,14 @@ static lock_status take_with_id(redisContext *c, ulock_hold *h, lock_grant *g, u
     return lock_acquire_recv(c, &aop, g);
 }
 
-static ulock_status acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     redisContext *c = cs->redis;
     lock_grant g = { -1, -1 };
     lock_status st;
 
     if (release_orphans(cs, c) != 0)
-        return ULOCK_ERR;
+        return LOCK_ERR;
     lock_release_req_init(&priv_of(h)->rq);
     st = id != NULL ? take_with_id(c, h, &g, id)
                     : lock_try_acquire(c, h->key, h->owner, h->lease_ms, &g);

@@ -50,22 +50,22 @@ static void zk_stop(void)
     zk = NULL;
 }
 
-static ulock_status zk_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
+static lock_status zk_acquire(conn_set *cs, ulock_hold *h, ulock_id *id)
 {
     zkl_grant g;
 
     (void)cs;
     (void)id;
     switch (zkl_acquire(zk, h->key, h->owner, 0, &g)) {
-    case ZKL_OK:
+    case LOCK_OK:
         h->token = g.token;
         rec_note(REC_DEMO_LOCK_ACQUIRED);
-        return ULOCK_OK;
-    case ZKL_BUSY:
+        return LOCK_OK;
+    case LOCK_BUSY:
         rec_note(REC_DEMO_LOCK_CONTENDED);
-        return ULOCK_BUSY;
+        return LOCK_BUSY;
     default:
-        return ULOCK_ERR;
+        return LOCK_ERR;
     }
 }
 
@@ -73,14 +73,14 @@ static void zk_release(conn_set *cs, ulock_hold *h)
 {
     (void)cs;
     switch (zkl_release(zk, h->key, h->owner, NULL)) {
-    case ZKL_OK:
+    case LOCK_OK:
         rec_note(REC_DEMO_LOCK_RELEASED);
         break;
-    case ZKL_NOT_OWNER:
+    case LOCK_NOT_OWNER:
         rec_note(REC_DEMO_LOCK_NOT_OWNER);
         log_warn("zookeeper: %s is not held by %s", h->key, h->owner);
         break;
-    case ZKL_LOST:
+    case LOCK_LOST:
         rec_note(REC_DEMO_LOCK_NOT_OWNER);
         log_warn("zookeeper: %s was lost with its session during the order", h->key);
         break;

@@ -583,15 +583,15 @@ static void note(zkl_client *c, uint64_t *counter)
     pthread_mutex_unlock(&c->mu);
 }
 
-zkl_status zkl_acquire(zkl_client *c, const char *key, const char *owner, long wait_ms,
-                       zkl_grant *g)
+lock_status zkl_acquire(zkl_client *c, const char *key, const char *owner, long wait_ms,
+                        zkl_grant *g)
 {
     zhandle_t *zh = use_handle(c);
     char parent[ZKL_PATH], path[ZKL_PATH], pred[ZKL_PATH];
     struct Stat st;
     struct timespec deadline;
     int64_t session, seq;
-    zkl_status out = ZKL_ERR;
+    lock_status out = LOCK_ERR;
     hold **pp, *h;
     int rc;
 
@@ -604,7 +604,7 @@ zkl_status zkl_acquire(zkl_client *c, const char *key, const char *owner, long w
         fill(g, *pp);
         c->counts.acquired++;
         pthread_mutex_unlock(&c->mu);
-        out = ZKL_OK;
+        out = LOCK_OK;
         goto out;
     }
     if (pp != NULL) {                       /* a hold of an ended session */
@@ -624,7 +624,7 @@ zkl_status zkl_acquire(zkl_client *c, const char *key, const char *owner, long w
     for (;;) {
         rc = predecessor(zh, parent, seq, pred, sizeof pred);
         if (rc == ZNONODE) {
-            out = ZKL_OK;
+            out = LOCK_OK;
             break;
         }
         if (rc != ZOK || wait_ms <= 0)
@@ -633,13 +633,13 @@ zkl_status zkl_acquire(zkl_client *c, const char *key, const char *owner, long w
         if (rc <= 0 || live_session(c) != session)
             break;
     }
-    if (out != ZKL_OK) {
+    if (out != LOCK_OK) {
         /* Busy (or failed): our node must not stay in the queue. */
         int drc = zoo_delete(zh, path, -1);
         if (lost_reply(drc))
             add_orphan(c, path, NULL, session);
         if (rc == 0) {                      /* a predecessor, and no (more) waiting */
-            out = ZKL_BUSY;
+            out = LOCK_BUSY;
             note(c, &c->counts.contended);
         }
         goto out;
@@ -663,11 +663,11 @@ out:
     return out;
 }
 
-zkl_status zkl_release(zkl_client *c, const char *key, const char *owner, int *left)
+lock_status zkl_release(zkl_client *c, const char *key, const char *owner, int *left)
 {
     zhandle_t *zh;
     hold **pp, *h;
-    zkl_status out;
+    lock_status out;
     int rc;
 
     if (left != NULL)
@@ -680,7 +680,7 @@ zkl_status zkl_release(zkl_client *c, const char *key, const char *owner, int *l
         c->counts.not_owner++;
         pthread_mutex_unlock(&c->mu);
         pthread_rwlock_unlock(&c->rw);
-        return ZKL_NOT_OWNER;
+        return LOCK_NOT_OWNER;
     }
     h = *pp;
     if (h->session == c->session && !c->expired && h->count > 1) {
@@ -689,7 +689,7 @@ zkl_status zkl_release(zkl_client *c, const char *key, const char *owner, int *l
             *left = h->count;
         pthread_mutex_unlock(&c->mu);
         pthread_rwlock_unlock(&c->rw);
-        return ZKL_OK;
+        return LOCK_OK;
     }
     *pp = h->next;
     if (h->session != c->session || c->expired) {
@@ -697,7 +697,7 @@ zkl_status zkl_release(zkl_client *c, const char *key, const char *owner, int *l
         pthread_mutex_unlock(&c->mu);
         pthread_rwlock_unlock(&c->rw);
         free(h);
-        return ZKL_LOST;
+        return LOCK_LOST;
     }
     pthread_mutex_unlock(&c->mu);
     rc = zh != NULL ? zoo_delete(zh, h->path, -1) : ZINVALIDSTATE;
@@ -713,13 +713,13 @@ zkl_status zkl_release(zkl_client *c, const char *key, const char *owner, int *l
         rc = back ? zoo_delete(zh, h->path, -1) : gone ? ZSESSIONEXPIRED : rc;
     }
     if (rc == ZOK) {
-        out = ZKL_OK;
+        out = LOCK_OK;
         note(c, &c->counts.released);
     } else if (rc == ZNONODE || rc == ZSESSIONEXPIRED || rc == ZINVALIDSTATE) {
-        out = ZKL_LOST;                     /* gone with its session */
+        out = LOCK_LOST;                    /* gone with its session */
         note(c, &c->counts.lost);
     } else {
-        out = ZKL_ERR;                      /* deleted at a later call, or with the session */
+        out = LOCK_ERR;                     /* deleted at a later call, or with the session */
         add_orphan(c, h->path, NULL, h->session);
     }
     pthread_rwlock_unlock(&c->rw);

@@ -45,15 +45,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lock_status.h"
+
 typedef struct zkl_client zkl_client;
 
-typedef enum zkl_status {
-    ZKL_OK = 0,       /* held (acquire), released or counted down (release) */
-    ZKL_BUSY,         /* another owner holds it */
-    ZKL_ERR,          /* ZooKeeper unreachable or an error: nothing is held */
-    ZKL_NOT_OWNER,    /* release: this owner holds no such lock here */
-    ZKL_LOST          /* release: the hold's session ended meanwhile (it was lost) */
-} zkl_status;
+/* Outcomes (lock_status.h):
+ *   LOCK_OK         held (acquire), released or counted down (release)
+ *   LOCK_BUSY       another owner holds it
+ *   LOCK_ERR        ZooKeeper unreachable or an error: nothing is held
+ *   LOCK_NOT_OWNER  release: this owner holds no such lock here
+ *   LOCK_LOST       release: the hold's session ended meanwhile (it was lost) */
 
 typedef struct zkl_grant {
     int64_t token;    /* czxid of the node: the fencing token */
@@ -74,13 +75,13 @@ void zkl_close(zkl_client *c);
 
 /* One attempt to take 'key' for 'owner'; waits up to 'wait_ms' for the
  * predecessor to go (0: not at all). 'g' may be NULL. */
-zkl_status zkl_acquire(zkl_client *c, const char *key, const char *owner, long wait_ms,
-                       zkl_grant *g);
+lock_status zkl_acquire(zkl_client *c, const char *key, const char *owner, long wait_ms,
+                        zkl_grant *g);
 
 /* Counts 'owner''s hold of 'key' down, deleting its node at 0. 'left' (may
- * be NULL) gets the count after the call. ZKL_ERR: the delete's answer was
+ * be NULL) gets the count after the call. LOCK_ERR: the delete's answer was
  * lost; the node is deleted at a later call or with the session. */
-zkl_status zkl_release(zkl_client *c, const char *key, const char *owner, int *left);
+lock_status zkl_release(zkl_client *c, const char *key, const char *owner, int *left);
 
 /* The current session's id (0 when none) and its negotiated timeout (ms). */
 int64_t zkl_session_id(zkl_client *c);

@@ -146,17 +146,17 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
         return st == LOCK_OK ? 1 : st == LOCK_BUSY ? 0 : -1;
     }
     if (strcmp(b, "zk") == 0) {
-        zkl_status st = zkl_acquire(zk, key, owner, wait_ms, NULL);
-        return st == ZKL_OK ? 1 : st == ZKL_BUSY ? 0 : -1;
+        lock_status st = zkl_acquire(zk, key, owner, wait_ms, NULL);
+        return st == LOCK_OK ? 1 : st == LOCK_BUSY ? 0 : -1;
     }
     if (multi()) {
         mlock_quorum q = strcmp(b, "multilock") == 0 ? MLOCK_ALL : MLOCK_MAJORITY;
         double end = t_now_ms() + (double)wait_ms;
         for (;;) {                          /* no wait across nodes: try again every ms */
             mlock_grant g;
-            mlock_status st = mlock_acquire(c->nodes, q, key, owner, o.lease_ms, &g);
-            if (st != MLOCK_BUSY)
-                return st == MLOCK_OK ? 1 : -1;
+            lock_status st = mlock_acquire(c->nodes, q, key, owner, o.lease_ms, &g);
+            if (st != LOCK_BUSY)
+                return st == LOCK_OK ? 1 : -1;
             if (t_now_ms() >= end)
                 return 0;
             t_sleep_ms(1);
@@ -165,10 +165,10 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
     if (strcmp(b, "pg-table") == 0) {
         double end = t_now_ms() + (double)wait_ms;
         for (;;) {                          /* no wait in a table: try again every ms */
-            pgl_status st = pgl_table_acquire(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL,
+            lock_status st = pgl_table_acquire(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL,
                                               NULL);
-            if (st != PGL_BUSY)
-                return st == PGL_OK ? 1 : -1;
+            if (st != LOCK_BUSY)
+                return st == LOCK_OK ? 1 : -1;
             if (t_now_ms() >= end)
                 return 0;
             t_sleep_ms(1);
@@ -184,8 +184,8 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
         PQclear(r);
         return ok ? 1 : -1;
     }
-    pgl_status st = pgl_advisory_try(c->pg, PG_WAIT_MS, adv_key(key));
-    return st == PGL_OK ? 1 : st == PGL_BUSY ? 0 : -1;
+    lock_status st = pgl_advisory_try(c->pg, PG_WAIT_MS, adv_key(key));
+    return st == LOCK_OK ? 1 : st == LOCK_BUSY ? 0 : -1;
 }
 
 static int give(client *c, const char *key, const char *owner)
@@ -195,14 +195,14 @@ static int give(client *c, const char *key, const char *owner)
     if (strcmp(b, "redis") == 0)
         return lock_release(c->redis, key, owner, o.lease_ms, NULL) == LOCK_OK ? 0 : -1;
     if (strcmp(b, "zk") == 0)
-        return zkl_release(zk, key, owner, NULL) == ZKL_OK ? 0 : -1;
+        return zkl_release(zk, key, owner, NULL) == LOCK_OK ? 0 : -1;
     if (multi())
         return mlock_release(c->nodes, key, owner, o.lease_ms, ~0u, 0, NULL) > 0 ? 0 : -1;
     if (strcmp(b, "pg-table") == 0)
-        return pgl_table_release(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL) == PGL_OK
+        return pgl_table_release(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL) == LOCK_OK
                    ? 0
                    : -1;
-    return pgl_advisory_release(c->pg, PG_WAIT_MS, adv_key(key)) == PGL_OK ? 0 : -1;
+    return pgl_advisory_release(c->pg, PG_WAIT_MS, adv_key(key)) == LOCK_OK ? 0 : -1;
 }
 
 static void open_zk(void)

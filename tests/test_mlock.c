@@ -126,7 +126,7 @@ static void refused(mlock_set *a, mlock_quorum q, unsigned rival, unsigned grant
 
     fresh_key(key, sizeof key);
     hold_on(rival, key, "R", 10000);
-    T_EQ_I64(mlock_acquire(a, q, key, "A", 10000, &g), MLOCK_BUSY);
+    T_EQ_I64(mlock_acquire(a, q, key, "A", 10000, &g), LOCK_BUSY);
     T_EQ_I64(g.granted, granted);
     T_EQ_I64(g.busy, busy);
     T_EQ_I64(present(key), rival);
@@ -140,16 +140,16 @@ static void test_quorums_and_release_of_a_failed_attempt(void)
 
     fresh_key(key, sizeof key);
     /* free: both take all five nodes */
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), LOCK_OK);
     T_EQ_I64(g.granted, 0x1f);
-    T_EQ_I64(mlock_acquire(b, MLOCK_MAJORITY, key, "B", 10000, &g), MLOCK_BUSY);
+    T_EQ_I64(mlock_acquire(b, MLOCK_MAJORITY, key, "B", 10000, &g), LOCK_BUSY);
     T_EQ_I64(g.busy, 0x07);             /* no majority left after three: 4 and 5 not asked */
     T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), 5);
     T_EQ_I64(present(key), 0);
 
     /* a rival holds nodes 1 and 2: a majority (3, 4, 5) is still free */
     hold_on(0x03, key, "R", 10000);
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), LOCK_OK);
     T_EQ_I64(g.granted, 0x1c);
     T_EQ_I64(g.busy, 0x03);
     T_EQ_I64(mlock_release(a, key, "A", 10000, ~g.busy, 0, NULL), 3);
@@ -178,23 +178,23 @@ static void test_reentry_and_not_owner(void)
     fresh_key(key, sizeof key);
     for (int q = 0; q < 2; q++) {
         mlock_quorum quorum = q == 0 ? MLOCK_ALL : MLOCK_MAJORITY;
-        T_EQ_I64(mlock_acquire(a, quorum, key, "A", 10000, &g), MLOCK_OK);
-        T_EQ_I64(mlock_acquire(a, quorum, key, "A", 10000, &g), MLOCK_OK);   /* reentry */
+        T_EQ_I64(mlock_acquire(a, quorum, key, "A", 10000, &g), LOCK_OK);
+        T_EQ_I64(mlock_acquire(a, quorum, key, "A", 10000, &g), LOCK_OK);    /* reentry */
         for (int i = 0; i < N; i++)
             T_EQ_I64(count_on(i, key, "A"), 2);
         /* a non-owner's release changes nothing */
         T_EQ_I64(mlock_release(b, key, "B", 10000, 0x1f, 0, &not_owner), 0);
         T_EQ_I64(not_owner, 5);
         T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), 5);
-        T_EQ_I64(mlock_acquire(b, quorum, key, "B", 10000, &g), MLOCK_BUSY);  /* still held once */
+        T_EQ_I64(mlock_acquire(b, quorum, key, "B", 10000, &g), LOCK_BUSY);   /* still held once */
         T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), 5);
         T_EQ_I64(present(key), 0);
-        T_EQ_I64(mlock_acquire(b, quorum, key, "B", 10000, &g), MLOCK_OK);
+        T_EQ_I64(mlock_acquire(b, quorum, key, "B", 10000, &g), LOCK_OK);
         T_EQ_I64(mlock_release(b, key, "B", 10000, 0x1f, 0, NULL), 5);
     }
     /* No watchdog renews a hold on several masters: a lease is required. */
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 0, &g), MLOCK_ERR);
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", -1, &g), MLOCK_ERR);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 0, &g), LOCK_ERR);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", -1, &g), LOCK_ERR);
     T_EQ_I64(present(key), 0);
     mlock_set_free(a);
     mlock_set_free(b);
@@ -209,7 +209,7 @@ static void test_validity_and_lease_expiry(void)
 
     fresh_key(key, sizeof key);
     T_EQ_I64(mlock_drift_ms(10000), 102);
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), LOCK_OK);
     T_EQ_I64(g.validity_ms, 10000 - (g.elapsed_us + 999) / 1000 - 102);
     T_ASSERT(g.validity_ms > 10000 / 2 && g.validity_ms <= 9897);  /* the attempt's time is counted */
     mlock_release(a, key, "A", 10000, 0x1f, 0, NULL);
@@ -217,9 +217,9 @@ static void test_validity_and_lease_expiry(void)
      * before (counted from before A asked for it), and long before a 10 s
      * one would be */
     t0 = util_mono_us();
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 300, &g), MLOCK_OK);
-    T_EQ_I64(mlock_acquire(b, MLOCK_MAJORITY, key, "B", 300, &g), MLOCK_BUSY);
-    while (mlock_acquire(b, MLOCK_MAJORITY, key, "B", 300, &g) != MLOCK_OK &&
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 300, &g), LOCK_OK);
+    T_EQ_I64(mlock_acquire(b, MLOCK_MAJORITY, key, "B", 300, &g), LOCK_BUSY);
+    while (mlock_acquire(b, MLOCK_MAJORITY, key, "B", 300, &g) != LOCK_OK &&
            util_mono_us() - t0 < 10000000)
         usleep(10 * 1000);
     T_ASSERT(util_mono_us() - t0 >= 295000 && util_mono_us() - t0 < 5000000);
@@ -237,23 +237,23 @@ static void test_a_node_down(void)
     fresh_key(key, sizeof key);
     nodes_cmd("kill", 4);
     /* MultiLock: unavailable (an error, not busy), and nothing left behind */
-    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), LOCK_ERR);
     T_EQ_I64(g.failed, 0x10);
     T_EQ_I64(present(key) & 0x0f, 0);
     /* RedLock: four of five */
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), LOCK_OK);
     T_EQ_I64(g.granted, 0x0f);
     T_EQ_I64(mlock_release(a, key, "A", 10000, ~g.busy, 0, NULL), 4);
     /* three down: no majority, an error; the two grants undone */
     nodes_cmd("kill", 3);
     nodes_cmd("kill", 2);
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_ERR);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), LOCK_ERR);
     T_EQ_I64(g.granted, 0x03);
     T_EQ_I64(present(key) & 0x03, 0);
     for (int i = 2; i < N; i++)
         nodes_cmd("start-node", i);
     after_retry();
-    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), LOCK_OK);
     T_EQ_I64(g.granted, 0x1f);
     mlock_release(a, key, "A", 10000, 0x1f, 0, NULL);
     mlock_set_free(a);
@@ -267,7 +267,7 @@ static void test_a_silent_node_costs_one_node_timeout(void)
 
     fresh_key(key, sizeof key);
     nodes_cmd("pause", 0);
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), LOCK_OK);
     T_EQ_I64(g.failed, 0x01);
     printf("# one node silent: attempt took %lld us, validity %lld ms\n",
            (long long)g.elapsed_us, (long long)g.validity_ms);
@@ -275,7 +275,7 @@ static void test_a_silent_node_costs_one_node_timeout(void)
     mlock_release(a, key, "A", 10000, ~g.busy, 0, NULL);
     after_retry();
     /* a lease the silent node's timeout eats: no validity left, released everywhere */
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "B", NODE_TIMEOUT_MS + 2, &g), MLOCK_ERR);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "B", NODE_TIMEOUT_MS + 2, &g), LOCK_ERR);
     T_EQ_I64(g.granted, 0x1e);
     T_ASSERT(g.validity_ms <= 0);
     for (int i = 1; i < N; i++)                /* the test's look at node 1 would wait too */
@@ -297,10 +297,10 @@ static void test_restarted_nodes_are_reconnected_at_once(void)
     mlock_grant g;
     int failures = 0;
     int64_t t0;
-    mlock_status st = MLOCK_ERR;
+    lock_status st = LOCK_ERR;
 
     fresh_key(key, sizeof key);
-    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), LOCK_OK);
     T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), N);
     for (int i = 0; i < N; i++) {
         nodes_cmd("kill", i);
@@ -309,18 +309,18 @@ static void test_restarted_nodes_are_reconnected_at_once(void)
         raw[i] = NULL;
     }
     t0 = util_mono_us();
-    while (failures <= 10 * N && (st = mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g)) != MLOCK_OK)
+    while (failures <= 10 * N && (st = mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g)) != LOCK_OK)
         failures++;
     printf("# %d nodes restarted: %d failed attempts, granted after %lld us\n", N, failures,
            (long long)(util_mono_us() - t0));
-    T_EQ_I64(st, MLOCK_OK);
+    T_EQ_I64(st, LOCK_OK);
     T_ASSERT(failures <= N);
     T_EQ_I64(mlock_release(a, key, "A", 10000, 0x1f, 0, NULL), N);
     /* a silent node: the first attempt waits for it, the next does not */
     nodes_cmd("pause", 0);
-    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), LOCK_ERR);
     T_ASSERT(g.elapsed_us >= NODE_TIMEOUT_MS * 1000);
-    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), LOCK_ERR);
     T_EQ_I64(g.failed, 0x01);
     T_ASSERT(g.elapsed_us < NODE_TIMEOUT_MS * 1000);
     nodes_cmd("resume", 0);
@@ -379,7 +379,7 @@ static void test_a_node_that_closes_new_connections_keeps_the_pause(void)
     a = mlock_set_new(with_closer, N, NODE_TIMEOUT_MS);
     fresh_key(key, sizeof key);
     for (int i = 0; i < 20; i++)
-        T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+        T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), LOCK_ERR);
     printf("# a node closing every connection: %d connects in 20 attempts\n",
            atomic_load(&closer_accepts));
     T_EQ_I64(atomic_load(&closer_accepts), 1);
@@ -493,7 +493,7 @@ static void test_a_node_that_answers_late_keeps_no_hold(void)
 
     /* MultiLock: node 1 granted, node 2 late: failed, undone on both */
     fresh_key(key, sizeof key);
-    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), MLOCK_ERR);
+    T_EQ_I64(mlock_acquire(a, MLOCK_ALL, key, "A", 10000, &g), LOCK_ERR);
     T_EQ_I64(g.granted, 0x01);
     T_EQ_I64(g.failed, 0x02);
     T_EQ_I64(g.unanswered, 0x02);
@@ -504,7 +504,7 @@ static void test_a_node_that_answers_late_keeps_no_hold(void)
     /* RedLock: held without node 2, which ran it: released there too */
     after_retry();
     fresh_key(key, sizeof key);
-    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(a, MLOCK_MAJORITY, key, "A", 10000, &g), LOCK_OK);
     T_EQ_I64(g.granted, 0x1d);
     T_EQ_I64(g.unanswered, 0x02);
     T_EQ_I64(count_on(1, key, "A"), 1);      /* it did grant it (asked directly) */
@@ -530,7 +530,7 @@ static void client_1_holds_then_node_3_fails(mlock_set *c1, const char *key, lon
 
     nodes_cmd("pause", 3);
     nodes_cmd("pause", 4);
-    T_EQ_I64(mlock_acquire(c1, MLOCK_MAJORITY, key, "client-1", lease, &g1), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(c1, MLOCK_MAJORITY, key, "client-1", lease, &g1), LOCK_OK);
     T_EQ_I64(g1.granted, 0x07);
     usleep(250 * 1000);                   /* past the attempt's deadline: 4 and 5 refuse it */
     nodes_cmd("resume", 3);
@@ -556,7 +556,7 @@ static void test_restart_without_persistence_gives_two_holders(void)
 
     fresh_key(key, sizeof key);
     client_1_holds_then_node_3_fails(c1, key, lease, 1);
-    T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), LOCK_OK);
     T_EQ_I64(g2.granted, 0x1c);
     T_ASSERT(g2.elapsed_us / 1000 < lease);   /* within client 1's lease: both hold it */
     nodes_cmd("resume", 0);
@@ -580,7 +580,7 @@ static void test_delayed_restart_keeps_one_holder(void)
 
     fresh_key(key, sizeof key);
     client_1_holds_then_node_3_fails(c1, key, lease, 0);   /* node 3 stays down */
-    T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_ERR);
+    T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), LOCK_ERR);
     T_EQ_I64(g2.granted, 0);              /* 1, 2, 3 failed: no majority left, 4 and 5 not asked */
     T_EQ_I64(count_on(3, key, "client-2") + count_on(4, key, "client-2"), 0);
     nodes_cmd("resume", 0);
@@ -588,7 +588,7 @@ static void test_delayed_restart_keeps_one_holder(void)
     usleep((useconds_t)(lease + mlock_drift_ms(lease)) * 1000);
     nodes_cmd("start-node", 2);           /* the delayed restart */
     after_retry();
-    T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), MLOCK_OK);
+    T_EQ_I64(mlock_acquire(c2, MLOCK_MAJORITY, key, "client-2", lease, &g2), LOCK_OK);
     mlock_release(c2, key, "client-2", lease, 0x1f, 0, NULL);
     mlock_set_free(c1);
     mlock_set_free(c2);
@@ -616,7 +616,7 @@ static void *storm_thread(void *arg)
     snprintf(owner, sizeof owner, "T%d", t);
     for (int r = 0; r < 2 * STORM_ROUNDS; r++) {
         pthread_barrier_wait(&storm_go);
-        storm_won[t] = mlock_acquire(s, storm_q, storm_key, owner, 10000, &g) == MLOCK_OK;
+        storm_won[t] = mlock_acquire(s, storm_q, storm_key, owner, 10000, &g) == LOCK_OK;
         pthread_barrier_wait(&storm_done);
     }
     mlock_set_free(s);

@@ -40,25 +40,25 @@ static void test_table_exclusion_reentry_not_owner(void)
     int holds = 0, left = -1;
 
     fresh_key(key, sizeof key);
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 10000, &t1, &holds), PGL_OK);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 10000, &t1, &holds), LOCK_OK);
     T_EQ_I64(holds, 1);
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, NULL, NULL), PGL_BUSY);
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 10000, &t2, &holds), PGL_OK);   /* reentry */
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, NULL, NULL), LOCK_BUSY);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 10000, &t2, &holds), LOCK_OK);  /* reentry */
     T_EQ_I64(holds, 2);
     T_ASSERT(t2 > t1);
-    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "B", 10000, NULL), PGL_NOT_OWNER);  /* refused */
+    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "B", 10000, NULL), LOCK_NOT_OWNER); /* refused */
     /* still A's */
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, NULL, NULL), PGL_BUSY);
-    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 10000, &left), PGL_OK);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, NULL, NULL), LOCK_BUSY);
+    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 10000, &left), LOCK_OK);
     T_EQ_I64(left, 1);
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, NULL, NULL), PGL_BUSY);
-    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 10000, &left), PGL_OK);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, NULL, NULL), LOCK_BUSY);
+    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 10000, &left), LOCK_OK);
     T_EQ_I64(left, 0);
     /* released once too often */
-    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 10000, NULL), PGL_NOT_OWNER);
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, &t3, NULL), PGL_OK);
+    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 10000, NULL), LOCK_NOT_OWNER);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, &t3, NULL), LOCK_OK);
     T_ASSERT(t3 > t2);
-    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "B", 10000, NULL), PGL_OK);
+    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "B", 10000, NULL), LOCK_OK);
     PQfinish(pg);
 }
 
@@ -70,23 +70,23 @@ static void test_table_lease_expiry(void)
     int holds = 0;
 
     fresh_key(key, sizeof key);
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 200, &ta, NULL), PGL_OK);
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 200, NULL, NULL), PGL_BUSY);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 200, &ta, NULL), LOCK_OK);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 200, NULL, NULL), LOCK_BUSY);
     t_sleep_ms(300);
     /* expired: the next acquire takes the row over (no sweeper needed) */
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, &tb, &holds), PGL_OK);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "B", 10000, &tb, &holds), LOCK_OK);
     T_EQ_I64(holds, 1);
     T_ASSERT(tb > ta);
     /* A's late release */
-    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 200, NULL), PGL_NOT_OWNER);
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 200, NULL, NULL), PGL_BUSY);
-    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "B", 10000, NULL), PGL_OK);
+    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 200, NULL), LOCK_NOT_OWNER);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 200, NULL, NULL), LOCK_BUSY);
+    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "B", 10000, NULL), LOCK_OK);
     /* an expired reentrant hold starts over at 1, and its release says it expired */
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 100, NULL, NULL), PGL_OK);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 100, NULL, NULL), LOCK_OK);
     t_sleep_ms(200);
-    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 100, NULL), PGL_NOT_OWNER);
+    T_EQ_I64(pgl_table_release(pg, WAIT_MS, key, "A", 100, NULL), LOCK_NOT_OWNER);
     /* the sweeper's statement deletes expired rows only */
-    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 100, NULL, NULL), PGL_OK);
+    T_EQ_I64(pgl_table_acquire(pg, WAIT_MS, key, "A", 100, NULL, NULL), LOCK_OK);
     t_sleep_ms(200);
     T_ASSERT(pgl_table_sweep(pg, WAIT_MS) >= 1);
     snprintf(sql, sizeof sql, "SELECT count(*) FROM tb_lock WHERE lock_key = '%s'", key);
@@ -109,20 +109,20 @@ static void test_advisory_per_session(void)
 
     PQsetNoticeProcessor(a, quiet, NULL);
     PQsetNoticeProcessor(b, quiet, NULL);
-    T_EQ_I64(pgl_advisory_try(a, WAIT_MS, key), PGL_OK);
-    T_EQ_I64(pgl_advisory_try(b, WAIT_MS, key), PGL_BUSY);
+    T_EQ_I64(pgl_advisory_try(a, WAIT_MS, key), LOCK_OK);
+    T_EQ_I64(pgl_advisory_try(b, WAIT_MS, key), LOCK_BUSY);
     /* reentrant in its session */
-    T_EQ_I64(pgl_advisory_try(a, WAIT_MS, key), PGL_OK);
-    T_EQ_I64(pgl_advisory_release(b, WAIT_MS, key), PGL_NOT_OWNER);      /* another session */
-    T_EQ_I64(pgl_advisory_release(a, WAIT_MS, key), PGL_OK);
-    T_EQ_I64(pgl_advisory_try(b, WAIT_MS, key), PGL_BUSY);               /* held once more */
-    T_EQ_I64(pgl_advisory_release(a, WAIT_MS, key), PGL_OK);
-    T_EQ_I64(pgl_advisory_try(b, WAIT_MS, key), PGL_OK);
+    T_EQ_I64(pgl_advisory_try(a, WAIT_MS, key), LOCK_OK);
+    T_EQ_I64(pgl_advisory_release(b, WAIT_MS, key), LOCK_NOT_OWNER);     /* another session */
+    T_EQ_I64(pgl_advisory_release(a, WAIT_MS, key), LOCK_OK);
+    T_EQ_I64(pgl_advisory_try(b, WAIT_MS, key), LOCK_BUSY);              /* held once more */
+    T_EQ_I64(pgl_advisory_release(a, WAIT_MS, key), LOCK_OK);
+    T_EQ_I64(pgl_advisory_try(b, WAIT_MS, key), LOCK_OK);
     /* the session ends: its locks go */
     PQfinish(b);
     b = db();
-    T_EQ_I64(pgl_advisory_try(a, WAIT_MS, key), PGL_OK);
-    T_EQ_I64(pgl_advisory_release(a, WAIT_MS, key), PGL_OK);
+    T_EQ_I64(pgl_advisory_try(a, WAIT_MS, key), LOCK_OK);
+    T_EQ_I64(pgl_advisory_release(a, WAIT_MS, key), LOCK_OK);
     PQfinish(a);
     PQfinish(b);
 }
@@ -143,17 +143,17 @@ static void test_advisory_holder_killed(void)
     pid = fork();
     if (pid == 0) {
         PGconn *a = db();
-        if (pgl_advisory_try(a, WAIT_MS, key) == PGL_OK)
+        if (pgl_advisory_try(a, WAIT_MS, key) == LOCK_OK)
             (void)!write(fds[1], "h", 1);
         for (;;)
             pause();
     }
     T_ASSERT(read(fds[0], &c, 1) == 1 && c == 'h');
-    T_EQ_I64(pgl_advisory_try(b, WAIT_MS, key), PGL_BUSY);
+    T_EQ_I64(pgl_advisory_try(b, WAIT_MS, key), LOCK_BUSY);
     kill(pid, SIGKILL);
     killed = t_now_ms();
     while (t_now_ms() - killed < 10000) {
-        if (pgl_advisory_try(b, WAIT_MS, key) == PGL_OK) {
+        if (pgl_advisory_try(b, WAIT_MS, key) == LOCK_OK) {
             took = t_now_ms() - killed;
             break;
         }
@@ -178,7 +178,7 @@ static void test_stopped_backend_bounded(void)
         PGconn *pg = db();
         int pid = PQbackendPID(pg);
         char key[64];
-        pgl_status st;
+        lock_status st;
         double t0, took;
 
         fresh_key(key, sizeof key);
@@ -192,9 +192,9 @@ static void test_stopped_backend_bounded(void)
         took = t_now_ms() - t0;
         kill(pid, SIGCONT);
         printf("# %s on a stopped backend: %s after %.0f ms (bound 300 ms)\n",
-               i == 0 ? "table acquire" : "advisory try", st == PGL_ERR ? "error" : "answer",
+               i == 0 ? "table acquire" : "advisory try", st == LOCK_ERR ? "error" : "answer",
                took);
-        T_EQ_I64(st, PGL_ERR);
+        T_EQ_I64(st, LOCK_ERR);
         T_ASSERT(took >= 250 && took < 2000);
         T_ASSERT(PQstatus(pg) == CONNECTION_BAD);
         PQfinish(pg);

@@ -46,16 +46,16 @@ static void test_exclusion_and_tokens(void)
     if (!T_ASSERT(a != NULL && b != NULL))
         goto out;
     fresh_key(key, sizeof key);
-    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g1), ZKL_OK);
+    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g1), LOCK_OK);
     T_ASSERT(g1.token > 0);
     T_EQ_I64(g1.count, 1);
     T_EQ_I64(g1.session, zkl_session_id(a));
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, &g2), ZKL_BUSY);
-    T_EQ_I64(zkl_acquire(a, key, "A2", 0, &g2), ZKL_BUSY);     /* another owner, same process */
-    T_EQ_I64(zkl_release(a, key, "A", NULL), ZKL_OK);
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, &g2), ZKL_OK);
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, &g2), LOCK_BUSY);
+    T_EQ_I64(zkl_acquire(a, key, "A2", 0, &g2), LOCK_BUSY);    /* another owner, same process */
+    T_EQ_I64(zkl_release(a, key, "A", NULL), LOCK_OK);
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, &g2), LOCK_OK);
     T_ASSERT(g2.token > g1.token);                              /* the fence's order */
-    T_EQ_I64(zkl_release(b, key, "B", NULL), ZKL_OK);
+    T_EQ_I64(zkl_release(b, key, "B", NULL), LOCK_OK);
     /* a busy attempt leaves no node behind */
     zhandle_t *raw = t_zk_raw(NULL);
     char parent[128];
@@ -79,22 +79,22 @@ static void test_reentry_and_not_owner(void)
     if (!T_ASSERT(a != NULL && b != NULL))
         goto out;
     fresh_key(key, sizeof key);
-    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g1), ZKL_OK);
-    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g2), ZKL_OK);        /* reentry */
+    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g1), LOCK_OK);
+    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g2), LOCK_OK);       /* reentry */
     T_EQ_I64(g2.count, 2);
     T_EQ_I64(g2.token, g1.token);                               /* the same node */
     /* release by a non-owner: refused, nothing changes */
-    T_EQ_I64(zkl_release(b, key, "A", NULL), ZKL_NOT_OWNER);   /* another process */
-    T_EQ_I64(zkl_release(a, key, "B", NULL), ZKL_NOT_OWNER);   /* another owner here */
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), ZKL_BUSY);
-    T_EQ_I64(zkl_release(a, key, "A", &left), ZKL_OK);
+    T_EQ_I64(zkl_release(b, key, "A", NULL), LOCK_NOT_OWNER);  /* another process */
+    T_EQ_I64(zkl_release(a, key, "B", NULL), LOCK_NOT_OWNER);  /* another owner here */
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), LOCK_BUSY);
+    T_EQ_I64(zkl_release(a, key, "A", &left), LOCK_OK);
     T_EQ_I64(left, 1);
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), ZKL_BUSY);     /* still held once */
-    T_EQ_I64(zkl_release(a, key, "A", &left), ZKL_OK);
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), LOCK_BUSY);    /* still held once */
+    T_EQ_I64(zkl_release(a, key, "A", &left), LOCK_OK);
     T_EQ_I64(left, 0);
-    T_EQ_I64(zkl_release(a, key, "A", NULL), ZKL_NOT_OWNER);   /* once too often */
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), ZKL_OK);
-    T_EQ_I64(zkl_release(b, key, "B", NULL), ZKL_OK);
+    T_EQ_I64(zkl_release(a, key, "A", NULL), LOCK_NOT_OWNER);  /* once too often */
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), LOCK_OK);
+    T_EQ_I64(zkl_release(b, key, "B", NULL), LOCK_OK);
 out:
     zkl_close(a);
     zkl_close(b);
@@ -103,7 +103,7 @@ out:
 typedef struct waiter_arg {
     zkl_client *c;
     const char *key, *owner;
-    zkl_status st;
+    lock_status st;
     double at_ms;
 } waiter_arg;
 
@@ -121,28 +121,28 @@ static void test_waiters_in_order(void)
     zkl_client *a = open_client(), *b = open_client(), *c = open_client();
     char key[64];
     pthread_t tb, tc;
-    waiter_arg wb = { b, key, "B", ZKL_ERR, 0 }, wc = { c, key, "C", ZKL_ERR, 0 };
+    waiter_arg wb = { b, key, "B", LOCK_ERR, 0 }, wc = { c, key, "C", LOCK_ERR, 0 };
     double released;
 
     if (!T_ASSERT(a != NULL && b != NULL && c != NULL))
         goto out;
     fresh_key(key, sizeof key);
-    T_EQ_I64(zkl_acquire(a, key, "A", 0, NULL), ZKL_OK);
+    T_EQ_I64(zkl_acquire(a, key, "A", 0, NULL), LOCK_OK);
     pthread_create(&tb, NULL, waiter_main, &wb);
     t_sleep_ms(300);                                            /* B queues first */
     pthread_create(&tc, NULL, waiter_main, &wc);
     t_sleep_ms(300);
     released = t_now_ms();
-    T_EQ_I64(zkl_release(a, key, "A", NULL), ZKL_OK);
+    T_EQ_I64(zkl_release(a, key, "A", NULL), LOCK_OK);
     pthread_join(tb, NULL);
-    T_EQ_I64(wb.st, ZKL_OK);
+    T_EQ_I64(wb.st, LOCK_OK);
     T_ASSERT(wb.at_ms - released < 1000);                       /* woken, not polling */
     t_sleep_ms(300);
     T_ASSERT(wc.at_ms == 0);                                    /* C still waits behind B */
-    T_EQ_I64(zkl_release(b, key, "B", NULL), ZKL_OK);
+    T_EQ_I64(zkl_release(b, key, "B", NULL), LOCK_OK);
     pthread_join(tc, NULL);
-    T_EQ_I64(wc.st, ZKL_OK);
-    T_EQ_I64(zkl_release(c, key, "C", NULL), ZKL_OK);
+    T_EQ_I64(wc.st, LOCK_OK);
+    T_EQ_I64(zkl_release(c, key, "C", NULL), LOCK_OK);
 out:
     zkl_close(a);
     zkl_close(b);
@@ -164,22 +164,22 @@ static void test_lost_create_reply(void)
     snprintf(parent, sizeof parent, ROOT "/%s", key);
     /* a free lock: the node is found by its name and the lock is held */
     zkl_test_drop_next_create_reply(a);
-    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g), ZKL_OK);
+    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g), LOCK_OK);
     zkl_counts_get(a, &n);
     T_EQ_I64(n.recovered, 1);
     T_ASSERT(g.token > 0);
     T_EQ_I64(t_zk_children(raw, parent), 1);
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), ZKL_BUSY);
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), LOCK_BUSY);
     /* a busy lock: the lost node is found, and deleted, not left queued */
     zkl_test_drop_next_create_reply(b);
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), ZKL_BUSY);
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), LOCK_BUSY);
     zkl_counts_get(b, &n);
     T_EQ_I64(n.recovered, 1);
     T_EQ_I64(t_zk_children(raw, parent), 1);                    /* only A's */
-    T_EQ_I64(zkl_release(a, key, "A", NULL), ZKL_OK);
+    T_EQ_I64(zkl_release(a, key, "A", NULL), LOCK_OK);
     T_EQ_I64(t_zk_children(raw, parent), 0);
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), ZKL_OK);        /* nothing blocks it */
-    T_EQ_I64(zkl_release(b, key, "B", NULL), ZKL_OK);
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), LOCK_OK);       /* nothing blocks it */
+    T_EQ_I64(zkl_release(b, key, "B", NULL), LOCK_OK);
 out:
     if (raw != NULL)
         zookeeper_close(raw);
@@ -196,9 +196,9 @@ static int paused_holder(const char *key)
     zkl_counts n;
     char line[64];
     double t0;
-    zkl_status st = ZKL_ERR;
+    lock_status st = LOCK_ERR;
 
-    if (c == NULL || zkl_acquire(c, key, "A", 0, &g) != ZKL_OK)
+    if (c == NULL || zkl_acquire(c, key, "A", 0, &g) != LOCK_OK)
         return 1;
     printf("held %lld\n", (long long)g.token);
     fflush(stdout);
@@ -207,7 +207,7 @@ static int paused_holder(const char *key)
     printf("release %d\n", (int)zkl_release(c, key, "A", NULL));
     fflush(stdout);
     t0 = t_now_ms();
-    while (t_now_ms() - t0 < 10000 && (st = zkl_acquire(c, key, "A", 0, NULL)) == ZKL_ERR)
+    while (t_now_ms() - t0 < 10000 && (st = zkl_acquire(c, key, "A", 0, NULL)) == LOCK_ERR)
         t_sleep_ms(50);
     zkl_counts_get(c, &n);
     printf("again %d %llu\n", (int)st, (unsigned long long)n.sessions);
@@ -255,7 +255,7 @@ static void test_session_expiry(void)
     unsigned long long sessions = 0;
     FILE *to = NULL, *from = NULL;
     zkl_grant gb;
-    zkl_status bst = ZKL_ERR;
+    lock_status bst = LOCK_ERR;
     pid_t pid;
     double t0;
 
@@ -266,23 +266,23 @@ static void test_session_expiry(void)
     if (!T_ASSERT(pid > 0 && to != NULL && from != NULL))
         goto out;
     T_ASSERT(fgets(line, sizeof line, from) != NULL && sscanf(line, "held %lld", &ta) == 1);
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), ZKL_BUSY);
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), LOCK_BUSY);
     kill(pid, SIGSTOP);
     t0 = t_now_ms();
-    while (t_now_ms() - t0 < 4 * TIMEOUT_MS && (bst = zkl_acquire(b, key, "B", 0, &gb)) != ZKL_OK)
+    while (t_now_ms() - t0 < 4 * TIMEOUT_MS && (bst = zkl_acquire(b, key, "B", 0, &gb)) != LOCK_OK)
         t_sleep_ms(50);
-    T_EQ_I64(bst, ZKL_OK);                                      /* A's node went with its session */
+    T_EQ_I64(bst, LOCK_OK);                                     /* A's node went with its session */
     T_ASSERT(gb.token > ta);                                    /* A's late write is fenced off */
     kill(pid, SIGCONT);
     fputs("release\n", to);
     fflush(to);
     T_ASSERT(fgets(line, sizeof line, from) != NULL && sscanf(line, "release %d", &st) == 1);
-    T_EQ_I64(st, ZKL_LOST);
+    T_EQ_I64(st, LOCK_LOST);
     T_ASSERT(fgets(line, sizeof line, from) != NULL &&
              sscanf(line, "again %d %llu", &st, &sessions) == 2);
-    T_EQ_I64(st, ZKL_BUSY);                                     /* a new session, queued behind B */
+    T_EQ_I64(st, LOCK_BUSY);                                    /* a new session, queued behind B */
     T_EQ_I64(sessions, 2);
-    T_EQ_I64(zkl_release(b, key, "B", NULL), ZKL_OK);
+    T_EQ_I64(zkl_release(b, key, "B", NULL), LOCK_OK);
 out:
     if (to != NULL)
         fclose(to);
@@ -306,13 +306,13 @@ static void test_token_is_czxid(void)
         goto out;
     fresh_key(key, sizeof key);
     snprintf(parent, sizeof parent, ROOT "/%s", key);
-    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g1), ZKL_OK);
-    T_EQ_I64(zkl_release(a, key, "A", NULL), ZKL_OK);
+    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g1), LOCK_OK);
+    T_EQ_I64(zkl_release(a, key, "A", NULL), LOCK_OK);
     T_EQ_I64(zoo_delete(raw, parent, -1), ZOK);                 /* what the container reaper does */
-    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g2), ZKL_OK);
+    T_EQ_I64(zkl_acquire(a, key, "A", 0, &g2), LOCK_OK);
     T_EQ_I64(g2.seq, g1.seq);                                   /* the sequence restarted ... */
     T_ASSERT(g2.token > g1.token);                              /* ... the czxid went on */
-    T_EQ_I64(zkl_release(a, key, "A", NULL), ZKL_OK);
+    T_EQ_I64(zkl_release(a, key, "A", NULL), LOCK_OK);
 out:
     if (raw != NULL)
         zookeeper_close(raw);
@@ -323,7 +323,7 @@ out:
 static int hold_forever(const char *key)
 {
     zkl_client *c = open_client();
-    if (c == NULL || zkl_acquire(c, key, "child", 0, NULL) != ZKL_OK)
+    if (c == NULL || zkl_acquire(c, key, "child", 0, NULL) != LOCK_OK)
         return 1;
     printf("held\n");
     fflush(stdout);
@@ -352,16 +352,16 @@ static void test_holder_killed(void)
         goto out;
     T_ASSERT(fgets(line, sizeof line, p) != NULL);              /* the rest of the pid line */
     T_ASSERT(fgets(line, sizeof line, p) != NULL && strcmp(line, "held\n") == 0);
-    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), ZKL_BUSY);
+    T_EQ_I64(zkl_acquire(b, key, "B", 0, NULL), LOCK_BUSY);
     timeout = zkl_session_timeout(b);
     kill(pid, SIGKILL);
     killed = t_now_ms();
-    T_EQ_I64(zkl_acquire(b, key, "B", 3 * TIMEOUT_MS, NULL), ZKL_OK);   /* waits on the watch */
+    T_EQ_I64(zkl_acquire(b, key, "B", 3 * TIMEOUT_MS, NULL), LOCK_OK);  /* waits on the watch */
     got = t_now_ms() - killed;
     printf("# holder killed: lock free after %.0f ms (session timeout %d ms)\n", got, timeout);
     T_ASSERT(got > timeout / 2.0);                              /* not at once ... */
     T_ASSERT(got < timeout + 1500);                             /* ... but at the timeout */
-    T_EQ_I64(zkl_release(b, key, "B", NULL), ZKL_OK);
+    T_EQ_I64(zkl_release(b, key, "B", NULL), LOCK_OK);
 out:
     if (p != NULL)
         pclose(p);
