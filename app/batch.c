@@ -16,6 +16,8 @@
 #include "config.h"
 #include "log.h"
 #include "rec.h"
+#include "store_batch.h"
+#include "store_order.h"
 #include "util.h"
 
 #include <errno.h>

@@ -7,7 +7,7 @@
 #include "rec.h"
 #include "script.h"
 #include "stock_redis.h"
-#include "store.h"
+#include "store_batch.h"
 #include "stream_tidy.h"
 #include "util.h"
 

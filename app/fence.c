@@ -3,7 +3,7 @@
 #include "conn.h"
 #include "log.h"
 #include "rec.h"
-#include "store.h"
+#include "store_fence.h"
 #include "util.h"
 
 #include <errno.h>

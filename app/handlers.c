@@ -12,6 +12,7 @@
 #include "stock.h"
 #include "stock_redis.h"
 #include "store.h"
+#include "store_voucher.h"
 #include "stream_tidy.h"
 #include "util.h"
 #include "vcache.h"

@@ -15,7 +15,7 @@
 #include "order.h"
 #include "rec.h"
 #include "script.h"
-#include "store.h"
+#include "store_prepare.h"
 #include "peers.h"
 #include "sentinel.h"
 #include "stream_tidy.h"

@@ -7,7 +7,7 @@
 #include "expo.h"
 #include "log.h"
 #include "peers.h"
-#include "store.h"
+#include "store_voucher.h"
 #include "util.h"
 
 #include <pthread.h>

@@ -1,6 +1,8 @@
 /* stock: the strategy table, and the two safe one-by-one strategies. */
 #include "stock.h"
 #include "config.h"
+#include "store_order.h"
+#include "store_steps.h"
 
 #include <pthread.h>
 #include <stdint.h>

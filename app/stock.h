@@ -23,6 +23,7 @@
 
 #include "conn.h"
 #include "store.h"
+#include "store_voucher.h"
 #include "ulock.h"
 #include "util.h"
 

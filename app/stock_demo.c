@@ -6,6 +6,7 @@
  * by step, since its one statement has no gap to widen. */
 #include "stock.h"
 #include "config.h"
+#include "store_steps.h"
 
 static void settle_steps(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done,
                          void *arg, const store_stock_step *step)

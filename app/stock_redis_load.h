@@ -17,6 +17,7 @@
 
 #include "conn.h"
 #include "store.h"
+#include "store_voucher.h"
 
 #define STOCK_REDIS_STREAM "seckill:orders"       /* admitted orders, until trimmed once settled */
 #define STOCK_REDIS_DEAD "seckill:orders:dead"    /* entries no batch could persist */

@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#include "store.h"
+#include "store_voucher.h"
 
 #define VCACHE_TTL_MS 1000
 
