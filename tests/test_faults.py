@@ -932,6 +932,21 @@ def redis_master_sigstopped_comes_back_as_a_replica_nobody_writes_to():
 
 # ---------------------------------------------------------------- resources
 
+def latency_kept(res, what):
+    """The normal requests are served about as fast with the slow clients
+    open as without. The median is compared (a burst of the machine's other
+    work moves a p99 of 600 requests, not their median), with a few ms of
+    slack for a 2-core machine's scheduling; the p99 only against a collapse
+    (a server that serves the slow clients first answers in seconds)."""
+    b50 = max(res["unloaded1"]["p50"], res["unloaded2"]["p50"])
+    b99 = max(res["unloaded1"]["p99"], res["unloaded2"]["p99"])
+    l50, l99 = res["loaded"]["p50"], res["loaded"]["p99"]
+    if l50 > 2 * b50 + 5:
+        fail(f"p50 with {what} {l50:.2f} ms > 2 x unloaded {b50:.2f} ms + 5 ms")
+    if l99 > 4 * b99 + 100:
+        fail(f"p99 with {what} {l99:.2f} ms > 4 x unloaded {b99:.2f} ms + 100 ms")
+
+
 @test
 def slowloris_1000_through_nginx():
     st = the_stack()
@@ -950,8 +965,7 @@ def slowloris_1000_through_nginx():
         fail(f"only {res['slowOpened']} of 1000 slow connections opened")
     if res["failures"]:
         fail(f"{len(res['failures'])} normal requests failed: {res['failures'][:5]}")
-    if res["loaded"]["p99"] > 2 * base:
-        fail(f"p99 with 1000 slow clients {res['loaded']['p99']:.2f} ms > 2 x unloaded {base:.2f} ms")
+    latency_kept(res, "1000 slow clients")
 
 
 @test
@@ -975,8 +989,7 @@ def slowloris_1000_idle_against_an_instance():
                                     "failures": len(res["failures"])})
         if res["slowOpened"] < 1000 or res["failures"]:
             fail(f"opened {res['slowOpened']}, failures {res['failures'][:5]}")
-        if res["loaded"]["p99"] > 2 * base:
-            fail(f"p99 with 1000 idle clients {res['loaded']['p99']:.2f} ms > 2 x {base:.2f} ms")
+        latency_kept(res, "1000 idle clients")
     finally:
         srv.stop_ok()
 
