@@ -58,8 +58,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import kit  # noqa: E402
-from bench import CpuMeter  # noqa: E402
-from kit import Col, fmt_count  # noqa: E402
+from kit import Col, CpuMeter, fmt_count  # noqa: E402
 
 MODULES = "/usr/lib/nginx/modules"
 BODY = '{"error":"sold_out","message":"sold out"}'
