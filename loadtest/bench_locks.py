@@ -4,7 +4,7 @@ to each service's own ceiling, in one run (make bench-lock).
 
 Starts a private stack (scripts/stack.sh: Postgres, Redis, ZooKeeper, one
 instance, nginx; RUN_DIR build/bench-lock-run, free ports), then for each
-backend runs tests/bench_locks.c (build/tests/bench_locks): uncontended
+backend runs loadtest/bench_locks.c (build/tests/bench_locks): uncontended
 acquire+release pairs per second from THREADS threads, the contended
 hand-off p50/p99 between two threads, and the time until another process
 gets the lock after its holder was killed (SIGKILL) or exited without

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""loadtest/kit.py, the toolkit of the tools and tests: its pure parts on
+"""loadtest/kit/, the toolkit of the tools and tests: its pure parts on
 captured outputs (percentiles, ab and wrk parsing, nginx's access log, number
 and table formatting), then its HTTP client against a server of its own, psql
 against the run's Postgres, and the stack's environment (nothing started).
