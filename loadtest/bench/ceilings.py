@@ -41,8 +41,25 @@ def stand_in_conf(up, bare):
 """
 
 
+def only_200(r, who):
+    """BenchError unless every answer of the wrk run r was a 200."""
+    bad = sum(v for k, v in r["statuses"].items() if k != "200")
+    if bad:
+        raise BenchError(f"{who} answered {bad} requests with another status than 200: {r['statuses']}")
+
+
 class Ceilings:
     """The ceilings (a mixin of Bench)."""
+
+    def warm_then_measure(self, url):
+        """wrk on url, 64 connections: BENCH_WARMUP seconds, then BENCH_SECONDS
+        with the CPU meter; the second run's figures and CPU."""
+        self.wrk(url, 64, self.warmup)
+        meter = self.cpu_meter()
+        meter.start()
+        r = self.wrk(url, 64, self.seconds)
+        r["cpu"] = meter.stop()
+        return r
 
     def pgbench(self, script, seconds, defines):
         path = os.path.join(self.tmp, "pgbench.sql")
@@ -194,6 +211,7 @@ class Ceilings:
         return front
 
     def stop_ceiling_nginx(self):
+        """Stops the ceiling's nginx and stand-ins, if they run."""
         kit.stop_children(self.stand_ins)
         self.stand_ins = []
         pid = self.ceiling_nginx_pid
@@ -204,14 +222,12 @@ class Ceilings:
             log(f"pid {pid} is no longer the ceiling nginx: left alone")
 
     def ceiling_nginx(self, separate=False):
+        """wrk through the ceiling nginx to its stand-in upstream (separate:
+        two upstream200 processes), saturated, then paced."""
         try:
             port = self.start_ceiling_nginx(separate)
             url = f"http://127.0.0.1:{port}/voucher/1/seckill"
-            self.wrk(url, 64, self.warmup)
-            meter = self.cpu_meter()
-            meter.start()
-            r = self.wrk(url, 64, self.seconds)
-            r["cpu"] = meter.stop()
+            r = self.warm_then_measure(url)
             # The same connections paced to a quarter of that rate: latency
             # without a saturated queue (the sold-out path is read the same
             # way, at the same pace).
@@ -220,9 +236,7 @@ class Ceilings:
             _, r["paced"] = self.paced(url)
         finally:
             self.stop_ceiling_nginx()
-        bad = sum(v for k, v in r["statuses"].items() if k != "200")
-        if bad:
-            raise BenchError(f"the ceiling nginx answered {bad} requests with another status than 200: {r['statuses']}")
+        only_200(r, "the ceiling nginx")
         r["connections"] = 64
         if separate:
             r["upstream"] = ("two build/upstream200 processes (loadtest/upstream200.c, IO_THREADS threads each),"
@@ -244,18 +258,12 @@ class Ceilings:
         try:
             self.start_ceiling_nginx()
             url = f"http://127.0.0.1:{self.bare_port}/voucher/1/seckill"
-            self.wrk(url, 64, self.warmup)
-            meter = self.cpu_meter()
-            meter.start()
-            r = self.wrk(url, 64, self.seconds)
-            r["cpu"] = meter.stop()
+            r = self.warm_then_measure(url)
             r["pacedHalfDelayMs"] = self.half_pace(r["rps"])
             _, r["pacedHalf"] = self.paced(url, r["pacedHalfDelayMs"])
         finally:
             self.stop_ceiling_nginx()
-        bad = sum(v for k, v in r["statuses"].items() if k != "200")
-        if bad:
-            raise BenchError(f"the bare nginx answered {bad} requests with another status than 200: {r['statuses']}")
+        only_200(r, "the bare nginx")
         r["connections"] = 64
         r["server"] = "a server block of the ceiling nginx: return 200 (access log and X-Request-Id as the front's)"
         log(f"wrk nginx bare return 200: {r['rps']:.0f} req/s, p99 {r['p99Ms']} ms; paced"
