@@ -56,77 +56,115 @@ def nice_step(span, ticks=4):
     return (1 if f <= 1 else 2 if f <= 2 else 5 if f <= 5 else 10) * p
 
 
+class _Frame:
+    """An SVG chart's geometry: the plot area inside the padding, n slots
+    along x, values 0..ymax along y."""
+    pad_l, pad_r, pad_t, pad_b = 52, 12, 30, 40
+
+    def __init__(self, width, height, n, ymax):
+        self.width, self.height, self.n, self.ymax = width, height, n, ymax
+        self.pw = width - self.pad_l - self.pad_r
+        self.ph = height - self.pad_t - self.pad_b
+
+    def y(self, v):
+        return self.pad_t + self.ph - (v / self.ymax) * self.ph
+
+    def x(self, i, offset=0.5):
+        return self.pad_l + (i + offset) * self.pw / self.n
+
+
 def svg_chart(title, xs, series, kind="line", unit="", width=560, height=230,
               xlabel="second of the run"):
     """A small SVG chart: series = [(name, color, [value or None per x])];
     kind 'line' draws lines, 'bars' stacks the series as bars per x."""
-    pad_l, pad_r, pad_t, pad_b = 52, 12, 30, 40
-    pw, ph = width - pad_l - pad_r, height - pad_t - pad_b
-    n = max(1, len(xs))
     if kind == "bars":
         top = max([sum((s[2][i] or 0) for s in series) for i in range(len(xs))] or [0])
     else:
         top = max([v for s in series for v in s[2] if v is not None] or [0])
     step = nice_step(top or 1)
-    ymax = step * max(1, -(-top // step)) if top else step * 4
-    y = lambda v: pad_t + ph - (v / ymax) * ph  # noqa: E731
+    f = _Frame(width, height, max(1, len(xs)), step * max(1, -(-top // step)) if top else step * 4)
     out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
            f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{esc(title)}">',
-           f'<text x="{pad_l}" y="16" class="t">{esc(title)}</text>']
-    v = 0
-    while v <= ymax + 1e-9:
-        yy = y(v)
-        out.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{yy:.1f}" y2="{yy:.1f}" class="{"axis" if v == 0 else "grid"}"/>')
-        label = f"{v:g}"
-        out.append(f'<text x="{pad_l - 6}" y="{yy + 4:.1f}" class="yl">{label}</text>')
-        v += step
-    out.append(f'<text x="12" y="{pad_t + ph / 2:.0f}" class="yl" transform="rotate(-90 12 {pad_t + ph / 2:.0f})" text-anchor="middle">{esc(unit)}</text>')
-    xstep = max(1, int(round(nice_step(n, max(2, pw // 60)))))
-    for i, xv in enumerate(xs):
-        if i % xstep == 0:
-            xx = pad_l + (i + 0.5) * pw / n
-            out.append(f'<text x="{xx:.1f}" y="{height - 22}" class="xl">{xv}</text>')
-    if kind == "bars":
-        bw = max(1.0, pw / n * 0.8)
-        for i in range(len(xs)):
-            base = 0
-            xx = pad_l + (i + 0.1) * pw / n
-            for name, color, vals in series:
-                val = vals[i] or 0
-                if val <= 0:
-                    continue
-                out.append(f'<rect x="{xx:.1f}" y="{y(base + val):.1f}" width="{bw:.1f}" '
-                           f'height="{y(base) - y(base + val):.1f}" fill="{color}"><title>{xs[i]}s {name}: {val}</title></rect>')
-                base += val
-    else:
-        for name, color, vals in series:
-            pts, seg = [], []
-            for i, val in enumerate(vals):
-                if val is None:
-                    if seg:
-                        pts.append(seg)
-                    seg = []
-                    continue
-                seg.append(f"{pad_l + (i + 0.5) * pw / n:.1f},{y(val):.1f}")
-            if seg:
-                pts.append(seg)
-            for sg in pts:
-                if len(sg) > 1:
-                    out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
-                               f'stroke-linejoin="round" points="{" ".join(sg)}"/>')
-                if len(sg) == 1 or n <= 40:
-                    for pt in sg:
-                        cx, cy = pt.split(",")
-                        out.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{color}"/>')
-    lx = width - pad_r
-    for name, color, _vals in reversed(series):
-        w = 24 + 7 * len(name)
-        lx -= w
-        out.append(f'<rect x="{lx}" y="7" width="10" height="10" rx="2" fill="{color}"/>'
-                   f'<text x="{lx + 14}" y="16" class="lg">{esc(name)}</text>')
-    out.append(f'<text x="{pad_l + pw / 2:.0f}" y="{height - 1}" class="xl">{esc(xlabel)}</text>')
+           f'<text x="{f.pad_l}" y="16" class="t">{esc(title)}</text>']
+    out += _svg_axes(f, step, unit, xs)
+    out += _svg_bars(f, xs, series) if kind == "bars" else _svg_lines(f, series)
+    out += _svg_legend(f, series)
+    out.append(f'<text x="{f.pad_l + f.pw / 2:.0f}" y="{height - 1}" class="xl">{esc(xlabel)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _svg_axes(f, step, unit, xs):
+    """The grid lines with their values, the unit, the x labels."""
+    out = []
+    v = 0
+    while v <= f.ymax + 1e-9:
+        yy = f.y(v)
+        out.append(f'<line x1="{f.pad_l}" x2="{f.width - f.pad_r}" y1="{yy:.1f}" y2="{yy:.1f}" class="{"axis" if v == 0 else "grid"}"/>')
+        label = f"{v:g}"
+        out.append(f'<text x="{f.pad_l - 6}" y="{yy + 4:.1f}" class="yl">{label}</text>')
+        v += step
+    mid = f.pad_t + f.ph / 2
+    out.append(f'<text x="12" y="{mid:.0f}" class="yl" transform="rotate(-90 12 {mid:.0f})" text-anchor="middle">{esc(unit)}</text>')
+    xstep = max(1, int(round(nice_step(f.n, max(2, f.pw // 60)))))
+    for i, xv in enumerate(xs):
+        if i % xstep == 0:
+            out.append(f'<text x="{f.x(i):.1f}" y="{f.height - 22}" class="xl">{xv}</text>')
+    return out
+
+
+def _svg_bars(f, xs, series):
+    """The series stacked as bars, one stack per x."""
+    out = []
+    bw = max(1.0, f.pw / f.n * 0.8)
+    for i in range(len(xs)):
+        base = 0
+        xx = f.x(i, 0.1)
+        for name, color, vals in series:
+            val = vals[i] or 0
+            if val <= 0:
+                continue
+            out.append(f'<rect x="{xx:.1f}" y="{f.y(base + val):.1f}" width="{bw:.1f}" '
+                       f'height="{f.y(base) - f.y(base + val):.1f}" fill="{color}"><title>{xs[i]}s {name}: {val}</title></rect>')
+            base += val
+    return out
+
+
+def _svg_lines(f, series):
+    """Each series as lines (broken where a value is None), with points
+    where they are few."""
+    out = []
+    for name, color, vals in series:
+        pts, seg = [], []
+        for i, val in enumerate(vals):
+            if val is None:
+                if seg:
+                    pts.append(seg)
+                seg = []
+                continue
+            seg.append(f"{f.x(i):.1f},{f.y(val):.1f}")
+        if seg:
+            pts.append(seg)
+        for sg in pts:
+            if len(sg) > 1:
+                out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
+                           f'stroke-linejoin="round" points="{" ".join(sg)}"/>')
+            if len(sg) == 1 or f.n <= 40:
+                for pt in sg:
+                    cx, cy = pt.split(",")
+                    out.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{color}"/>')
+    return out
+
+
+def _svg_legend(f, series):
+    """The series' names and colors, right-aligned at the top."""
+    out = []
+    lx = f.width - f.pad_r
+    for name, color, _vals in reversed(series):
+        lx -= 24 + 7 * len(name)
+        out.append(f'<rect x="{lx}" y="7" width="10" height="10" rx="2" fill="{color}"/>'
+                   f'<text x="{lx + 14}" y="16" class="lg">{esc(name)}</text>')
+    return out
 
 
 HTML_STYLE = """
