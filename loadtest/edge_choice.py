@@ -226,9 +226,7 @@ class Choice:
 
     def stop(self):
         if self.pid:
-            gone = kit.stop_pid(self.pid, signal.SIGQUIT, 10, cmdline_has=self.dir)
-            if gone is False:
-                os.kill(self.pid, signal.SIGKILL)
+            kit.stop_nginx(self.pid, self.dir)
             self.pid = None
 
     def check_answers(self):
