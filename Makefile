@@ -106,6 +106,13 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJS) | pkg-check
 	@echo "  CC    $<"
 	$(Q)$(CC) $(CFLAGS) -Iapp -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
 
+# The C load tools that link the server's objects (loadtest/bench_*.c: make
+# bench-ids, bench-lock, bench-lock-redis), built beside the test programs.
+$(BUILD)/tests/bench_%: loadtest/bench_%.c $(LIB_OBJS) | pkg-check
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	$(Q)$(CC) $(CFLAGS) -Iapp -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
+
 # make bench's stand-in for an instance (loadtest/upstream200.c)
 $(BUILD)/upstream200: loadtest/upstream200.c | pkg-check
 	@mkdir -p $(dir $@)

@@ -43,6 +43,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,7 +101,7 @@ def main():
 
     def rounds_of_settings():
         os.makedirs(b.run_dir, exist_ok=True)
-        b.tmp = bench.tempfile.mkdtemp(prefix="bench-ab.", dir=b.run_dir)
+        b.tmp = tempfile.mkdtemp(prefix="bench-ab.", dir=b.run_dir)
         if mode == "soldout" or os.environ.get("AB_NGINX_EDGE") == "off":
             b.stack.set({"NGINX_EDGE": "off"})     # the instances answer, not nginx
         b.stack.start(fresh=True)

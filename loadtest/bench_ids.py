@@ -2,7 +2,7 @@
 """loadtest/bench_ids.py -- five ways to make order ids, side by side (make bench-ids).
 
 Starts a private stack (scripts/stack.sh: Postgres, Redis, one instance,
-nginx; RUN_DIR build/bench-ids-run, free ports), runs tests/bench_ids.c
+nginx; RUN_DIR build/bench-ids-run, free ports), runs loadtest/bench_ids.c
 (build/tests/bench_ids) against its Redis and Postgres, and stops it. The
 program measures, for the service's Redis id, snowflake, UUID v4 and v7, a
 Postgres sequence without and with CACHE, and segment allocation: ids per

@@ -37,6 +37,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.dont_write_bytecode = True
@@ -117,7 +118,7 @@ class PollBench(bench.Bench):
 
     def body(self):
         os.makedirs(self.run_dir, exist_ok=True)
-        self.tmp = bench.tempfile.mkdtemp(prefix="bench-pollers.", dir=self.run_dir)
+        self.tmp = tempfile.mkdtemp(prefix="bench-pollers.", dir=self.run_dir)
         self.stack.start(fresh=True)
         for i in range(1, self.rounds_n + 1):
             for arm, pollers in zip(self.arms, (0, self.pollers)):

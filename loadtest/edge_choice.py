@@ -58,8 +58,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import kit  # noqa: E402
-from bench import CpuMeter  # noqa: E402
-from kit import Col, fmt_count  # noqa: E402
+from kit import Col, CpuMeter, fmt_count  # noqa: E402
 
 MODULES = "/usr/lib/nginx/modules"
 BODY = '{"error":"sold_out","message":"sold out"}'
@@ -227,9 +226,7 @@ class Choice:
 
     def stop(self):
         if self.pid:
-            gone = kit.stop_pid(self.pid, signal.SIGQUIT, 10, cmdline_has=self.dir)
-            if gone is False:
-                os.kill(self.pid, signal.SIGKILL)
+            kit.stop_nginx(self.pid, self.dir)
             self.pid = None
 
     def check_answers(self):

@@ -56,7 +56,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import kit  # noqa: E402
-from bench import CpuMeter, env_int  # noqa: E402
+from bench import env_int  # noqa: E402
+from kit import CpuMeter  # noqa: E402
 
 
 def log(msg):

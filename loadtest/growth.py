@@ -58,22 +58,17 @@ def log(msg):
     print(f"growth: {msg}", file=sys.stderr, flush=True)
 
 
-def redis_cli(stack, *args, timeout=120):
-    port = stack.info["REDIS_PORT"]
-    return kit.run(["redis-cli", "-h", "127.0.0.1", "-p", port, "--raw"] + list(args),
-                   timeout).stdout
-
-
 def measure(stack):
     """The figures of one reading."""
     mem = {}
-    for line in redis_cli(stack, "INFO", "memory").splitlines():
+    for line in stack.redis_cli("INFO", "memory", timeout=120).splitlines():
         k, _, v = line.strip().partition(":")
         mem[k] = v
-    f = {"usedMemory": int(mem["used_memory"]), "dbsize": int(redis_cli(stack, "DBSIZE").strip())}
+    f = {"usedMemory": int(mem["used_memory"]),
+         "dbsize": int(stack.redis_cli("DBSIZE", timeout=120).strip())}
     # One SCAN, classified here: keys that expire meanwhile are counted
     # once or not at all, never told apart from DBSIZE's count.
-    keys = redis_cli(stack, "--scan").split()
+    keys = stack.redis_cli("--scan", timeout=120).split()
     for name, prefix in KINDS:
         f[name] = sum(1 for k in keys if k.startswith(prefix))
     f["otherKeys"] = len(keys) - sum(f[name] for name, _ in KINDS)

@@ -30,6 +30,7 @@ sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_invariants  # noqa: E402
 import kit  # noqa: E402
+from kit import esc, timeline_from_entries  # noqa: E402
 
 
 # ---------------------------------------------------------------- inputs
@@ -70,61 +71,6 @@ def answered_by(upstreams, stats):
         name = port_name.get(addr.rsplit(":", 1)[-1], "")
         out.append((f"{name} ({addr})" if name else addr, n))
     return out + ([(kit.NGINX_EDGE, edge)] if edge else [])
-
-
-def _timeline(per, first, last, when):
-    """The timeline's points from buckets {i: {"lat": [ms], "statuses": {}}}:
-    when(i) gives a point's "second" (and "epoch")."""
-    out = []
-    for i in range(first, last + 1):
-        b = per.get(i, {"lat": [], "statuses": {}})
-        lat = b["lat"]
-        out.append({**when(i), "requests": sum(b["statuses"].values()), "statuses": b["statuses"],
-                    "p50": kit.percentile(lat, 50), "p90": kit.percentile(lat, 90),
-                    "p99": kit.percentile(lat, 99), "max": max(lat) if lat else None})
-    return out
-
-
-def _add(per, key, status, ms):
-    b = per.setdefault(key, {"lat": [], "statuses": {}})
-    b["statuses"][status] = b["statuses"].get(status, 0) + 1
-    if ms is not None:
-        b["lat"].append(ms)
-
-
-def timeline_from_entries(entries):
-    """Per second of the run (nginx's $time_iso8601, when each answer was
-    sent): answers by status and latency percentiles ($request_time, ms)."""
-    from datetime import datetime
-    per = {}
-    for e in entries:
-        try:
-            t = int(datetime.fromisoformat(e.time).timestamp())
-        except ValueError:
-            continue
-        _add(per, t, e.status, e.seconds * 1000.0)
-    if not per:
-        return []
-    t0 = min(per)
-    return _timeline(per, t0, max(per), lambda t: {"second": t - t0, "epoch": t})
-
-
-def parse_timeline(path, offset, uri):
-    """timeline_from_entries() of uri's requests in an access log after offset."""
-    return timeline_from_entries(kit.access_log(path, offset, uri)[1])
-
-
-def timeline_from_samples(samples, bucket=1.0):
-    """The same figures as parse_timeline, from a client's own per-request
-    samples [(start seconds from the run's start, status, ms)], in buckets of
-    `bucket` seconds (by request start); status 0 (no answer) counts as "error"."""
-    per = {}
-    for start, status, ms in samples:
-        _add(per, int(start // bucket), str(status) if status else "error",
-             float(ms) if status else None)
-    if not per:
-        return []
-    return _timeline(per, min(per), max(per), lambda i: {"second": round(i * bucket, 3)})
 
 
 def load_json(path):
@@ -406,154 +352,24 @@ def cmd_cluster():
 
 # ---------------------------------------------------------------- HTML report
 
-def _esc(v):
-    return (str(v).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace('"', "&quot;"))
-
-
-def _nice_step(span, ticks=4):
-    import math
-    if span <= 0:
-        return 1
-    raw = span / ticks
-    p = 10 ** math.floor(math.log10(raw))
-    f = raw / p
-    return (1 if f <= 1 else 2 if f <= 2 else 5 if f <= 5 else 10) * p
-
-
-def svg_chart(title, xs, series, kind="line", unit="", width=560, height=230,
-              xlabel="second of the run"):
-    """A small SVG chart: series = [(name, color, [value or None per x])];
-    kind 'line' draws lines, 'bars' stacks the series as bars per x."""
-    pad_l, pad_r, pad_t, pad_b = 52, 12, 30, 40
-    pw, ph = width - pad_l - pad_r, height - pad_t - pad_b
-    n = max(1, len(xs))
-    if kind == "bars":
-        top = max([sum((s[2][i] or 0) for s in series) for i in range(len(xs))] or [0])
-    else:
-        top = max([v for s in series for v in s[2] if v is not None] or [0])
-    step = _nice_step(top or 1)
-    ymax = step * max(1, -(-top // step)) if top else step * 4
-    y = lambda v: pad_t + ph - (v / ymax) * ph  # noqa: E731
-    out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-           f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{_esc(title)}">',
-           f'<text x="{pad_l}" y="16" class="t">{_esc(title)}</text>']
-    v = 0
-    while v <= ymax + 1e-9:
-        yy = y(v)
-        out.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{yy:.1f}" y2="{yy:.1f}" class="{"axis" if v == 0 else "grid"}"/>')
-        label = f"{v:g}"
-        out.append(f'<text x="{pad_l - 6}" y="{yy + 4:.1f}" class="yl">{label}</text>')
-        v += step
-    out.append(f'<text x="12" y="{pad_t + ph / 2:.0f}" class="yl" transform="rotate(-90 12 {pad_t + ph / 2:.0f})" text-anchor="middle">{_esc(unit)}</text>')
-    xstep = max(1, int(round(_nice_step(n, max(2, pw // 60)))))
-    for i, xv in enumerate(xs):
-        if i % xstep == 0:
-            xx = pad_l + (i + 0.5) * pw / n
-            out.append(f'<text x="{xx:.1f}" y="{height - 22}" class="xl">{xv}</text>')
-    if kind == "bars":
-        bw = max(1.0, pw / n * 0.8)
-        for i in range(len(xs)):
-            base = 0
-            xx = pad_l + (i + 0.1) * pw / n
-            for name, color, vals in series:
-                val = vals[i] or 0
-                if val <= 0:
-                    continue
-                out.append(f'<rect x="{xx:.1f}" y="{y(base + val):.1f}" width="{bw:.1f}" '
-                           f'height="{y(base) - y(base + val):.1f}" fill="{color}"><title>{xs[i]}s {name}: {val}</title></rect>')
-                base += val
-    else:
-        for name, color, vals in series:
-            pts, seg = [], []
-            for i, val in enumerate(vals):
-                if val is None:
-                    if seg:
-                        pts.append(seg)
-                    seg = []
-                    continue
-                seg.append(f"{pad_l + (i + 0.5) * pw / n:.1f},{y(val):.1f}")
-            if seg:
-                pts.append(seg)
-            for sg in pts:
-                if len(sg) > 1:
-                    out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
-                               f'stroke-linejoin="round" points="{" ".join(sg)}"/>')
-                if len(sg) == 1 or n <= 40:
-                    for pt in sg:
-                        cx, cy = pt.split(",")
-                        out.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{color}"/>')
-    lx = width - pad_r
-    for name, color, _vals in reversed(series):
-        w = 24 + 7 * len(name)
-        lx -= w
-        out.append(f'<rect x="{lx}" y="7" width="10" height="10" rx="2" fill="{color}"/>'
-                   f'<text x="{lx + 14}" y="16" class="lg">{_esc(name)}</text>')
-    out.append(f'<text x="{pad_l + pw / 2:.0f}" y="{height - 1}" class="xl">{_esc(xlabel)}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
-
-
-HTML_STYLE = """
-body{font-family:system-ui,-apple-system,'Segoe UI','DejaVu Sans',sans-serif;margin:0;background:#f1f5f9;color:#0f172a;font-size:14px}
-header{background:#0f172a;color:#e2e8f0;padding:16px 28px}header h1{margin:0;font-size:20px;color:#fff}
-header p{margin:4px 0 0;color:#94a3b8;font-size:13px}main{max-width:1240px;margin:0 auto;padding:20px 28px}
-.card{background:#fff;border:1px solid #e2e8f0;border-radius:12px;padding:16px 18px;margin-bottom:18px;box-shadow:0 1px 2px rgba(15,23,42,.06)}
-h2{font-size:16px;margin:0 0 4px}.muted{color:#64748b;font-size:12.5px}
-table{border-collapse:collapse;width:100%;margin-top:8px}th,td{padding:5px 8px;border-bottom:1px solid #e2e8f0;text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
-th{font-size:11px;text-transform:uppercase;letter-spacing:.05em;color:#64748b}th:first-child,td:first-child{text-align:left}
-td.ok{color:#166534;background:#dcfce7;font-weight:700}td.bad{color:#fff;background:#dc2626;font-weight:700}
-.verdict{display:inline-block;padding:3px 12px;border-radius:999px;font-weight:700;margin-left:8px;font-size:13px}
-.verdict.ok{background:#dcfce7;color:#166534}.verdict.bad{background:#dc2626;color:#fff}
-.charts{display:flex;flex-wrap:wrap;gap:12px;margin-top:10px}
-svg.chart{background:#fff;max-width:100%;height:auto}svg .t{font-size:13px;font-weight:600;fill:#0f172a}
-svg .grid{stroke:#e2e8f0}svg .axis{stroke:#94a3b8}svg .yl{font-size:11px;fill:#64748b;text-anchor:end}
-svg .xl{font-size:11px;fill:#64748b;text-anchor:middle}svg .lg{font-size:11px;fill:#334155}
-ul.fails{color:#991b1b;font-weight:600}pre{background:#f8fafc;border:1px solid #e2e8f0;border-radius:8px;padding:10px;overflow:auto;font-size:12.5px}
-"""
-
-
-def timeline_html(tl, lat_title="latency per second (nginx $request_time)",
-                  bars_title="answers per second by status", bars_unit="answers/s",
-                  xlabel="second of the run"):
-    """HTML fragments of a timeline (parse_timeline, timeline_from_samples):
-    the latency-percentile chart, the answers-by-status chart and the table."""
-    h = []
-    xs = [p["second"] for p in tl]
-    lat = [("p50", "#16a34a", [p["p50"] for p in tl]), ("p90", "#f59e0b", [p["p90"] for p in tl]),
-           ("p99", "#dc2626", [p["p99"] for p in tl]), ("max", "#94a3b8", [p["max"] for p in tl])]
-    codes = sorted({k for p in tl for k in p["statuses"]})
-    colors = {"200": "#16a34a", "409": "#f59e0b"}
-    bars = [(c, colors.get(c, "#dc2626" if c.startswith("5") or c == "error" else "#8b5cf6"),
-             [p["statuses"].get(c, 0) for p in tl]) for c in codes]
-    h.append("<div class=charts>")
-    h.append(svg_chart(lat_title, xs, lat, "line", "ms", xlabel=xlabel))
-    h.append(svg_chart(bars_title, xs, bars, "bars", bars_unit, xlabel=xlabel))
-    h.append("</div>")
-    h.append("<table><tr><th>second</th><th>answers</th><th>200</th><th>409</th><th>other</th>"
-             "<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th></tr>")
-    for p in tl:
-        st = p["statuses"]
-        other = sum(n for k, n in st.items() if k not in ("200", "409"))
-        h.append(f"<tr><td>{p['second']}</td><td>{p['requests']}</td><td>{st.get('200', 0)}</td>"
-                 f"<td>{st.get('409', 0)}</td><td>{other}</td><td>{fmt_ms(p['p50'])}</td>"
-                 f"<td>{fmt_ms(p['p90'])}</td><td>{fmt_ms(p['p99'])}</td><td>{fmt_ms(p['max'])}</td></tr>")
-    h.append("</table>")
-    return h
-
-
 def html_report(results, out_path, title="seckill load test"):
+    """The HTML report of some runs (kit.html_page): the summary and the
+    invariants, then each run's timeline."""
     import datetime
     all_ok = all(r["ok"] for r in results)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    h = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_esc(title)}</title>",
-         f"<style>{HTML_STYLE}</style></head><body>",
-         f"<header><h1>{_esc(title)} <span class=\"verdict {'ok' if all_ok else 'bad'}\">"
-         f"{'every invariant holds' if all_ok else 'INVARIANT VIOLATED'}</span></h1>",
-         f"<p>{_esc(when)} · {len(results)} run(s) · target {_esc(results[0]['url'].split('/voucher/')[0]) if results else ''}</p></header><main>",
-         "<div class=card><h2>Summary</h2><div class=muted>The terminal table: client-side latency (ab/wrk), "
+    target = esc(results[0]['url'].split('/voucher/')[0]) if results else ''
+    meta = f"{esc(when)} · {len(results)} run(s) · target {target}"
+    body = (html_summary(results) + [x for r in results for x in html_run(r)])
+    kit.write_html(out_path, title, all_ok,
+                   "every invariant holds" if all_ok else "INVARIANT VIOLATED", meta, body)
+
+
+def html_summary(results):
+    """The summary card: the terminal table, then each run's invariants."""
+    h = ["<div class=card><h2>Summary</h2><div class=muted>The terminal table: client-side latency (ab/wrk), "
          "answers from nginx's access log, invariants read in Postgres after each run.</div>",
-         f"<pre>{_esc(summary_table(results))}\n</pre>"]
+         f"<pre>{esc(summary_table(results))}\n</pre>"]
     cols = ["orders", "stock", "initialStock", "oversold", "duplicateUsers", "stockDrift"]
     heads = ["orders", "stock", "initial stock", "oversold", "duplicate users", "stock drift"]
     h.append("<table><tr><th>run</th><th>voucher</th>" + "".join(f"<th>{c}</th>" for c in heads) +
@@ -566,28 +382,31 @@ def html_report(results, out_path, title="seckill load test"):
             cls = ""
             if c in ("oversold", "duplicateUsers", "stockDrift"):
                 cls = "ok" if val == 0 else "bad"
-            cells.append(f"<td class='{cls}'>{_esc(val)}</td>")
-        h.append(f"<tr><td>{_esc(r['scenario'])}</td><td>{_esc(r['voucherId'])}</td>{''.join(cells)}"
-                 f"<td>{_esc(r['statuses'].get('200', 0))}</td>"
+            cells.append(f"<td class='{cls}'>{esc(val)}</td>")
+        h.append(f"<tr><td>{esc(r['scenario'])}</td><td>{esc(r['voucherId'])}</td>{''.join(cells)}"
+                 f"<td>{esc(r['statuses'].get('200', 0))}</td>"
                  f"<td class='{'ok' if r['ok'] else 'bad'}'>{'OK' if r['ok'] else 'FAIL'}</td></tr>")
     h.append("</table></div>")
-    for r in results:
-        tl = r.get("timeline") or []
-        h.append(f"<div class=card><h2>{_esc(r['scenario'])} <span class=\"verdict {'ok' if r['ok'] else 'bad'}\">"
-                 f"{'OK' if r['ok'] else 'VIOLATED'}</span></h2><div class=muted>{_esc(r['what'])} · "
-                 f"{r['requests']} requests in {r['seconds']:.2f} s = {r['rps']:.0f} req/s · client p50 "
-                 f"{fmt_ms(r['p50'])} ms, p99 {fmt_ms(r['p99'])} ms · voucher {_esc(r['voucherId'])}</div>")
-        fails = [m for ok, m in r.get("checks", []) if not ok]
-        if fails:
-            h.append("<ul class=fails>" + "".join(f"<li>{_esc(m)}</li>" for m in fails) + "</ul>")
-        if tl:
-            h.extend(timeline_html(tl))
-        else:
-            h.append("<p class=muted>No per-second figures: the nginx access log was not readable "
-                     "(NGINX_ACCESS_LOG), so only the totals above are known.</p>")
-        h.append("</div>")
-    h.append("</main></body></html>")
-    kit.write_atomic(out_path, "\n".join(h) + "\n")
+    return h
+
+
+def html_run(r):
+    """One run's card: its figures, failed checks and timeline."""
+    tl = r.get("timeline") or []
+    h = [f"<div class=card><h2>{esc(r['scenario'])} {kit.verdict(r['ok'], 'OK' if r['ok'] else 'VIOLATED')}"
+         f"</h2><div class=muted>{esc(r['what'])} · "
+         f"{r['requests']} requests in {r['seconds']:.2f} s = {r['rps']:.0f} req/s · client p50 "
+         f"{fmt_ms(r['p50'])} ms, p99 {fmt_ms(r['p99'])} ms · voucher {esc(r['voucherId'])}</div>"]
+    fails = [m for ok, m in r.get("checks", []) if not ok]
+    if fails:
+        h.append("<ul class=fails>" + "".join(f"<li>{esc(m)}</li>" for m in fails) + "</ul>")
+    if tl:
+        h.extend(kit.timeline_html(tl))
+    else:
+        h.append("<p class=muted>No per-second figures: the nginx access log was not readable "
+                 "(NGINX_ACCESS_LOG), so only the totals above are known.</p>")
+    h.append("</div>")
+    return h
 
 
 def cmd_html(argv):

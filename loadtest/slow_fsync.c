@@ -13,7 +13,7 @@
  * then loses what it held back, as a machine crash loses what was written
  * but not flushed. On a fast, idle disk the fsync takes a millisecond and
  * the window is almost never open when the kill comes; this library keeps
- * it open, so that the ladder shows the loss every run (loadtest/ladder.py,
+ * it open, so that the ladder shows the loss every run (loadtest/ladder,
  * the redis-first step with everysec). */
 #include <dlfcn.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-# mk/bench.mk: the performance benchmark (loadtest/bench.py).
+# mk/bench.mk: the performance benchmark (loadtest/bench/).
 #
 #   make bench        build, start a private stack (build/bench-run: durable
 #                     Postgres, Redis, 2 instances, nginx), measure the
@@ -23,7 +23,7 @@
 #
 #   BENCH_LONG=0      skip the 60 s / 256-connection sale (about a minute less)
 #   BENCH_REPEAT=3    three rounds of the short runs, medians in the table
-#   (more knobs: python3 loadtest/bench.py's docstring)
+#   (more knobs: python3 loadtest/bench --help)
 
 ##@ Benchmarks
 
@@ -34,7 +34,7 @@ BENCH_RUN_DIR ?= $(abspath $(BUILD))/bench-run
 bench: all $(BUILD)/upstream200 ## the performance benchmark on a private stack: ceilings, sales, table (~10 min)
 	@BENCH_RUN_DIR=$(BENCH_RUN_DIR) BENCH_JSON=$${BENCH_JSON:-$(abspath $(BUILD))/bench.json} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} \
-	    BENCH_UPSTREAM200=$${BENCH_UPSTREAM200:-$(abspath $(BUILD))/upstream200} python3 loadtest/bench.py
+	    BENCH_UPSTREAM200=$${BENCH_UPSTREAM200:-$(abspath $(BUILD))/upstream200} python3 loadtest/bench
 
 bench-edge: $(BUILD)/upstream200 ## nginx answering a sold-out crowd: Lua dict, proxy_cache, njs vs bare return 200; the edge's cost on a sale (~9 min)
 	@python3 loadtest/edge_choice.py

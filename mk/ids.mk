@@ -1,5 +1,5 @@
 # mk/ids.mk: the order id schemes side by side (loadtest/bench_ids.py runs
-# tests/bench_ids.c on a private stack, build/bench-ids-run).
+# loadtest/bench_ids.c on a private stack, build/bench-ids-run).
 #
 #   make bench-ids                        the service's Redis id, snowflake, UUID
 #                                         v4 and v7, a Postgres sequence with and

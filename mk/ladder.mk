@@ -1,4 +1,4 @@
-# mk/ladder.mk: the demo ladder (loadtest/ladder.py). Included by the Makefile.
+# mk/ladder.mk: the demo ladder (loadtest/ladder/). Included by the Makefile.
 #
 #   make ladder                          packages, build, then every step of the
 #                                        ladder on a stack of its own (.run/ladder,
@@ -28,7 +28,7 @@ LADDER_BINS := $(BUILD)/seckill $(BUILD)/slow_fsync.so
 ladder: ## every strategy of the demo ladder on a stack of its own: table, report, chart (~5 min)
 	@$(MAKE) --no-print-directory deps
 	@$(MAKE) --no-print-directory $(LADDER_BINS)
-	@SECKILL_BIN=$(abspath $(BUILD))/seckill loadtest/ladder.py --out $(BUILD)/ladder $(LADDER_ARGS)
+	@SECKILL_BIN=$(abspath $(BUILD))/seckill python3 loadtest/ladder --out $(BUILD)/ladder $(LADDER_ARGS)
 	@if [ -z "$(strip $(LADDER_ARGS))" ] && [ -f $(BUILD)/ladder/ladder.png ]; then \
 	    mkdir -p docs/img && cp $(BUILD)/ladder/ladder.png docs/img/ladder.png && \
 	    echo "chart: docs/img/ladder.png"; fi

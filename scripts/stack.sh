@@ -76,8 +76,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=scripts/pg-lib.sh
-. "$ROOT/scripts/pg-lib.sh"
+# shellcheck source=scripts/lib/stack-fns.sh
+. "$ROOT/scripts/lib/stack-fns.sh"
 RUN_DIR=${RUN_DIR:-$ROOT/.run}
 case "$RUN_DIR" in /*) ;; *) RUN_DIR="$PWD/$RUN_DIR" ;; esac
 RUN_DIR=${RUN_DIR%/}
@@ -115,10 +115,7 @@ ROLLING_PAUSE_S=${ROLLING_PAUSE_S:-4}
 APP_STOP_S=20
 LUA_DIR_STACK=${LUA_DIR:-$ROOT/lua}
 case "$LUA_DIR_STACK" in /*) ;; *) LUA_DIR_STACK="$PWD/$LUA_DIR_STACK" ;; esac
-# The schema files loaded into the database, in this order (docker-compose.yml's
-# schema service loads the same files on every start).
-SCHEMA_FILES=(sql/schema.sql)
-DB_NAME=seckill
+DB_NAME=seckill       # its schema: SCHEMA_FILES (scripts/lib/stack-fns.sh)
 
 PIDS="$RUN_DIR/pids"
 STATE_FILE="$RUN_DIR/stack.state"
@@ -128,21 +125,6 @@ log() { printf 'stack: %s\n' "$*" >&2; }
 die() { printf 'stack: error: %s\n' "$*" >&2; exit 1; }
 
 # ------------------------------------------------------------------ helpers
-
-# Prints the last lines of a log file, indented.
-tail_log() {
-    local file=$1
-    [[ -f "$file" ]] || return 0
-    log "last lines of $file:"
-    tail -n 20 "$file" | sed 's/^/    | /' >&2
-}
-
-# The command line of PID with NULs turned into spaces ('' when gone).
-cmdline_of() {
-    local pid=$1
-    [[ -r "/proc/$pid/cmdline" ]] || return 0
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | sed 's/ $//' || true
-}
 
 # pid file format: line 1 the PID, line 2 a glob its /proc/PID/cmdline must match.
 write_pidfile() {
@@ -185,45 +167,6 @@ pid_names() {
     return 0
 }
 
-# True while PID runs. A zombie (exited, not yet reaped: the daemons' parent
-# is init, which may reap late) counts as gone.
-pid_alive() {
-    local state
-    state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null || true)
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
-
-# Sends SIG to PID, waits up to SECONDS for it to exit; SIGKILL after that.
-stop_pid() {
-    local name=$1 pid=$2 sig=$3 seconds=$4 i
-    kill "-$sig" "$pid" 2>/dev/null || return 0
-    for ((i = 0; i < seconds * 10; i++)); do
-        pid_alive "$pid" || return 0
-        sleep 0.1
-    done
-    log "$name (pid $pid) did not stop on SIG$sig within ${seconds}s: SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do
-        pid_alive "$pid" || return 0
-        sleep 0.1
-    done
-    log "warning: $name (pid $pid) is still alive after SIGKILL"
-}
-
-# Prints N distinct free loopback TCP ports, one a line.
-free_ports() {
-    python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-for s in socks:
-    print(s.getsockname()[1])
-EOF
-}
-
 # True when something listens on 127.0.0.1:PORT or the port cannot be bound.
 # SO_REUSEADDR, like the servers: connections in TIME_WAIT do not count.
 port_busy() {
@@ -259,24 +202,7 @@ find_nginx() {
     echo "$n"
 }
 
-# Waits up to STACK_TIMEOUT seconds for the command to succeed; PID (optional)
-# must stay alive meanwhile.
-wait_for() {
-    local what=$1 pid=$2 i; shift 2
-    for ((i = 0; i < STACK_TIMEOUT * 10; i++)); do
-        if "$@" >/dev/null 2>&1; then return 0; fi
-        if [[ -n "$pid" ]] && ! pid_alive "$pid"; then
-            log "$what exited during start"
-            return 1
-        fi
-        sleep 0.1
-    done
-    log "$what not ready within ${STACK_TIMEOUT}s"
-    return 1
-}
-
 http_ok() { curl -fsS --max-time 2 -o /dev/null "$1"; }
-redis_ping() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == PONG ]]; }
 
 # ------------------------------------------------------------------ state
 
@@ -402,8 +328,7 @@ admin_token() {
 }
 
 start_postgres() {
-    local port=$1 bin data="$RUN_DIR/pg/data" sock="$RUN_DIR/pg/sock" old
-    bin=$(find_pg_bin)
+    local port=$1 data="$RUN_DIR/pg/data" old
     # A postmaster from an earlier run that lost its pid file must not have its
     # data directory removed under it.
     if [[ -f "$data/postmaster.pid" ]]; then
@@ -414,19 +339,6 @@ start_postgres() {
         fi
     fi
     rm -rf "$RUN_DIR/pg"
-    mkdir -p "$data" "$sock"
-    chmod 700 "$data"
-    if [[ $(id -u) -eq 0 ]]; then
-        id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' user"
-        chown -R postgres: "$RUN_DIR/pg"
-        runuser -u postgres -- test -x "$RUN_DIR/pg" ||
-            die "the postgres user cannot reach $RUN_DIR (a parent directory is not searchable): set RUN_DIR elsewhere, e.g. RUN_DIR=/tmp/seckill-run"
-    fi
-    if ! as_pg "$bin/initdb" -D "$data" -U postgres -A trust -E UTF8 --locale=C --no-sync \
-        >"$RUN_DIR/pg/initdb.log" 2>&1; then
-        tail_log "$RUN_DIR/pg/initdb.log"
-        die "initdb failed"
-    fi
     local threads=${THREADS:-8} maxconn
     [[ "$threads" =~ ^[0-9]+$ ]] || threads=8
     maxconn=$((INSTANCES * (threads + 4) + 40))
@@ -438,70 +350,40 @@ start_postgres() {
     fi
     local durable=off
     [[ "${PG_DURABLE:-0}" == 1 ]] && durable=on
-    cat >>"$data/postgresql.conf" <<EOF
-
-# scripts/stack.sh: a throwaway database on loopback.
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$sock'
+    # In a session of its own (setsid), like every process of the stack: a
+    # Ctrl-C in the terminal that started it does not reach it.
+    pg_start "$RUN_DIR/pg" "$port" "scripts/stack.sh: a throwaway database on loopback." <<EOF
 max_connections = $maxconn
 shared_buffers = 128MB
 fsync = $durable
 synchronous_commit = $durable
 full_page_writes = $durable
-log_min_messages = warning
-log_line_prefix = '%m [%p] '
 EOF
-    cat >"$data/pg_hba.conf" <<EOF
-local all all               trust
-host  all all 127.0.0.1/32  trust
-EOF
-    # In a session of its own (setsid), like every process of the stack: a
-    # Ctrl-C in the terminal that started it does not reach it.
-    local -a pg_ctl=("$bin/pg_ctl" -D "$data" -l "$RUN_DIR/pg/postgres.log" -w -t "$STACK_TIMEOUT" start)
-    [[ $(id -u) -ne 0 ]] || pg_ctl=(runuser -u postgres -- "${pg_ctl[@]}")
-    if ! setsid -w "${pg_ctl[@]}" >"$RUN_DIR/pg/pg_ctl.log" 2>&1; then
-        tail_log "$RUN_DIR/pg/pg_ctl.log"
-        tail_log "$RUN_DIR/pg/postgres.log"
-        die "Postgres did not start on 127.0.0.1:$port"
-    fi
-    local pid
-    pid=$(head -n 1 "$data/postmaster.pid")
+    local pid=$PG_STARTED_PID bin
+    bin=$(find_pg_bin)
     write_pidfile postgres "$pid" "*/postgres -D $data*"
     live_pid postgres >/dev/null || die "Postgres pid $pid does not look like $bin/postgres -D $data: $(cmdline_of "$pid")"
-    wait_for "Postgres" "$pid" pg_isready -q -h 127.0.0.1 -p "$port" -t 1 || {
-        tail_log "$RUN_DIR/pg/postgres.log"; die "Postgres is not ready on 127.0.0.1:$port"; }
-    psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres \
-        -c "CREATE DATABASE $DB_NAME" >/dev/null || die "CREATE DATABASE $DB_NAME failed"
+    pg_wait_ready "$RUN_DIR/pg" "$port" "$pid"
+    pg_create_db "$port" "$DB_NAME"
     log "Postgres pid $pid on 127.0.0.1:$port (data $data)"
 }
 
 load_schema() {
-    local dsn=$1 f
-    for f in "${SCHEMA_FILES[@]}"; do
-        [[ -f "$ROOT/$f" ]] || die "$f is missing"
-        if ! psql -X -q -v ON_ERROR_STOP=1 -d "$dsn" -f "$ROOT/$f" >"$RUN_DIR/logs/schema.log" 2>&1; then
-            tail_log "$RUN_DIR/logs/schema.log"
-            die "loading $f failed"
-        fi
-    done
+    load_sql "$1" "$RUN_DIR/logs/schema.log" "${SCHEMA_FILES[@]}"
 }
 
 start_redis() {
     local port=$1 pid aof=(--appendonly no)
-    mkdir -p "$RUN_DIR/redis"
     case "$REDIS_APPENDFSYNC" in
         '') ;;
         always | everysec | no) aof=(--appendonly yes --appendfsync "$REDIS_APPENDFSYNC") ;;
         *) die "REDIS_APPENDFSYNC must be always, everysec or no (got '$REDIS_APPENDFSYNC')" ;;
     esac
-    setsid redis-server --bind 127.0.0.1 --port "$port" --save '' "${aof[@]}" \
-        --daemonize no --dir "$RUN_DIR/redis" --logfile "$RUN_DIR/redis/redis.log" \
-        --protected-mode yes </dev/null >/dev/null 2>&1 &
-    pid=$!
+    # In a session of its own (setsid), as Postgres.
+    redis_spawn "$RUN_DIR/redis" "$port" "${aof[@]}"
+    pid=$REDIS_STARTED_PID
     write_pidfile redis "$pid" "redis-server 127.0.0.1:$port*"
-    wait_for "Redis" "$pid" redis_ping "$port" || {
-        tail_log "$RUN_DIR/redis/redis.log"; die "Redis did not start on 127.0.0.1:$port"; }
+    redis_wait_ready "$RUN_DIR/redis" "$port" "$pid"
     live_pid redis >/dev/null || die "Redis pid $pid does not look like redis-server 127.0.0.1:$port: $(cmdline_of "$pid")"
     log "Redis pid $pid on 127.0.0.1:$port"
 }

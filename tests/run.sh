@@ -29,8 +29,14 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
-# shellcheck source=scripts/pg-lib.sh
-. "$ROOT/scripts/pg-lib.sh"
+# The stack's functions (scripts/stack.sh's too): Postgres and Redis started,
+# processes stopped by PID, free ports. Here the services stay in this
+# script's session; 30 s for each to be ready; 30 lines of a failing log.
+# shellcheck source=scripts/lib/stack-fns.sh
+. "$ROOT/scripts/lib/stack-fns.sh"
+SPAWN_SESSION=0
+STACK_TIMEOUT=${STACK_TIMEOUT:-30}
+TAIL_LINES=30
 BUILD=${BUILD:-build}
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 CHECK=0
@@ -75,49 +81,26 @@ skipped() {
 }
 die() { log "error: $*"; exit 2; }
 
-# Prints the last lines of a log file, indented, to stderr.
-tail_log() {
-    local file=$1
-    if [[ -f "$file" ]]; then
-        log "last lines of $file:"
-        tail -n 30 "$file" | sed 's/^/    | /' >&2
-    fi
-}
-
-# Sends SIGNAL to PID, then waits up to SECONDS for it to vanish; SIGKILL after.
-stop_pid() {
-    local pid=$1 sig=$2 seconds=$3 i
-    [[ -n "$pid" ]] || return 0
-    kill -0 "$pid" 2>/dev/null || return 0
-    kill "-$sig" "$pid" 2>/dev/null || true
-    for ((i = 0; i < seconds * 10; i++)); do
-        kill -0 "$pid" 2>/dev/null || return 0
-        sleep 0.1
-    done
-    log "pid $pid did not stop on SIG$sig within ${seconds}s: SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-}
-
 cleanup() {
     local rc=$? f
     trap - EXIT INT TERM
     set +e
-    stop_pid "$TEST_PID" TERM 10
-    stop_pid "$TAIL_PID" TERM 2
+    stop_pid test "$TEST_PID" TERM 10
+    stop_pid tail "$TAIL_PID" TERM 2
     if [[ -n "$TMP" && -d "$TMP/pids" ]]; then
         for f in "$TMP"/pids/*; do
             [[ -e "$f" ]] || continue
-            stop_pid "$(basename "$f")" TERM 5
+            stop_pid "a test's process" "$(basename "$f")" TERM 5
         done
     fi
-    stop_pid "$REDIS_PID" TERM 10
+    stop_pid Redis "$REDIS_PID" TERM 10
     # SIGINT is Postgres' "fast" shutdown: roll back open sessions and exit.
     # A test may have restarted it (pg_ctl): its postmaster.pid names the
     # postmaster running now.
     if [[ -n "$PGDATA" && -f "$PGDATA/postmaster.pid" ]]; then
         PG_PID=$(head -n 1 "$PGDATA/postmaster.pid")
     fi
-    stop_pid "$PG_PID" INT 20
+    stop_pid Postgres "$PG_PID" INT 20
     if [[ -n "$TMP" && -d "$TMP" ]]; then
         if [[ "${KEEP_TMP:-0}" == 1 ]]; then
             log "kept $TMP"
@@ -128,113 +111,33 @@ cleanup() {
     exit "$rc"
 }
 
-# Prints N free loopback TCP ports, one a line (all distinct).
-free_ports() {
-    local n=$1
-    if command -v python3 >/dev/null 2>&1; then
-        python3 - "$n" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-for s in socks:
-    print(s.getsockname()[1])
-EOF
-    else
-        local port found=0
-        for ((port = 20000 + RANDOM % 20000; found < n && port < 65000; port++)); do
-            if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-                echo "$port"
-                found=$((found + 1))
-            fi
-        done
-        ((found == n)) || die "no free ports"
-    fi
-}
-
 start_postgres() {
-    local port=$1 bin i
-    bin=$(find_pg_bin)
+    local port=$1
     PGDATA="$TMP/pg/data"
-    local sockdir="$TMP/pg/sock" pglog="$TMP/pg/postgres.log"
-    mkdir -p "$PGDATA" "$sockdir"
-    chmod 700 "$PGDATA"
-    if [[ $(id -u) -eq 0 ]]; then
-        id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' user"
-        chown -R postgres: "$TMP/pg"
-    fi
-    if ! as_pg "$bin/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --locale=C --no-sync \
-            >"$TMP/pg/initdb.log" 2>&1; then
-        tail_log "$TMP/pg/initdb.log"
-        die "initdb failed"
-    fi
-    cat >>"$PGDATA/postgresql.conf" <<EOF
-
-# tests/run.sh
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$sockdir'
+    pg_start "$TMP/pg" "$port" "tests/run.sh" <<EOF
 max_connections = 200
 shared_buffers = 64MB
 fsync = off
 synchronous_commit = off
 full_page_writes = off
-log_min_messages = warning
-log_line_prefix = '%m [%p] '
 EOF
-    cat >"$PGDATA/pg_hba.conf" <<EOF
-local all all               trust
-host  all all 127.0.0.1/32  trust
-EOF
-    if ! as_pg "$bin/pg_ctl" -D "$PGDATA" -l "$pglog" -w -t 30 start >"$TMP/pg/pg_ctl.log" 2>&1; then
-        tail_log "$TMP/pg/pg_ctl.log"
-        tail_log "$pglog"
-        die "Postgres did not start on port $port"
-    fi
-    PG_PID=$(head -n 1 "$PGDATA/postmaster.pid")
-    for ((i = 0; i < 100; i++)); do
-        pg_isready -q -h 127.0.0.1 -p "$port" -t 1 && break
-        kill -0 "$PG_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    if ! pg_isready -q -h 127.0.0.1 -p "$port" -t 1; then
-        tail_log "$pglog"
-        die "Postgres is not ready on port $port"
-    fi
-    log "Postgres $(basename "$(dirname "$bin")") pid $PG_PID on 127.0.0.1:$port"
+    PG_PID=$PG_STARTED_PID
+    pg_wait_ready "$TMP/pg" "$port" "$PG_PID"
+    log "Postgres $(basename "$(dirname "$(find_pg_bin)")") pid $PG_PID on 127.0.0.1:$port"
 }
 
 load_schema() {
     local port=$1
-    [[ -f "$ROOT/sql/schema.sql" ]] || die "sql/schema.sql is missing"
-    psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres \
-        -c 'CREATE DATABASE seckill' >/dev/null || die "CREATE DATABASE seckill failed"
-    if ! psql -X -q -v ON_ERROR_STOP=1 -d "host=127.0.0.1 port=$port dbname=seckill user=postgres" \
-            -f "$ROOT/sql/schema.sql" >"$TMP/schema.log" 2>&1; then
-        tail_log "$TMP/schema.log"
-        die "loading sql/schema.sql failed"
-    fi
+    pg_create_db "$port" seckill
+    load_sql "host=127.0.0.1 port=$port dbname=seckill user=postgres" "$TMP/schema.log" \
+        "${SCHEMA_FILES[@]}"
 }
 
 start_redis() {
-    local port=$1 i
-    local rlog="$TMP/redis/redis.log"
-    mkdir -p "$TMP/redis"
-    redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
-        --daemonize no --dir "$TMP/redis" --logfile "$rlog" \
-        --pidfile "$TMP/redis/redis.pid" --protected-mode yes </dev/null >/dev/null 2>&1 &
-    REDIS_PID=$!
-    for ((i = 0; i < 100; i++)); do
-        [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" == PONG ]] && break
-        kill -0 "$REDIS_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    if [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" != PONG ]]; then
-        tail_log "$rlog"
-        die "Redis did not start on port $port"
-    fi
+    local port=$1
+    redis_spawn "$TMP/redis" "$port" --appendonly no --pidfile "$TMP/redis/redis.pid"
+    REDIS_PID=$REDIS_STARTED_PID
+    redis_wait_ready "$TMP/redis" "$port" "$REDIS_PID"
     log "Redis pid $REDIS_PID on 127.0.0.1:$port"
 }
 

@@ -1,8 +1,8 @@
 """Helpers for the black-box tests of the seckill server (Python 3 stdlib only).
 
-What the tools share (the stack, psql, the HTTP client, /proc) is
-loadtest/kit.py's; this module adds what only the tests need, and turns kit's
-errors into test failures:
+What the tools share (the stack, psql, redis-cli, the HTTP client, /proc,
+waiting for a condition) is the kit's (loadtest/kit/); this module adds what
+only the tests need, and turns kit's errors into test failures:
 
 - Server: starts build/seckill on a free loopback port with env overrides,
   waits for GET /health, stops it with SIGTERM and checks it exits 0.
@@ -12,6 +12,7 @@ errors into test failures:
 - voucher_body() / new_voucher(): a voucher on sale now.
 - psql() / psql_value() / redis(): queries with the psql and redis-cli clients;
   backend_pids(): the Postgres backends of an instance.
+- wait_for(): until a condition holds, a test failure after a timeout.
 - RedisServer: a dedicated redis-server (for outage tests), optionally a replica.
 - RedisHA: a master, replicas and three Sentinels (redis-server --sentinel) of
   the test's own, on free ports: sentinels_env() for a Server, master_port(),
@@ -417,15 +418,7 @@ class RedisHA:
 
     @staticmethod
     def wait(cond, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if cond():
-                    return
-            except AssertionError:
-                pass
-            time.sleep(0.05)
-        fail(f"timed out waiting for {what}")
+        wait_for(cond, timeout, what, errors=(AssertionError,))
 
     def complete(self):
         want = len(self.nodes) - 1
@@ -712,18 +705,22 @@ def psql_value(sql, dsn=None):
 
 
 def redis(args, url=None, timeout=10):
-    """Runs one redis-cli command; returns its raw output, stripped."""
-    cmd = ["redis-cli", "-u", url or REDIS_URL, "--raw"] + list(args)
+    """Runs one redis-cli command (kit.redis_cli) against url (default
+    REDIS_URL); returns its raw output, stripped."""
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        fail(f"redis-cli {args} timed out")
-    if p.returncode != 0:
-        fail(f"redis-cli {args} failed: {p.stderr.strip() or p.stdout.strip()}")
-    out = p.stdout.strip()
-    if "Could not connect" in p.stderr or "Could not connect" in out:
-        fail(f"redis-cli {args}: {p.stderr.strip() or out}")
-    return out
+        return kit.redis_cli(url or REDIS_URL, *args, timeout=timeout)
+    except kit.KitError as e:
+        fail(str(e))
+
+
+def wait_for(cond, timeout, what, poll=0.05, errors=()):
+    """kit.wait_for() for the tests: cond()'s first true value; a test
+    failure after timeout seconds. An exception of a type in errors counts
+    as "not yet"."""
+    try:
+        return kit.wait_for(cond, timeout, what, poll, errors)
+    except kit.KitError as e:
+        fail(str(e))
 
 
 # ---------------------------------------------------------------- runner

@@ -71,12 +71,7 @@ def buy(srv, vid, user, want=200, patience=10.0):
 
 
 def wait_for(what, cond, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    fail(f"timed out after {timeout}s waiting for {what}")
+    ss.wait_for(cond, timeout, what, 0.02)
 
 
 class without_unique:

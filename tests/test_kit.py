@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""loadtest/kit.py, the toolkit of the tools and tests: its pure parts on
+"""loadtest/kit/, the toolkit of the tools and tests: its pure parts on
 captured outputs (percentiles, ab and wrk parsing, nginx's access log, number
 and table formatting), then its HTTP client against a server of its own, psql
 against the run's Postgres, and the stack's environment (nothing started).
@@ -456,12 +456,11 @@ sys.stdin.readline()
 
 @test
 def cpu_meter_counts_interrupt_work_once_and_thread_switches():
-    import bench
     p = subprocess.Popen([sys.executable, "-c", PING_PONG, "2"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
     try:
         eq(p.stdout.readline().strip(), "ready", "the ping-pong's first line")
-        meter = bench.CpuMeter({"load": [p.pid]})
+        meter = kit.CpuMeter({"load": [p.pid]})
         meter.start()
         p.stdin.write("go\n")
         p.stdin.flush()
@@ -481,7 +480,7 @@ def cpu_meter_counts_interrupt_work_once_and_thread_switches():
     irq, outside = cpu["interruptsAll"], cpu["interrupts"]
     if not 0 <= outside <= irq:
         fail(f"interrupt time outside processes: {cpu}")
-    if bench.IRQ_IN_PROCESS_TIME:
+    if kit.IRQ_IN_PROCESS_TIME:
         if (irq >= 0.1 and irq - outside < 0.5 * irq) or cpu["other"] < -0.1:
             fail(f"the ping-pong's softirq, {irq} s, counted again outside it: {cpu}")
     elif outside != irq:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The demo ladder end to end, as CI runs it: loadtest/ladder.py --quick
+"""The demo ladder end to end, as CI runs it: loadtest/ladder --quick
 --no-failover (the failover steps 12-15 run in make ladder).
 
 The ladder starts a stack of its own (scripts/stack.sh in $TEST_TMP/ladder, free
@@ -24,7 +24,7 @@ import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
 ROOT = ss.ROOT
-LADDER = os.path.join(ROOT, "loadtest", "ladder.py")
+LADDER = os.path.join(ROOT, "loadtest", "ladder")
 RUN_DIR = os.path.join(ss.TEST_TMP, "ladder")
 OUT = os.path.join(ss.TEST_TMP, "ladder-out")
 UNIQUE = "uq_voucher_order_user_voucher"
@@ -93,7 +93,7 @@ def ladder_runs_and_every_step_shows_its_outcome():
     print(state["output"], end="", flush=True)
     print(f"(ladder: exit {state['rc']} after {time.monotonic() - t0:.0f}s)", flush=True)
     if state["rc"] != 0:
-        fail(f"loadtest/ladder.py --quick exited {state['rc']}")
+        fail(f"loadtest/ladder --quick exited {state['rc']}")
     with open(os.path.join(OUT, "ladder.json"), encoding="utf-8") as f:
         state["doc"] = json.load(f)
     steps = {s["key"]: s for s in state["doc"]["steps"]}

@@ -101,12 +101,7 @@ def in_background(fn, *args):
 
 
 def wait_for(what, cond, timeout=10.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(step)
-    fail(f"timed out after {timeout}s waiting for {what}")
+    ss.wait_for(cond, timeout, what, step)
 
 
 def unanswered(srv):

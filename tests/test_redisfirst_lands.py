@@ -45,14 +45,7 @@ def dead_letters(rs):
 
 
 def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            fail(f"{what}: not within {timeout} s")
-        time.sleep(0.1)
+    return ss.wait_for(cond, timeout, what, 0.1)
 
 
 def admin_psql(sql, timeout=30):

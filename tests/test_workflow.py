@@ -401,7 +401,8 @@ def run_sh_check_tier_takes_several_filters():
 # is every '-o FILE' it prints. What the target uses: the build artefacts (the
 # files the Makefile's rules under BUILD make: the server, the C test programs,
 # upstream200, slow_fsync.so) named in its commands, and those the scripts its
-# commands run refer to ("build/x", os.path.join(..., "build", "x"), a quoted
+# commands run (and the modules of a package they run) refer to ("build/x",
+# os.path.join(..., "build", "x"), a quoted
 # "x", SECKILL_BIN for the server). A script finds them in the BUILD its
 # command line passes (BUILD=, or the directory of an artefact it names, such
 # as SECKILL_BIN=...), else in build/, its default. tests/run.sh is read for
@@ -414,6 +415,8 @@ DOC_FILES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(o
 NO_ARTEFACTS = {("scripts/stack.sh", "stop"), ("scripts/stack.sh", "status"),
                 ("scripts/mutate.py", "--scratch")}
 SCRIPT_RE = re.compile(r"(?<![\w./-])((?:loadtest|scripts|tests|nginx|\.ci)/[\w.-]+\.(?:py|sh))(?![\w.-])")
+# A tool that is a package run by its directory (python3 loadtest/bench): its modules are read.
+PACKAGE_RE = re.compile(r"(?<![\w./-])(loadtest/[\w-]+)(?![\w./-])")
 
 
 def documented_targets():
@@ -440,6 +443,9 @@ def build_artefacts(build):
                 out.add(rel)
     if f"{build}/tests/%" in p.stdout:
         out |= {"tests/" + os.path.basename(c)[:-2] for c in glob.glob(os.path.join(ROOT, "tests", "*.c"))}
+    if f"{build}/tests/bench_%" in p.stdout:
+        out |= {"tests/" + os.path.basename(c)[:-2]
+                for c in glob.glob(os.path.join(ROOT, "loadtest", "bench_*.c"))}
     return out
 
 
@@ -502,6 +508,11 @@ def command_uses(cmd, artefacts, fallback):
             texts = [(script, open(os.path.join(ROOT, script)).read())]
         for who, text in texts:
             uses += [(os.path.join(build, r), who) for r in sorted(artefacts) if refers_to(text, r)]
+    for m in PACKAGE_RE.finditer(cmd):
+        pkg = m.group(1)
+        if os.path.isfile(os.path.join(ROOT, pkg, "__main__.py")):
+            text = "".join(open(f).read() for f in sorted(glob.glob(os.path.join(ROOT, pkg, "*.py"))))
+            uses += [(os.path.join(build, r), pkg) for r in sorted(artefacts) if refers_to(text, r)]
     return uses
 
 

@@ -1,0 +1,101 @@
+"""nginx: start_nginx() (nginx/gen-conf.sh's configuration, nginx on it) and
+stop_nginx(); access_log() (its log) and answered_by() (who answered a
+logged request: an instance's name, or NGINX_EDGE)."""
+
+import os
+import re
+import shutil
+import signal
+import time
+from collections import namedtuple
+
+from .base import ROOT, KitError
+from .proc import run, stop_pid, with_settings
+
+GEN_CONF = os.path.join(ROOT, "nginx", "gen-conf.sh")
+
+
+def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30, gen_conf=GEN_CONF):
+    """gen_conf's configuration (nginx/gen-conf.sh, with gen_args) in directory prefix
+    (made if need be), listening on 127.0.0.1:port in front of upstreams
+    ("host:port"), with extra_conf (e.g. another server block) added at the
+    end of its http block; nginx started on it as a daemon. Returns its
+    master's pid. KitError on any failure."""
+    os.makedirs(prefix, exist_ok=True)
+    conf = os.path.join(prefix, "nginx.conf")
+    gen = [gen_conf, "--prefix", prefix, "--listen", f"127.0.0.1:{port}", "-o", conf]
+    for u in upstreams:
+        gen += ["--upstream", u]
+    # The caller's NGINX_ALLOW and NGINX_EDGE would change gen-conf.sh's
+    # defaults (the allow-list, the sold-out edge): gen_args say so instead.
+    run(gen + list(gen_args), timeout,
+        env=with_settings(os.environ, {"NGINX_ALLOW": None, "NGINX_EDGE": None}))
+    if extra_conf:
+        with open(conf) as f:
+            text = f.read().rstrip()
+        if not text.endswith("}"):
+            raise KitError(f"{conf} does not end with the http block's '}}'")
+        with open(conf, "w") as f:
+            f.write(text[:-1] + extra_conf + "}\n")
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    errlog = os.path.join(prefix, "error.log")
+    run([nginx, "-t", "-q", "-p", prefix, "-c", conf, "-e", errlog], timeout)
+    run([nginx, "-p", prefix, "-c", conf, "-e", errlog, "-g", "daemon on;"], timeout)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            with open(os.path.join(prefix, "nginx.pid")) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise KitError(f"nginx in {prefix} wrote no pid file") from None
+            time.sleep(0.05)
+
+
+def stop_nginx(pid, prefix, timeout=10):
+    """A graceful stop (SIGQUIT) of the nginx start_nginx() started in
+    prefix, SIGKILL after timeout seconds; stop_pid()'s answer (None: pid
+    is no longer that nginx, left alone)."""
+    gone = stop_pid(pid, signal.SIGQUIT, timeout, cmdline_has=prefix)
+    if gone is False:
+        os.kill(pid, signal.SIGKILL)
+    return gone
+
+
+# nginx's "seckill" log_format (nginx/nginx.conf.tmpl): [time] "request"
+# status bytes rid=... up=upstream(s) us=... rt=request_time ...
+ACCESS_RE = re.compile(r'\[([^\]]+)\] "(\S+) (\S+)[^"]*" (\d{3}) \d+ .*? up=(.*?) us=.*? rt=([\d.]+)')
+AccessEntry = namedtuple("AccessEntry", "time method uri status upstream seconds")
+
+
+def access_log(path, offset=0, uri=None):
+    """(the text of nginx's access log from byte offset on, its entries for
+    uri (all when None): AccessEntry(time (ISO 8601), method, uri, status,
+    upstream (the last one tried), seconds ($request_time)))."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode("utf-8", "replace")
+    entries = []
+    for line in text.splitlines():
+        m = ACCESS_RE.search(line)
+        if m and (uri is None or m.group(3) == uri):
+            entries.append(AccessEntry(m.group(1), m.group(2), m.group(3), m.group(4),
+                                       m.group(5).split(",")[-1].strip(), float(m.group(6))))
+    return text, entries
+
+
+# The name the tables give the answers nginx sent itself, without an instance:
+# $upstream_addr is "-" (the sold-out edge's 409s, nginx's own 413, 404, 405)
+# or the upstream group's name (a 502 when no instance was left to try), not
+# an address.
+NGINX_EDGE = "nginx-edge"
+
+
+def answered_by(upstream, names=None):
+    """Who answered an access-log entry whose upstream (AccessEntry.upstream)
+    is this: NGINX_EDGE when nginx answered itself (no "host:port" or
+    "unix:path"), else the instance's name from names ({"host:port": name}),
+    else the address."""
+    if ":" not in upstream:
+        return NGINX_EDGE
+    return (names or {}).get(upstream, upstream)

@@ -1,0 +1,12 @@
+"""python3 loadtest/ladder: the demo ladder (see ladder/__init__.py)."""
+
+import os
+import sys
+
+sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
+# loadtest/, not this directory, on the path: the kit and the tools are there.
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from ladder.cli import main  # noqa: E402
+
+sys.exit(main())
