@@ -13,6 +13,10 @@ import kit
 
 from .stack import LadderError
 
+# How long an outage step's buyers wait for the first 200 after the service
+# is started again before the step reports that sales never resumed.
+OUTAGE_BACK_WAIT_S = 60.0
+
 
 def write_tsv(path, head, rows, line):
     """A tab-separated file: head lines, then line(row) for each row."""
@@ -181,8 +185,12 @@ class Loads:
         threads = [threading.Thread(target=buyer, daemon=True) for _ in range(load["connections"])]
         for t in threads:
             t.start()
+        def back_since(started):
+            with lock:
+                return any(x[1] == 200 and x[0] > started for x in lines)
+
         try:
-            marks = self.service_outage(step, load, t0, deadline)
+            marks = self.service_outage(step, load, t0, deadline, back_since)
         finally:
             for t in threads:
                 t.join(timeout=max(1.0, deadline[0] + 60 - time.monotonic()))
@@ -198,10 +206,13 @@ class Loads:
         errors = sum(1 for x in lines if x[1] == 0)
         return len(lines), seconds, errors, [x[2] for x in lines]
 
-    def service_outage(self, step, load, t0, deadline):
+    def service_outage(self, step, load, t0, deadline, back_since):
         """The step's service stopped at STOP_AT and started at START_AT
-        (seconds after t0); the load's deadline moved to AFTER_S after that.
-        Returns the moments (stopping, stopped, started)."""
+        (seconds after t0); the buyers go on until the first 200 after the
+        start (back_since(started): an event, however long the service and
+        the instances take to come back on a loaded machine, up to
+        OUTAGE_BACK_WAIT_S), then AFTER_S more. Returns the moments
+        (stopping, stopped, started)."""
         marks = {}
         time.sleep(max(0.0, t0 + load["stop_at"] - time.monotonic()))
         marks["stopping"] = time.monotonic() - t0
@@ -210,5 +221,8 @@ class Loads:
         time.sleep(max(0.0, t0 + load["start_at"] - time.monotonic()))
         self.service("start", step["service"])
         marks["started"] = time.monotonic() - t0
-        deadline[0] = max(deadline[0], time.monotonic() + load["after_s"])
+        deadline[0] = max(deadline[0], time.monotonic() + OUTAGE_BACK_WAIT_S)
+        while time.monotonic() < deadline[0] and not back_since(marks["started"]):
+            time.sleep(0.1)
+        deadline[0] = max(t0 + load["seconds"], time.monotonic() + load["after_s"])
         return marks
