@@ -1,13 +1,13 @@
 /* sentinel: the master's address from Redis Sentinel, and a thread that
  * follows it across failovers. */
 #include "sentinel.h"
+#include "bgthread.h"
 #include "config.h"
 #include "log.h"
 #include "util.h"
 
 #include <errno.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,12 +28,11 @@ static struct {
     int port;
     uint64_t changes;          /* master changes seen after the first address */
     int ask_now;               /* a connection reported the master failing */
-    int stop;
-    int running;
     int current;               /* index of the Sentinel the follower talks to */
-    pthread_t thread;
     int efd;                   /* wakes the follower: a suspect, or stop */
 } st = { .mu = PTHREAD_MUTEX_INITIALIZER, .efd = -1 };
+
+static bgthread follower = BGTHREAD_INIT;
 
 static _Atomic uint64_t gen;
 static atomic_uint_fast64_t n_notices, n_queries, n_query_errors;
@@ -210,23 +209,19 @@ static int64_t ms_now(void)
     return util_mono_us() / 1000;
 }
 
-static void *follow_main(void *arg)
+static void follow_main(bgthread *self, void *arg)
 {
     redisContext *cmd = NULL, *sub = NULL;
     int64_t next_ask = ms_now() + ASK_PERIOD_MS, last_ask = 0, next_sub = 0;
 
-    util_thread_name("sk-sentinel");
     (void)arg;
-    for (;;) {
+    while (!bgthread_stopping(self)) {
         int64_t now = ms_now();
-        int stop, want;
+        int want;
 
         pthread_mutex_lock(&st.mu);
-        stop = st.stop;
         want = st.ask_now;
         pthread_mutex_unlock(&st.mu);
-        if (stop)
-            break;
         if (sub == NULL && now >= next_sub) {
             sub = subscribe(st.current);
             next_sub = now + RETRY_SUB_MS;
@@ -279,7 +274,6 @@ static void *follow_main(void *arg)
         redisFree(sub);
     if (cmd != NULL)
         redisFree(cmd);
-    return NULL;
 }
 
 static void wake(void)
@@ -288,6 +282,13 @@ static void wake(void)
 
     if (st.efd >= 0 && write(st.efd, &one, sizeof one) < 0 && errno != EAGAIN)
         log_warn("redis sentinel: eventfd: %s", strerror(errno));
+}
+
+/* bgthread_stop's wake: the follower blocks in poll() on st.efd. */
+static void follower_wake(void *arg)
+{
+    (void)arg;
+    wake();
 }
 
 /*---- API ----*/
@@ -329,29 +330,22 @@ sentinel_start_status sentinel_start(char *err, size_t errlen)
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
         return SENTINEL_NO_THREAD;
     }
-    st.stop = 0;
-    if (pthread_create(&st.thread, NULL, follow_main, NULL) != 0) {
+    if (bgthread_start(&follower, "sk-sentinel", follow_main, NULL, follower_wake) != 0) {
         snprintf(err, errlen, "cannot start the Sentinel follower thread");
         close(st.efd);
         st.efd = -1;
         return SENTINEL_NO_THREAD;
     }
-    st.running = 1;
     return SENTINEL_STARTED;
 }
 
 void sentinel_stop(void)
 {
-    if (!st.running)
+    if (!bgthread_started(&follower))
         return;
-    pthread_mutex_lock(&st.mu);
-    st.stop = 1;
-    pthread_mutex_unlock(&st.mu);
-    wake();
-    pthread_join(st.thread, NULL);
+    bgthread_stop(&follower);
     close(st.efd);
     st.efd = -1;
-    st.running = 0;
 }
 
 uint64_t sentinel_master(char *host, size_t n, int *port)
