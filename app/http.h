@@ -28,7 +28,8 @@
 #include "http_workers.h"
 
 /* Starts the workers and the daemon on g_cfg.bind:g_cfg.port with 'routes'
- * (borrowed for the daemon's lifetime). Returns 0, or -1 (logged). */
+ * (borrowed for the daemon's lifetime). Returns 0, or -1 (logged here: a
+ * start function logs its own failure). */
 int http_start(const http_route *routes, size_t nroutes);
 
 /* The first half of a shutdown: the drain. At once: http_draining() turns

@@ -293,9 +293,28 @@ static void follower_wake(void *arg)
 
 /*---- API ----*/
 
-sentinel_start_status sentinel_start(char *err, size_t errlen)
+/* Logs why sentinel_start failed; 'err' says what each Sentinel answered. */
+static sentinel_start_status start_failed(sentinel_start_status why, const char *err)
 {
-    size_t used = 0;
+    switch (why) {
+    case SENTINEL_UNKNOWN_MASTER:
+        log_error("REDIS_SENTINELS: no Sentinel knows a master named '%s' (REDIS_MASTER_NAME): %s",
+                  g_cfg.master_name, err);
+        break;
+    case SENTINEL_UNREACHABLE:
+        log_error("REDIS_SENTINELS: no Sentinel answered (%s): %s", g_cfg.sentinels_text, err);
+        break;
+    default:
+        log_error("REDIS_SENTINELS: %s", err);
+        break;
+    }
+    return why;
+}
+
+sentinel_start_status sentinel_start(void)
+{
+    char err[1024];
+    size_t used = 0, errlen = sizeof err;
     int unknown = 0;
 
     if (!sentinel_enabled())
@@ -323,18 +342,18 @@ sentinel_start_status sentinel_start(char *err, size_t errlen)
         }
     }
     if (atomic_load(&gen) == 0)
-        return unknown ? SENTINEL_UNKNOWN_MASTER : SENTINEL_UNREACHABLE;
+        return start_failed(unknown ? SENTINEL_UNKNOWN_MASTER : SENTINEL_UNREACHABLE, err);
 
     st.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (st.efd < 0) {
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
-        return SENTINEL_NO_THREAD;
+        return start_failed(SENTINEL_NO_THREAD, err);
     }
     if (bgthread_start(&follower, "sk-sentinel", follow_main, NULL, follower_wake) != 0) {
         snprintf(err, errlen, "cannot start the Sentinel follower thread");
         close(st.efd);
         st.efd = -1;
-        return SENTINEL_NO_THREAD;
+        return start_failed(SENTINEL_NO_THREAD, err);
     }
     return SENTINEL_STARTED;
 }
