@@ -58,9 +58,9 @@ int bgthread_start(bgthread *t, const char *name, bgthread_fn fn, void *arg,
 
     pthread_mutex_lock(&t->mu);
     st = atomic_load_explicit(&t->state, memory_order_relaxed);
-    snprintf(t->name, sizeof t->name, "%s", name);
     if (st != BGTHREAD_IDLE && st != BGTHREAD_STOPPED)
         misuse(t, st, "start");
+    snprintf(t->name, sizeof t->name, "%s", name);
     if (!t->cv_made) {
         if (util_cond_init_monotonic(&t->cv) != 0)
             goto out;

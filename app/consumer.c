@@ -61,7 +61,8 @@ static void linger_until(bgthread *t, int64_t until_us)
 {
     int64_t left;
 
-    while ((left = until_us - util_mono_us()) > 0 && !bgthread_sleep(t, (long)((left + 999) / 1000)))
+    while ((left = until_us - util_mono_us()) > 0 &&
+           !bgthread_sleep(t, (long)((left + 999) / 1000)))
         ;
 }
 

@@ -172,8 +172,8 @@ http_outcome stats_serve(http_req *r, enum stats_view view)
     waiter *w;
 
     pthread_mutex_lock(&st.mu);
-    if (bgthread_state_get(&refresher) == BGTHREAD_RUNNING && !answers(st.cur, gen, util_mono_us()) &&
-        http_park(r) == 0) {
+    if (bgthread_state_get(&refresher) == BGTHREAD_RUNNING &&
+        !answers(st.cur, gen, util_mono_us()) && http_park(r) == 0) {
         w = xcalloc(1, sizeof *w);
         w->r = r;
         w->view = view;
