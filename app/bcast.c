@@ -1,22 +1,17 @@
 /* bcast: the reset notice subscriber. */
 #include "bcast.h"
+#include "bgthread.h"
 #include "conn.h"
 #include "log.h"
 #include "script.h"
-#include "util.h"
 #include "vcache.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <string.h>
-#include <time.h>
 
-static pthread_t thread;
-static _Atomic int stop_flag;
-static int running;
+static bgthread subscriber = BGTHREAD_INIT;
 
 /* Subscribes on a fresh connection. NULL when Redis is down. */
 static redisContext *subscribe(void)
@@ -39,14 +34,12 @@ static redisContext *subscribe(void)
     return c;
 }
 
-static void *bcast_main(void *arg)
+static void bcast_main(bgthread *self, void *arg)
 {
     redisContext *c = NULL;
-    struct timespec backoff = { 0, 200 * 1000 * 1000 };
 
-    util_thread_name("sk-bcast");
     (void)arg;
-    while (!atomic_load(&stop_flag)) {
+    while (!bgthread_stopping(self)) {
         redisReply *r = NULL;
 
         if (c != NULL && !conn_redis_current(c)) {
@@ -55,11 +48,11 @@ static void *bcast_main(void *arg)
             c = NULL;
         }
         if (c == NULL && (c = subscribe()) == NULL) {
-            nanosleep(&backoff, NULL);
+            bgthread_sleep(self, 200);
             continue;
         }
         /* poll, not a socket timeout: a timed-out hiredis read poisons the
-         * context, and waking every 200 ms is how the loop sees the stop flag. */
+         * context, and waking every 200 ms is how the loop sees a stop. */
         struct pollfd p = { .fd = c->fd, .events = POLLIN };
         int n = poll(&p, 1, 200);
         if (n == 0 || (n < 0 && errno == EINTR))
@@ -84,25 +77,20 @@ static void *bcast_main(void *arg)
     }
     if (c != NULL)
         redisFree(c);
-    return NULL;
 }
 
 int bcast_start(void)
 {
-    atomic_store(&stop_flag, 0);
-    if (pthread_create(&thread, NULL, bcast_main, NULL) != 0)
+    if (bgthread_start(&subscriber, "sk-bcast", bcast_main, NULL, NULL) != 0) {
+        log_error("cannot start the broadcast subscriber thread");
         return -1;
-    running = 1;
+    }
     return 0;
 }
 
 void bcast_stop(void)
 {
-    if (!running)
-        return;
-    atomic_store(&stop_flag, 1);
-    pthread_join(thread, NULL);
-    running = 0;
+    bgthread_stop(&subscriber);
 }
 
 int bcast_voucher_reset(redisContext *c, int64_t voucher_id)

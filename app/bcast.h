@@ -10,6 +10,9 @@
 
 #define BCAST_RESET_CHANNEL "seckill:voucher-reset"
 
+/* Starts the subscriber thread (bgthread.h). Returns 0, or -1 (logged
+ * here: a start function logs its own failure).
+ * bcast_stop stops and joins it, within 200 ms (its poll); idempotent. */
 int bcast_start(void);
 void bcast_stop(void);
 

@@ -1,5 +1,6 @@
 /* consumer: stream entries to Postgres rows, in batches (consumer.h). */
 #include "consumer.h"
+#include "bgthread.h"
 #include "config.h"
 #include "conn.h"
 #include "idw.h"
@@ -12,12 +13,9 @@
 #include "util.h"
 
 #include <inttypes.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define RETRY_PAUSE_MS 200            /* after a failure of Redis */
@@ -25,9 +23,9 @@
 #define WATCH_EVERY_MS 1000           /* stock_redis_watch: durability and backlog */
 #define TRIM_EVERY_MS 200             /* settled entries leave the stream (stream_trim.lua) */
 
-static pthread_t thread, watch_thread;
-static _Atomic int stop_flag;
-static int running, consuming;      /* the threads started (consumer_start) */
+/* The threads (consumer_start): the watch runs whenever this instance
+ * admits, the consumer with CONSUMERS=1. */
+static bgthread consumer_bg = BGTHREAD_INIT, watch_bg = BGTHREAD_INIT;
 static script_file trim_script = { .name = "stream_trim" };
 
 /* One stream entry, parsed. */
@@ -57,20 +55,15 @@ typedef struct consumer {
     const char **argv;                /* XACK arguments */
 } consumer;
 
-static void pause_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
-/* Sleeps until 'until_us' (monotonic), in slices so that a stop is not
- * held up by a long CONSUMER_LINGER_MS. */
-static void linger_until(int64_t until_us)
+/* Thread 't' sleeps until 'until_us' (monotonic); a stop ends the sleep
+ * at once, however long CONSUMER_LINGER_MS is. */
+static void linger_until(bgthread *t, int64_t until_us)
 {
     int64_t left;
 
-    while (!atomic_load(&stop_flag) && (left = until_us - util_mono_us()) > 0)
-        pause_ms(left > 50000 ? 50 : (int)((left + 999) / 1000));
+    while ((left = until_us - util_mono_us()) > 0 &&
+           !bgthread_sleep(t, (long)((left + 999) / 1000)))
+        ;
 }
 
 static void redis_drop(consumer *k)
@@ -514,7 +507,8 @@ static void consume(consumer *k)
 
     if (now < k->retry_at_us) {
         /* Pausing after a refusal; the master is still checked once a second. */
-        linger_until(k->retry_at_us < k->next_check_us ? k->retry_at_us : k->next_check_us);
+        linger_until(&consumer_bg,
+                     k->retry_at_us < k->next_check_us ? k->retry_at_us : k->next_check_us);
         return;
     }
     if (now >= k->next_claim_us) {
@@ -528,8 +522,8 @@ static void consume(consumer *k)
             k->own_pending = 0;
     }
     if (n == 0 && k->c->err == 0) {
-        linger_until(k->next_read_us);
-        if (atomic_load(&stop_flag))
+        linger_until(&consumer_bg, k->next_read_us);
+        if (bgthread_stopping(&consumer_bg))
             return;
         k->next_read_us = util_mono_us() + (int64_t)g_cfg.consumer_linger_ms * 1000;
         n = read_stream(k, ">", block < 1 ? 1 : block);
@@ -544,7 +538,7 @@ static void consume(consumer *k)
         k->retry_ms = 0;
     }
     if (n < 0 && k->c->err == 0)
-        pause_ms(RETRY_PAUSE_MS);
+        bgthread_sleep(&consumer_bg, RETRY_PAUSE_MS);
     if (k->c->err == 0 && (now = util_mono_us()) >= k->next_trim_us) {
         k->next_trim_us = now + TRIM_EVERY_MS * 1000LL;
         trim(k);
@@ -574,18 +568,18 @@ static void round_once(consumer *k)
         redis_drop(k);
 }
 
-static void *consumer_main(void *arg)
+/* Its 'arg', the consumer's state, is the thread's: freed here. */
+static void consumer_main(bgthread *self, void *arg)
 {
     consumer *k = arg;
     char err[256];
 
-    util_thread_name("sk-consumer");
-    while (!atomic_load(&stop_flag)) {
+    while (!bgthread_stopping(self)) {
         if (k->c == NULL) {
             if ((k->c = conn_redis_open(err, sizeof err)) == NULL || ensure_group(k->c) != 0) {
                 if (k->c != NULL)
                     redis_drop(k);
-                pause_ms(RETRY_PAUSE_MS);
+                bgthread_sleep(self, RETRY_PAUSE_MS);
                 continue;
             }
             k->own_pending = 1;
@@ -599,20 +593,18 @@ static void *consumer_main(void *arg)
     free(k->orders);
     free(k->argv);
     free(k);
-    return NULL;
 }
 
 /* The watch, once a second on a connection of its own, on every instance
  * that admits (whatever the consumer is waiting for meanwhile, a Postgres
  * that does not answer included): admission follows its verdicts. */
-static void *watch_main(void *arg)
+static void watch_main(bgthread *self, void *arg)
 {
     redisContext *c = NULL;
     char err[256];
 
     (void)arg;
-    util_thread_name("sk-watch");
-    while (!atomic_load(&stop_flag)) {
+    while (!bgthread_stopping(self)) {
         int64_t next = util_mono_us() + WATCH_EVERY_MS * 1000LL;
         if (c == NULL && (c = conn_redis_open(err, sizeof err)) == NULL)
             log_debug("watch: Redis: %s", err);
@@ -623,11 +615,10 @@ static void *watch_main(void *arg)
                 c = NULL;
             }
         }
-        linger_until(next);
+        linger_until(self, next);
     }
     if (c != NULL)
         redisFree(c);
-    return NULL;
 }
 
 int consumer_start(void)
@@ -635,18 +626,16 @@ int consumer_start(void)
     char err[256];
     consumer *k;
 
-    if (g_cfg.stock_strategy != STOCKS_REDIS || running)
+    if (g_cfg.stock_strategy != STOCKS_REDIS || bgthread_started(&watch_bg))
         return 0;
     if (script_file_load(&trim_script, g_cfg.lua_dir, trim_script.name, err, sizeof err) != 0) {
         log_error("consumer: %s", err);
         return -1;
     }
-    atomic_store(&stop_flag, 0);
-    if (pthread_create(&watch_thread, NULL, watch_main, NULL) != 0) {
+    if (bgthread_start(&watch_bg, "sk-watch", watch_main, NULL, NULL) != 0) {
         log_error("consumer: cannot start the watch thread");
         return -1;
     }
-    running = 1;
     if (g_cfg.consumers == 0) {
         log_info("consumer: none in this instance (CONSUMERS=0); its watch checks Redis's "
                  "durability and the stream's backlog every second");
@@ -662,7 +651,7 @@ int consumer_start(void)
     k->e = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->e);
     k->orders = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->orders);
     k->argv = xcalloc((size_t)g_cfg.consumer_batch_max + 3, sizeof *k->argv);
-    if (pthread_create(&thread, NULL, consumer_main, k) != 0) {
+    if (bgthread_start(&consumer_bg, "sk-consumer", consumer_main, k, NULL) != 0) {
         free(k->e);
         free(k->orders);
         free(k->argv);
@@ -671,7 +660,6 @@ int consumer_start(void)
         consumer_stop();
         return -1;
     }
-    consuming = 1;
     log_info("consumer %s: persisting %s in batches of up to %d (claim after %d ms idle)",
              k->name, STOCK_REDIS_STREAM, g_cfg.consumer_batch_max, g_cfg.consumer_claim_idle_ms);
     return 0;
@@ -679,11 +667,6 @@ int consumer_start(void)
 
 void consumer_stop(void)
 {
-    if (!running)
-        return;
-    atomic_store(&stop_flag, 1);
-    if (consuming)
-        pthread_join(thread, NULL);
-    pthread_join(watch_thread, NULL);
-    running = consuming = 0;
+    bgthread_stop(&consumer_bg);
+    bgthread_stop(&watch_bg);
 }

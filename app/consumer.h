@@ -47,7 +47,8 @@
 
 /* Starts the threads when the stock strategy is "redis" (else does
  * nothing): the watch, and the consumer when CONSUMERS is 1. 0, or -1 when
- * a thread cannot start (logged here). */
+ * a thread cannot start (logged here: a start function logs its own
+ * failure). */
 int consumer_start(void);
 
 /* Stops the threads, the consumer after its current batch (idempotent). */

@@ -13,7 +13,7 @@
 /* Starts the sweeper for 'horizon_ms' (> 0), over the keys that begin with
  * 'key_prefix' (copied): the rows of the lock whose tokens are clock
  * readings. Other lock services' rows hold counters, which have no age.
- * Returns 0, or -1 (logged). */
+ * Returns 0, or -1 (logged here: a start function logs its own failure). */
 int fence_start(long horizon_ms, const char *key_prefix);
 
 /* Stops it, within one page of the sweep. Idempotent. */

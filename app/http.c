@@ -1,6 +1,7 @@
-/* http: libmicrohttpd daemon, body collection, routing, responses, the
- * hand-off of blocking requests to the worker pool, and the one state each
- * request is in. */
+/* http: the libmicrohttpd daemon: its callbacks (headers, body, the
+ * request's completion, connections), routing a request to its fast
+ * handler or to the work queue, sending what was answered while it was
+ * suspended, and the start, drain and stop (http.h). */
 #include "http.h"
 #include "config.h"
 #include "log.h"
@@ -9,7 +10,6 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,146 +18,13 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Under AddressSanitizer, completed requests are also poisoned (req_free):
- * any access to one is reported. */
-#if defined(__SANITIZE_ADDRESS__)
-#define HTTP_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HTTP_ASAN 1
-#endif
-#endif
-#ifdef HTTP_ASAN
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
-
 #define HTTP_POOL_BYTES (32 * 1024)   /* per connection: request line + headers */
 
+#define BIT(st) HTTP_REQUEST_BIT(st)
+
 static struct MHD_Daemon *daemon_handle;
-static const http_route *route_table;
-static size_t route_count;
 static _Atomic int in_flight;
 static _Atomic int open_conns;     /* HTTP connections open now */
-static _Atomic int draining;       /* http_drain has begun */
-
-/* The work queue: requests suspended by the event threads, FIFO, taken by
- * the workers. 'closing': answer what is still queued with 503 at once. */
-static struct {
-    pthread_mutex_t mu;
-    pthread_cond_t ready;
-    http_req *head, *tail;
-    _Atomic int depth;        /* queued, not yet taken: read by /metrics */
-    int closing, stop;
-    pthread_t *threads;
-    int nthreads;
-} wq = { .mu = PTHREAD_MUTEX_INITIALIZER, .ready = PTHREAD_COND_INITIALIZER };
-
-/*---- the request's state ----*/
-
-#define BIT(st) (1u << (st))
-#define LIVE (BIT(HTTP_ST_READING) | BIT(HTTP_ST_QUEUED) | BIT(HTTP_ST_ON_WORKER) | BIT(HTTP_ST_HANDED) | \
-              BIT(HTTP_ST_ANSWERED) | BIT(HTTP_ST_RESUMED) | BIT(HTTP_ST_SENT))
-#define ANSWERABLE (BIT(HTTP_ST_READING) | BIT(HTTP_ST_ON_WORKER) | BIT(HTTP_ST_HANDED))
-#define ANSWER "answer by a thread that does not hold the request (answered twice?)"
-
-static const char *state_name(int st)
-{
-    static const char *const names[] = {
-        [HTTP_ST_READING] = "reading", [HTTP_ST_QUEUED] = "queued",
-        [HTTP_ST_ON_WORKER] = "on a worker", [HTTP_ST_HANDED] = "handed off",
-        [HTTP_ST_ANSWERED] = "answered", [HTTP_ST_RESUMED] = "given back to its event thread",
-        [HTTP_ST_SENT] = "sent", [HTTP_ST_DEAD] = "completed and freed",
-    };
-    return st >= HTTP_ST_READING && st <= HTTP_ST_DEAD ? names[st] : "corrupt";
-}
-
-/* A misuse of a request (answered twice, handed off after its answer,
- * touched after it was given back): a bug that would otherwise corrupt
- * memory. Stops the process with the reason. */
-static void misuse(const http_req *r, int st, const char *what)
-{
-    log_error("http: %s: request %s is %s", what,
-              st == HTTP_ST_DEAD ? "(freed)" : r->request_id, state_name(st));
-    abort();
-}
-
-static int state_of(const http_req *r)
-{
-    return atomic_load_explicit(&r->state, memory_order_acquire);
-}
-
-/* Checks that 'r' is in one of the states of 'allowed' (a mask of BIT()). */
-static void check(const http_req *r, unsigned allowed, const char *what)
-{
-    int st = state_of(r);
-
-    if (st < HTTP_ST_READING || st > HTTP_ST_DEAD || !(allowed & BIT(st)))
-        misuse(r, st, what);
-}
-
-/* The one way a request changes state: from one of 'from' to 'to', in one
- * atomic step, so that two threads cannot both make the same move. Returns
- * the state it left. */
-static int move(http_req *r, unsigned from, http_state to, const char *what)
-{
-    int st = state_of(r);
-
-    do {
-        if (st < HTTP_ST_READING || st > HTTP_ST_DEAD || !(from & BIT(st)))
-            misuse(r, st, what);
-    } while (!atomic_compare_exchange_weak_explicit(&r->state, &st, (int)to, memory_order_acq_rel,
-                                                    memory_order_acquire));
-    return st;
-}
-
-/* Gives an answered, suspended request back to its event thread, which
- * sends the answer. The caller must not touch 'r' after this. */
-static void resume(http_req *r, const char *what)
-{
-    struct MHD_Connection *c = r->conn;
-
-    move(r, BIT(HTTP_ST_ANSWERED), HTTP_ST_RESUMED, what);
-    MHD_resume_connection(c);
-}
-
-/* Completed requests wait here a while before free(): a thread that
- * touches one after its answer (a second answer from a batch's leader, say)
- * then finds it marked HTTP_ST_DEAD and stops with a message, instead of
- * writing into memory that belongs to someone else by then. Each event
- * thread has a lane of its own (no cache line shared on the hot path); the
- * exchange keeps it right should two threads share a lane. */
-#define QUARANTINE_LANES 8
-#define QUARANTINE_SLOTS 32                /* per lane: 256 bytes, four cache lines */
-static struct {
-    _Alignas(64) _Atomic(http_req *) slot[QUARANTINE_SLOTS];
-} quarantine[QUARANTINE_LANES];
-static _Atomic unsigned quarantine_lanes;
-
-static void req_free(http_req *r)
-{
-    static _Thread_local unsigned lane, next;
-    static _Thread_local int have_lane;
-    http_req *old;
-
-    if (!have_lane) {
-        lane = atomic_fetch_add_explicit(&quarantine_lanes, 1, memory_order_relaxed) %
-               QUARANTINE_LANES;
-        have_lane = 1;
-    }
-    move(r, LIVE, HTTP_ST_DEAD, "completion");
-    POISON(r, sizeof *r);
-    old = atomic_exchange_explicit(&quarantine[lane].slot[next++ % QUARANTINE_SLOTS], r,
-                                   memory_order_acq_rel);
-    if (old != NULL) {
-        UNPOISON(old, sizeof *old);
-        free(old);
-    }
-}
 
 /* Bodies past the limit are drained (so the client reads our 413) up to this
  * many bytes; beyond it the connection is dropped. */
@@ -167,336 +34,15 @@ static size_t drain_cap(void)
     return cap < (8u << 20) ? (8u << 20) : cap;
 }
 
-/* Takes nginx's X-Request-Id when it is a sane token, else makes one, so a
- * single order can be followed from nginx's log to ours to its row. */
-static void set_request_id(http_req *r)
-{
-    static _Thread_local uint64_t seq;
-    static _Thread_local unsigned tid;
-    static _Atomic unsigned next_tid = 1;
-    const char *in = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Id");
-    size_t n = in ? strlen(in) : 0;
-    int ok = n > 0 && n < sizeof r->request_id;
-
-    for (size_t i = 0; ok && i < n; i++)
-        ok = (in[i] >= 'a' && in[i] <= 'z') || (in[i] >= 'A' && in[i] <= 'Z') ||
-             (in[i] >= '0' && in[i] <= '9') || in[i] == '-' || in[i] == '_' || in[i] == '.' ||
-             in[i] == ':';
-    if (ok) {
-        memcpy(r->request_id, in, n + 1);
-        return;
-    }
-    if (tid == 0)
-        tid = atomic_fetch_add(&next_tid, 1);
-    snprintf(r->request_id, sizeof r->request_id, "%.48s-%u-%llu", g_cfg.instance_id, tid,
-             (unsigned long long)++seq);
-}
-
 void http_load(int *in_progress, int *queued)
 {
     *in_progress = atomic_load_explicit(&in_flight, memory_order_relaxed);
-    *queued = atomic_load_explicit(&wq.depth, memory_order_relaxed);
-}
-
-int64_t http_deadline_us(const http_req *r)
-{
-    return g_cfg.request_deadline_ms > 0 ? r->start_us + (int64_t)g_cfg.request_deadline_ms * 1000
-                                         : INT64_MAX;
-}
-
-const char *http_header(http_req *r, const char *name)
-{
-    return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+    *queued = http_workers_queued();
 }
 
 int http_draining(void)
 {
-    return atomic_load_explicit(&draining, memory_order_relaxed);
-}
-
-/* While draining, every answer asks its client to close the connection
- * after it: each open connection then carries at most one more request.
- * Called where an answer is handed to libmicrohttpd (an answer made before
- * the drain began gets it too). */
-static void close_if_draining(struct MHD_Response *resp)
-{
-    if (http_draining() &&
-        MHD_get_response_header(resp, MHD_HTTP_HEADER_CONNECTION) == NULL)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-}
-
-/* Makes the answer 'resp' (NULL: none could be built: the connection
- * closes): straight to libmicrohttpd on the event thread, else kept for the
- * event thread; a handed-off request goes back to it at once. */
-static http_outcome answer(http_req *r, int status, struct MHD_Response *resp,
-                           const char *content_type)
-{
-    int was;
-
-    if (resp != NULL) {
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-        MHD_add_response_header(resp, "X-Instance-Id", g_cfg.instance_id);
-        MHD_add_response_header(resp, "X-Request-Id", r->request_id);
-        if (status == 503) {
-            char ra[16];
-            snprintf(ra, sizeof ra, "%d", g_cfg.retry_after_s);
-            MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
-        }
-        r->status = status;
-    }
-    was = move(r, ANSWERABLE, HTTP_ST_ANSWERED, ANSWER);
-    if (was == HTTP_ST_READING) {
-        /* On the event thread, inside libmicrohttpd's callback. */
-        if (resp != NULL)
-            close_if_draining(resp);
-        if (resp == NULL || MHD_queue_response(r->conn, (unsigned)status, resp) != MHD_YES)
-            r->close = 1;
-        if (resp != NULL)
-            MHD_destroy_response(resp);        /* MHD keeps its own reference */
-        move(r, BIT(HTTP_ST_ANSWERED), HTTP_ST_SENT, "answer");
-        return HTTP_ANSWERED;
-    }
-    /* Suspended: the event thread queues it at resume. */
-    r->held = resp;
-    r->close = resp == NULL;
-    if (was == HTTP_ST_HANDED)
-        resume(r, "answer");                 /* its holder is done with it */
-    return HTTP_ANSWERED;
-}
-
-http_outcome http_send_text(http_req *r, int status, const char *content_type, char *text,
-                            size_t len)
-{
-    struct MHD_Response *resp;
-
-    check(r, ANSWERABLE, ANSWER);
-    resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
-    if (resp == NULL)
-        free(text);
-    return answer(r, status, resp, content_type);
-}
-
-http_outcome http_send_json(http_req *r, int status, cJSON *body)
-{
-    char *text;
-
-    check(r, ANSWERABLE, ANSWER);
-    text = body ? cJSON_PrintUnformatted(body) : NULL;
-    cJSON_Delete(body);
-    if (text == NULL)
-        return answer(r, status, NULL, NULL);
-    return http_send_text(r, status, "application/json", text, strlen(text));
-}
-
-static http_outcome send_error_with(http_req *r, api_err e, const char *message,
-                                    const char *hdr_name, const char *hdr_value)
-{
-    struct MHD_Response *resp = NULL;
-    cJSON *o;
-    char *text;
-
-    check(r, ANSWERABLE, ANSWER);
-    o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "error", api_err_code(e));
-    cJSON_AddStringToObject(o, "message", message ? message : api_err_message(e));
-    text = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    if (text != NULL) {
-        resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-        if (resp == NULL)
-            free(text);
-    }
-    if (resp != NULL && hdr_name != NULL)
-        MHD_add_response_header(resp, hdr_name, hdr_value);
-    r->err = e;
-    return answer(r, api_err_status(e), resp, "application/json");
-}
-
-http_outcome http_send_error(http_req *r, api_err e, const char *message)
-{
-    return send_error_with(r, e, message, NULL, NULL);
-}
-
-http_outcome http_send_error_header(http_req *r, api_err e, const char *message,
-                                    const char *name, const char *value)
-{
-    return send_error_with(r, e, message, name, value);
-}
-
-/* Matches 'path' against 'pattern' segment by segment; '*' takes one segment
- * (possibly empty) and is returned through arg/arg_len. */
-static int route_match(const char *pattern, const char *path, const char **arg, size_t *arg_len)
-{
-    const char *p = pattern, *s = path;
-
-    while (*p != '\0') {
-        if (*p == '*') {
-            const char *end = strchr(s, '/');
-            size_t n = end ? (size_t)(end - s) : strlen(s);
-            *arg = s;
-            *arg_len = n;
-            s += n;
-            p++;
-            continue;
-        }
-        if (*p != *s)
-            return 0;
-        p++;
-        s++;
-    }
-    return *s == '\0';
-}
-
-static int method_is(const char *have, const char *want)
-{
-    return strcmp(have, want) == 0 ||
-           (strcmp(want, MHD_HTTP_METHOD_GET) == 0 && strcmp(have, MHD_HTTP_METHOD_HEAD) == 0);
-}
-
-int http_route_find(const http_route *routes, size_t n, const char *method, const char *path,
-                    const char **arg, size_t *arg_len, char *allow, size_t allow_len)
-{
-    int found = HTTP_ROUTE_NONE;
-
-    *arg = path;
-    *arg_len = 0;
-    if (allow_len > 0)
-        allow[0] = '\0';
-    for (size_t i = 0; i < n; i++) {
-        const char *a = path;
-        size_t al = 0;
-        if (!route_match(routes[i].pattern, path, &a, &al))
-            continue;
-        if (method_is(method, routes[i].method)) {
-            *arg = a;
-            *arg_len = al;
-            return (int)i;
-        }
-        found = HTTP_ROUTE_METHOD - (int)i;
-        size_t used = strnlen(allow, allow_len);
-        if (used < allow_len)
-            snprintf(allow + used, allow_len - used, "%s%s%s", used ? ", " : "", routes[i].method,
-                     strcmp(routes[i].method, MHD_HTTP_METHOD_GET) == 0 ? ", HEAD" : "");
-    }
-    return found;
-}
-
-/* ---- the worker pool ---- */
-
-/* Queues r for a worker: from the event thread (suspending its connection
- * first: a worker may resume it before this thread is back in MHD), or a
- * parked request nobody took. -1 once the workers have stopped (a
- * keep-alive request during shutdown): nothing was done. */
-static int wq_push(http_req *r)
-{
-    pthread_mutex_lock(&wq.mu);
-    if (wq.stop) {
-        pthread_mutex_unlock(&wq.mu);
-        return -1;
-    }
-    if (state_of(r) == HTTP_ST_READING)
-        MHD_suspend_connection(r->conn);
-    move(r, BIT(HTTP_ST_READING) | BIT(HTTP_ST_HANDED), HTTP_ST_QUEUED, "queue");
-    r->next = NULL;
-    if (wq.tail != NULL)
-        wq.tail->next = r;
-    else
-        wq.head = r;
-    wq.tail = r;
-    atomic_fetch_add_explicit(&wq.depth, 1, memory_order_relaxed);
-    pthread_cond_signal(&wq.ready);
-    pthread_mutex_unlock(&wq.mu);
-    return 0;
-}
-
-/* The next request, now on this worker, or NULL when the pool stops.
- * *closing: answer 503. */
-static http_req *wq_pop(int *closing)
-{
-    http_req *r;
-
-    pthread_mutex_lock(&wq.mu);
-    while (wq.head == NULL && !wq.stop)
-        pthread_cond_wait(&wq.ready, &wq.mu);
-    r = wq.head;
-    if (r != NULL) {
-        atomic_fetch_sub_explicit(&wq.depth, 1, memory_order_relaxed);
-        wq.head = r->next;
-        if (wq.head == NULL)
-            wq.tail = NULL;
-        move(r, BIT(HTTP_ST_QUEUED), HTTP_ST_ON_WORKER, "take from the queue");
-    }
-    *closing = wq.closing;
-    pthread_mutex_unlock(&wq.mu);
-    return r;
-}
-
-http_outcome http_hand_off(http_req *r)
-{
-    move(r, BIT(HTTP_ST_ON_WORKER), HTTP_ST_HANDED,
-         "hand-off by a thread that does not hold the request");
-    return HTTP_HANDED_OFF;
-}
-
-static http_worker_init_fn worker_init;   /* set before the workers start */
-
-void http_set_worker_init(http_worker_init_fn fn)
-{
-    worker_init = fn;
-}
-
-static void *worker_main(void *arg)
-{
-    http_outcome out;
-    http_req *r;
-    int closing;
-
-    util_thread_name("sk-worker");
-    (void)arg;
-    if (worker_init != NULL)
-        worker_init();
-    while ((r = wq_pop(&closing)) != NULL) {
-        if (closing)
-            out = http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
-        else if (util_mono_us() > http_deadline_us(r))
-            out = http_send_error(r, API_UNAVAILABLE, API_LATE_MESSAGE);
-        else
-            out = route_table[r->route].fn(r, r->arg, r->arg_len);
-        if (out == HTTP_HANDED_OFF)
-            continue;                        /* another thread answers it: not ours any more */
-        if (out != HTTP_ANSWERED)
-            misuse(r, state_of(r), "a worker's handler must answer or hand off");
-        resume(r, "a worker's handler returned without answering");
-    }
-    return NULL;
-}
-
-static int workers_start(int n)
-{
-    wq.threads = xcalloc((size_t)n, sizeof *wq.threads);
-    for (wq.nthreads = 0; wq.nthreads < n; wq.nthreads++) {
-        if (pthread_create(&wq.threads[wq.nthreads], NULL, worker_main, NULL) != 0) {
-            log_error("cannot start worker thread %d of %d", wq.nthreads + 1, n);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* Lets the workers empty the queue (503 for what is left), then joins them. */
-static void workers_stop(void)
-{
-    pthread_mutex_lock(&wq.mu);
-    wq.closing = 1;
-    wq.stop = 1;
-    pthread_cond_broadcast(&wq.ready);
-    pthread_mutex_unlock(&wq.mu);
-    for (int i = 0; i < wq.nthreads; i++)
-        pthread_join(wq.threads[i], NULL);
-    free(wq.threads);
-    wq.threads = NULL;
-    wq.nthreads = 0;
+    return http_response_closing();
 }
 
 /* The answer of a request the event thread finished with, as libmicrohttpd
@@ -509,35 +55,11 @@ static enum MHD_Result mhd_result(const http_req *r)
 /* Hands the request to a worker; its answer is queued when it resumes. */
 static enum MHD_Result defer(http_req *r)
 {
-    if (wq_push(r) != 0) {
+    if (http_workers_push(r) != 0) {
         http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
         return mhd_result(r);
     }
     return MHD_YES;
-}
-
-int http_park(http_req *r)
-{
-    int ret = -1;
-
-    pthread_mutex_lock(&wq.mu);
-    if (!wq.stop) {
-        check(r, BIT(HTTP_ST_READING), "park");
-        MHD_suspend_connection(r->conn);
-        move(r, BIT(HTTP_ST_READING), HTTP_ST_HANDED, "park");
-        ret = 0;
-    }
-    pthread_mutex_unlock(&wq.mu);
-    return ret;
-}
-
-void http_unpark(http_req *r)
-{
-    check(r, BIT(HTTP_ST_HANDED), "unpark");
-    if (wq_push(r) == 0)
-        return;
-    /* The workers stopped since http_park: answered here, sent at resume. */
-    http_send_error(r, API_UNAVAILABLE, "shutting down, retry later");
 }
 
 /* Back on the event thread after the worker or the holder: queue what it
@@ -547,10 +69,10 @@ static enum MHD_Result resumed(http_req *r)
     struct MHD_Response *resp = r->held;
     enum MHD_Result ret = MHD_NO;
 
-    move(r, BIT(HTTP_ST_RESUMED), HTTP_ST_SENT, "send");
+    http_request_move(r, BIT(HTTP_ST_RESUMED), HTTP_ST_SENT, "send");
     r->held = NULL;
     if (resp != NULL) {
-        close_if_draining(resp);
+        http_response_close_if_closing(resp);
         ret = MHD_queue_response(r->conn, (unsigned)r->status, resp);
         MHD_destroy_response(resp);
     }
@@ -564,28 +86,30 @@ static enum MHD_Result dispatch(http_req *r)
     char allow[64];
     const char *arg;
     size_t arg_len;
-    int i = http_route_find(route_table, route_count, r->method, r->url, &arg, &arg_len, allow,
-                            sizeof allow);
+    int i = http_router_match(r->method, r->url, &arg, &arg_len, allow, sizeof allow);
 
     if (i >= 0) {
-        const http_route *rt = &route_table[i];
+        const http_route *rt = http_router_route(i);
         r->route = i;
         r->arg = arg;
         r->arg_len = arg_len;
         if (rt->fast != NULL) {
             switch (rt->fast(r, arg, arg_len)) {
             case HTTP_ANSWERED:
-                check(r, BIT(HTTP_ST_SENT), "a fast handler returned without answering");
+                http_request_check(r, BIT(HTTP_ST_SENT),
+                                   "a fast handler returned without answering");
                 return mhd_result(r);
             case HTTP_HANDED_OFF:
                 /* Parked: r may be answered already, but it is freed only
                  * by this thread, after this callback. */
-                check(r, LIVE & ~(BIT(HTTP_ST_READING) | BIT(HTTP_ST_SENT)),
-                      "a fast handler returned 'handed off' without parking");
+                http_request_check(r,
+                                   HTTP_REQUEST_LIVE & ~(BIT(HTTP_ST_READING) | BIT(HTTP_ST_SENT)),
+                                   "a fast handler returned 'handed off' without parking");
                 return MHD_YES;
             case HTTP_PASS:
             default:
-                check(r, BIT(HTTP_ST_READING), "a fast handler passed an answered request");
+                http_request_check(r, BIT(HTTP_ST_READING),
+                                   "a fast handler passed an answered request");
                 break;
             }
         }
@@ -599,7 +123,7 @@ static enum MHD_Result dispatch(http_req *r)
         http_send_error(r, API_NOT_FOUND, NULL);
     else {
         r->route = HTTP_ROUTE_METHOD - i;
-        send_error_with(r, API_METHOD_NOT_ALLOWED, NULL, MHD_HTTP_HEADER_ALLOW, allow);
+        http_send_error_header(r, API_METHOD_NOT_ALLOWED, NULL, MHD_HTTP_HEADER_ALLOW, allow);
     }
     return mhd_result(r);
 }
@@ -676,14 +200,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)cls;
     (void)version;
     if (r == NULL) {                         /* headers only: the body comes later */
-        r = xcalloc(1, sizeof *r);
-        r->conn = conn;
-        r->method = method;
-        r->url = url;
-        r->start_us = util_mono_us();
-        r->route = REC_NO_ROUTE;
-        atomic_init(&r->state, HTTP_ST_READING);
-        set_request_id(r);
+        r = http_request_new(conn, method, url);
         *req_cls = r;
         atomic_fetch_add(&in_flight, 1);
         if (refuse_ambiguous(r))
@@ -718,7 +235,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     /* The whole request is in, or it is back from a worker or a holder. */
-    switch (state_of(r)) {
+    switch (http_request_state(r)) {
     case HTTP_ST_RESUMED:
         return resumed(r);
     case HTTP_ST_SENT:
@@ -726,7 +243,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     case HTTP_ST_READING:
         break;
     default:
-        misuse(r, state_of(r), "libmicrohttpd called back a suspended request");
+        http_request_misuse(r, http_request_state(r),
+                            "libmicrohttpd called back a suspended request");
     }
     if (r->too_large) {
         http_send_error(r, API_BODY_TOO_LARGE, NULL);
@@ -758,12 +276,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
         log_debug("request %s %s ended without answer (termination %d)", r->method, r->url,
                   (int)toe);
     }
-    check(r, BIT(HTTP_ST_READING) | BIT(HTTP_ST_RESUMED) | BIT(HTTP_ST_SENT),
-          "libmicrohttpd completed a request another thread holds");
+    http_request_check(r, BIT(HTTP_ST_READING) | BIT(HTTP_ST_RESUMED) | BIT(HTTP_ST_SENT),
+                       "libmicrohttpd completed a request another thread holds");
     if (r->held != NULL)
         MHD_destroy_response(r->held);
     free(r->body);
-    req_free(r);
+    http_request_free(r);
     *req_cls = NULL;
     atomic_fetch_sub(&in_flight, 1);
 }
@@ -793,43 +311,11 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     log_warn("mhd: %s", line);
 }
 
-/* "/voucher/ * /seckill" (no spaces) -> "/voucher/{id}/seckill" for metrics labels. */
-static char route_label_buf[REC_MAX_ROUTES][64];
-static const char *route_labels[REC_MAX_ROUTES];
-
-static void set_route_labels(void)
-{
-    size_t n = route_count < REC_MAX_ROUTES ? route_count : REC_MAX_ROUTES;
-
-    for (size_t i = 0; i < n; i++) {
-        char *o = route_label_buf[i];
-        size_t used = 0;
-        for (const char *p = route_table[i].pattern; *p && used + 5 < sizeof route_label_buf[i];
-             p++) {
-            if (*p == '*') {
-                memcpy(o + used, "{id}", 4);
-                used += 4;
-            } else {
-                o[used++] = *p;
-            }
-        }
-        o[used] = '\0';
-        route_labels[i] = o;
-    }
-}
-
-const char *http_route_label(int i)
-{
-    return i >= 0 && i < REC_MAX_ROUTES ? route_labels[i] : NULL;
-}
-
 int http_start(const http_route *routes, size_t nroutes)
 {
     struct sockaddr_in addr;
 
-    route_table = routes;
-    route_count = nroutes;
-    set_route_labels();
+    http_router_set(routes, nroutes);
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)g_cfg.port);
@@ -837,8 +323,8 @@ int http_start(const http_route *routes, size_t nroutes)
         log_error("invalid BIND address '%s' (IPv4 expected)", g_cfg.bind);
         return -1;
     }
-    if (workers_start(g_cfg.threads) != 0) {
-        workers_stop();
+    if (http_workers_start(g_cfg.threads) != 0) {
+        http_workers_stop();
         return -1;
     }
     daemon_handle = MHD_start_daemon(
@@ -865,7 +351,7 @@ int http_start(const http_route *routes, size_t nroutes)
         MHD_OPTION_END);
     if (daemon_handle == NULL) {
         log_error("cannot listen on %s:%d (port in use?)", g_cfg.bind, g_cfg.port);
-        workers_stop();
+        http_workers_stop();
         return -1;
     }
     return 0;
@@ -889,7 +375,7 @@ void http_drain(int drain_ms, int grace_ms)
 
     if (daemon_handle == NULL || http_draining())
         return;
-    atomic_store(&draining, 1);
+    http_response_close_begin();
     /* Stop accepting: the listening socket is closed, not just left
      * unread, so that a connection attempt is refused at once instead of
      * waiting in the backlog until the process exits. */
@@ -906,14 +392,14 @@ void http_drain(int drain_ms, int grace_ms)
         log_warn("shutdown: %d requests still open after %d ms", left, grace_ms);
     /* libmicrohttpd refuses to stop with a connection still suspended: every
      * queued request is answered (503) and resumed before it is asked to. */
-    workers_stop();
+    http_workers_stop();
 }
 
 void http_stop(void)
 {
     if (daemon_handle == NULL)
         return;
-    workers_stop();                          /* when http_drain was not called */
+    http_workers_stop();                     /* when http_drain was not called */
     /* The answers made last are sent by the event threads. */
     wait_zero(&in_flight, util_mono_us() + 1000 * 1000);
     MHD_stop_daemon(daemon_handle);

@@ -75,8 +75,9 @@ typedef struct lock_options {
 /* Configures the library and starts the renewal thread (watchdog); the
  * subscriber thread starts when something first waits. Call once after
  * script_load_all, before other threads use the library. Returns 0, or -1
- * (logged). Without it the library still locks and releases on the
- * caller's connections, with no deadline, no renewal and no waiting. */
+ * (logged here: a start function logs its own failure). Without it the
+ * library still locks and releases on the caller's connections, with no
+ * deadline, no renewal and no waiting. */
 int lock_runtime_start(const lock_options *o);
 
 /* How long a key's token counter lives after Redis's clock has passed its

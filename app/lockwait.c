@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <hiredis/hiredis.h>
 
+#include "bgthread.h"
 #include "log.h"
 #include "util.h"
 
@@ -53,14 +54,16 @@ static struct {
     channel *buckets[LW_BUCKETS];
     int nchannels;
     int enabled;      /* lockwait_start ran, lockwait_stop not yet: joins may start the thread */
-    int running;      /* thread started and not yet joined */
-    int stopping;
     int down;         /* connection known broken: joins do not wait for it */
     int efd;          /* eventfd: wakes the subscriber's poll */
-    pthread_t thread;
     lockwait_connect_fn connect;
     lockwait_stale_fn stale;       /* may be NULL */
 } lw = { .mu = PTHREAD_MUTEX_INITIALIZER, .efd = -1 };
+
+/* The subscriber thread: started under lw.mu (by the first join), stopped
+ * without it (lockwait_stop: its wake takes lw.mu). bgthread_started() is
+ * "started and not yet joined". */
+static bgthread subscriber = BGTHREAD_INIT;
 
 /* Statistics only: relaxed. */
 static atomic_uint_fast64_t n_messages;
@@ -317,14 +320,6 @@ static void backoff_sleep(long ms)
         log_warn("lockwait: eventfd read: %s", strerror(errno));
 }
 
-static int stopping(void)
-{
-    pthread_mutex_lock(&lw.mu);
-    int s = lw.stopping;
-    pthread_mutex_unlock(&lw.mu);
-    return s;
-}
-
 /* Opens the connection, with back-off between failures. NULL when stopping. */
 static redisContext *connect_loop(int *ever_connected)
 {
@@ -332,7 +327,7 @@ static redisContext *connect_loop(int *ever_connected)
     int warned = 0;
     char err[256];
 
-    while (!stopping()) {
+    while (!bgthread_stopping(&subscriber)) {
         redisContext *c = lw.connect(err, sizeof err);
         if (c != NULL) {
             if (*ever_connected) {
@@ -383,13 +378,12 @@ static int liveness(redisContext *c, int64_t last_rx_us, int64_t *ping_sent_us,
     return 0;
 }
 
-static void *subscriber_main(void *arg)
+static void subscriber_main(bgthread *self, void *arg)
 {
     redisContext *c = NULL;
     int ever_connected = 0;
     int64_t last_rx_us = 0, ping_sent_us = 0;
 
-    util_thread_name("sk-lockwait");
     (void)arg;
     for (;;) {
         if (c == NULL) {
@@ -401,7 +395,7 @@ static void *subscriber_main(void *arg)
         }
 
         pthread_mutex_lock(&lw.mu);
-        int stop = lw.stopping;
+        int stop = bgthread_stopping(self);
         int rc = stop ? 0 : reconcile(c);
         pthread_mutex_unlock(&lw.mu);
         if (stop)
@@ -450,7 +444,15 @@ static void *subscriber_main(void *arg)
     }
     if (c != NULL)
         redisFree(c);
-    return NULL;
+}
+
+/* bgthread_stop's wake: the subscriber blocks in poll() on lw.efd. */
+static void subscriber_wake(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&lw.mu);
+    kick();
+    pthread_mutex_unlock(&lw.mu);
 }
 
 /*---- API ----*/
@@ -463,15 +465,13 @@ static int thread_start(void)
         log_error("lockwait: eventfd: %s", strerror(errno));
         return -1;
     }
-    lw.stopping = 0;
     lw.down = 0;
-    if (pthread_create(&lw.thread, NULL, subscriber_main, NULL) != 0) {
+    if (bgthread_start(&subscriber, "sk-lockwait", subscriber_main, NULL, subscriber_wake) != 0) {
         log_error("lockwait: cannot start the subscriber thread");
         close(lw.efd);
         lw.efd = -1;
         return -1;
     }
-    lw.running = 1;
     return 0;
 }
 
@@ -484,7 +484,7 @@ int lockwait_start(lockwait_connect_fn connect, lockwait_stale_fn stale)
         log_error("lockwait: no connect function");
         goto cleanup;
     }
-    if (!lw.running) {
+    if (!bgthread_started(&subscriber)) {
         lw.connect = connect;
         lw.stale = stale;
     }
@@ -497,33 +497,22 @@ cleanup:
 
 int lockwait_running(void)
 {
-    pthread_mutex_lock(&lw.mu);
-    int r = lw.running;
-    pthread_mutex_unlock(&lw.mu);
-    return r;
+    return bgthread_started(&subscriber);
 }
 
 void lockwait_stop(void)
 {
-    pthread_t t;
-
     pthread_mutex_lock(&lw.mu);
-    lw.enabled = 0;
-    if (!lw.running || lw.stopping) {
-        pthread_mutex_unlock(&lw.mu);
-        return;
-    }
-    lw.stopping = 1;
-    t = lw.thread;
-    kick();
+    lw.enabled = 0;                          /* no join starts the thread again */
     pthread_mutex_unlock(&lw.mu);
-
-    pthread_join(t, NULL);
+    if (!bgthread_started(&subscriber))
+        return;
+    bgthread_stop(&subscriber);              /* subscriber_wake kicks its poll */
 
     pthread_mutex_lock(&lw.mu);
-    close(lw.efd);
+    if (lw.efd >= 0)
+        close(lw.efd);
     lw.efd = -1;
-    lw.running = 0;
     lw.down = 1;
     forget_server_state();
     pthread_mutex_unlock(&lw.mu);
@@ -547,7 +536,7 @@ lockwait_waiter *lockwait_join(const char *name, long timeout_ms, int *confirmed
     pthread_mutex_lock(&lw.mu);
     /* The first waiter of the process starts the subscriber: a process
      * that never waits never opens its connection. */
-    if (lw.enabled && !lw.running && thread_start() != 0)
+    if (lw.enabled && !bgthread_started(&subscriber) && thread_start() != 0)
         lw.enabled = 0;                     /* logged; waits fall back to TTLs */
     ch = channel_get(name);
     w->ch = ch;
@@ -560,7 +549,7 @@ lockwait_waiter *lockwait_join(const char *name, long timeout_ms, int *confirmed
     ch->refs++;
     if (ch->state == CH_OFF || ch->state == CH_UNSUBSCRIBING)
         kick();
-    while (ch->state != CH_ON && lw.running && !lw.stopping && !lw.down)
+    while (ch->state != CH_ON && bgthread_state_get(&subscriber) == BGTHREAD_RUNNING && !lw.down)
         if (pthread_cond_timedwait(&w->cond, &lw.mu, &deadline) == ETIMEDOUT)
             break;
     *confirmed = ch->state == CH_ON;
@@ -620,7 +609,7 @@ void lockwait_leave(lockwait_waiter *w, int pass_on)
         ch->tail = w->prev;
     ch->refs--;
     if (ch->refs == 0) {
-        if (!lw.running || ch->state == CH_OFF)
+        if (!bgthread_started(&subscriber) || ch->state == CH_OFF)
             channel_free(ch);               /* nothing on the server to undo */
         else
             kick();                         /* the subscriber unsubscribes it */

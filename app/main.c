@@ -1,7 +1,8 @@
-/* seckill: a flash-sale service. main wires the modules together: config,
- * scripts, the strategies, the lock library (given its connect function and
- * observer here), the stats publisher, the HTTP daemon, and a clean
- * shutdown. */
+/* seckill: a flash-sale service. main wires the modules together: the
+ * configuration, then a table of steps (the scripts, Sentinel, the
+ * strategies, the lock library given its connect function and observer
+ * here, the background threads, the HTTP daemon) started in order and
+ * stopped in the reverse one, on a refused start or at the shutdown. */
 #include "bcast.h"
 #include "config.h"
 #include "config_show.h"
@@ -45,30 +46,10 @@ static int redis_stale(const redisContext *c)
     return !conn_redis_current(c);
 }
 
-/* With Sentinel: finds the master, or says why not. 0, or an exit code. */
-static int start_sentinel(void)
-{
-    char err[1024];
-
-    switch (sentinel_start(err, sizeof err)) {
-    case SENTINEL_STARTED:
-        return 0;
-    case SENTINEL_UNKNOWN_MASTER:
-        log_error("REDIS_SENTINELS: no Sentinel knows a master named '%s' (REDIS_MASTER_NAME): %s",
-                  g_cfg.master_name, err);
-        return EXIT_CONFIG;
-    case SENTINEL_UNREACHABLE:
-        log_error("REDIS_SENTINELS: no Sentinel answered (%s): %s", g_cfg.sentinels_text, err);
-        return EXIT_UNREACHABLE;
-    default:
-        log_error("REDIS_SENTINELS: %s", err);
-        return 1;
-    }
-}
-
 /* LOCK_SYNC_REPLICAS above the master's replicas refuses every grant:
- * said once at start (the replicas may still be on their way). */
-static void check_sync_replicas(void)
+ * said once at start (the replicas may still be on their way). A warning,
+ * never a refusal to start: always 0. */
+static int check_sync_replicas(void)
 {
     char err[256];
     redisContext *c;
@@ -76,7 +57,7 @@ static void check_sync_replicas(void)
     const char *p;
 
     if (g_cfg.lock_sync_replicas == 0 || (c = conn_redis_open(err, sizeof err)) == NULL)
-        return;
+        return 0;
     r = redisCommand(c, "INFO replication");
     if (r != NULL && r->type == REDIS_REPLY_STRING &&
         (p = strstr(r->str, "connected_slaves:")) != NULL &&
@@ -86,6 +67,7 @@ static void check_sync_replicas(void)
                  g_cfg.lock_sync_replicas, atoi(p + strlen("connected_slaves:")));
     freeReplyObject(r);
     redisFree(c);
+    return 0;
 }
 
 /* After the first SIGTERM or SIGINT: a second one ends the process at once,
@@ -122,11 +104,205 @@ static void warm_worker(void)
         log_debug("worker: no Redis connection at start; opened at its first use");
 }
 
+
+/*---- the steps ----*/
+
+/* The signals main takes with sigwait: blocked in every thread started
+ * after the "signals" step. */
+static sigset_t signals;
+
+/* How long the drain waits for clients to close their connections: set
+ * when the signal that stops the process is known. */
+static int drain_ms;
+
+static int start_scripts(void)
+{
+    char err[512];
+
+    if (script_load_all(g_cfg.lua_dir, err, sizeof err) != 0 ||
+        stream_tidy_load(g_cfg.lua_dir, err, sizeof err) != 0) {
+        log_error("lua scripts: %s (set LUA_DIR)", err);
+        return EXIT_CONFIG;
+    }
+    return 0;
+}
+
+/* With Sentinel: finds the master (sentinel_start says why not). */
+static int start_sentinel(void)
+{
+    switch (sentinel_start()) {
+    case SENTINEL_STARTED:
+        return 0;
+    case SENTINEL_UNKNOWN_MASTER:
+        return EXIT_CONFIG;
+    case SENTINEL_UNREACHABLE:
+        return EXIT_UNREACHABLE;
+    default:
+        return EXIT_FAILURE;
+    }
+}
+
+static int start_order(void)
+{
+    return order_start() == 0 ? 0 : EXIT_CONFIG;
+}
+
+static int start_setup(void)
+{
+    conn_set_pg_init(store_prepare);
+    {
+        /* Every histogram has a bound at each timeout, so that calls cut by
+         * one are told from slow ones; the request deadline too, when set. */
+        const double timeouts[] = { g_cfg.redis_timeout_ms / 1000.0,
+                                    g_cfg.pg_statement_timeout_ms / 1000.0,
+                                    (double)g_cfg.pg_connect_timeout_s,
+                                    g_cfg.request_deadline_ms / 1000.0 };   /* 0: none */
+        rec_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
+    }
+    return 0;
+}
+
+/* Blocks the signals in every thread started from now on; main alone
+ * takes them with sigwait. */
+static int start_signals(void)
+{
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+static int start_peers(void)
+{
+    return peers_start() == 0 ? 0 : EXIT_FAILURE;
+}
+
+static int start_lock(void)
+{
+    lock_options lo = {
+        .connect = conn_redis_open,
+        .command_timeout_ms = g_cfg.redis_timeout_ms,
+        .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
+        .observe = rec_redis_call,
+        .stale = redis_stale,
+        .sync_replicas = g_cfg.lock_sync_replicas,
+        .sync_timeout_ms = g_cfg.lock_sync_timeout_ms,
+        .token_ttl_ms = g_cfg.lock_token_ttl_ms,
+    };
+
+    return lock_runtime_start(&lo) == 0 ? 0 : EXIT_FAILURE;
+}
+
+static int start_bcast(void)
+{
+    return bcast_start() == 0 ? 0 : EXIT_FAILURE;
+}
+
+static int start_stats(void)
+{
+    return stats_start() == 0 ? 0 : EXIT_FAILURE;
+}
+
+/* Only tokens that are clock readings have an age to sweep by: this
+ * strategy's rows, never another lock service's sharing the table. */
+static int start_fence(void)
+{
+    char prefix[64];
+
+    if (g_cfg.fence_horizon_ms <= 0 || !ulock_token_clock())
+        return 0;
+    if (ulock_fence_key_prefix(prefix, sizeof prefix) != 0) {
+        log_error("the lock's fence key prefix does not fit in %zu bytes", sizeof prefix);
+        return EXIT_FAILURE;
+    }
+    return fence_start(g_cfg.fence_horizon_ms, prefix) == 0 ? 0 : EXIT_FAILURE;
+}
+
+static int start_consumer(void)
+{
+    return consumer_start() == 0 ? 0 : EXIT_FAILURE;
+}
+
+static int start_http(void)
+{
+    http_set_worker_init(warm_worker);
+    return http_start(handlers_routes, handlers_route_count) == 0 ? 0 : EXIT_FAILURE;
+}
+
+/* The drain, then the snapshot's waiters (answered by stats_stop: parked
+ * requests must be answered before libmicrohttpd can stop), then the
+ * daemon. */
+static void stop_http(void)
+{
+    http_drain(drain_ms, SHUTDOWN_GRACE_MS);
+    stats_stop();
+    http_stop();
+}
+
+/* One step of the start. 'start' returns 0, or the exit code of a refused
+ * start; a start function logs its own failure, once (main adds nothing).
+ * 'stop' (NULL: nothing to undo) is called only when 'start' succeeded. */
+typedef struct main_step {
+    const char *name;
+    int (*start)(void);
+    void (*stop)(void);
+} main_step;
+
+/* Started in this order, stopped in the reverse one: on a refused start
+ * from the step before it, at the end from the last. */
+static const main_step steps[] = {
+    { "lua scripts", start_scripts, NULL },
+    /* Before anything opens a Redis connection: they all ask it where the master is. */
+    { "sentinel", start_sentinel, sentinel_stop },
+    { "lock and stock strategies", start_order, order_stop },
+    { "replicas check", check_sync_replicas, NULL },
+    { "connections and histograms", start_setup, NULL },
+    { "signals", start_signals, NULL },
+    { "stats publisher", start_peers, peers_stop },
+    { "lock runtime", start_lock, lock_runtime_stop },
+    { "broadcast subscriber", start_bcast, bcast_stop },
+    { "stats", start_stats, stats_stop },
+    { "fence sweeper", start_fence, fence_stop },
+    /* Stopped after the last request: what they admitted is persisted by
+     * this consumer or, once idle long enough, claimed by another. */
+    { "stream consumer", start_consumer, consumer_stop },
+    { "http", start_http, stop_http },
+};
+
+#define N_STEPS (sizeof steps / sizeof steps[0])
+
+/* Stops steps[n-1] down to steps[0]. */
+static void stop_steps(size_t n)
+{
+    while (n > 0) {
+        const main_step *s = &steps[--n];
+        if (s->stop != NULL) {
+            log_debug("stopping: %s", s->name);
+            s->stop();
+        }
+    }
+}
+
+/* Starts every step in order. Returns 0, or the failing step's exit code,
+ * the steps before it stopped again. */
+static int start_steps(void)
+{
+    for (size_t i = 0; i < N_STEPS; i++) {
+        int rc = steps[i].start();
+        if (rc != 0) {                       /* logged by the step itself */
+            stop_steps(i);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    char err[512], fence_prefix[64];
-    sigset_t sigs;
-    int sig, rc, drain_ms;
+    int sig, rc;
 
     /* --version needs no configuration: it answers even when the
      * environment holds something config_load would refuse. */
@@ -147,85 +323,8 @@ int main(int argc, char **argv)
         config_show_describe(desc, sizeof desc);
         log_info("seckill %s: config %s", version_string(), desc);
     }
-    if (script_load_all(g_cfg.lua_dir, err, sizeof err) != 0 ||
-        stream_tidy_load(g_cfg.lua_dir, err, sizeof err) != 0) {
-        log_error("lua scripts: %s (set LUA_DIR)", err);
-        return EXIT_CONFIG;
-    }
-    /* Before anything opens a Redis connection: they all ask it where the master is. */
-    if ((rc = start_sentinel()) != 0)
+    if ((rc = start_steps()) != 0)
         return rc;
-    if (order_start(err, sizeof err) != 0) {
-        log_error("lock strategy %s: %s", config_lock_name(g_cfg.lock_strategy), err);
-        sentinel_stop();
-        return EXIT_CONFIG;
-    }
-    check_sync_replicas();
-
-    conn_set_pg_init(store_prepare);
-    {
-        /* Every histogram has a bound at each timeout, so that calls cut by
-         * one are told from slow ones; the request deadline too, when set. */
-        const double timeouts[] = { g_cfg.redis_timeout_ms / 1000.0,
-                                    g_cfg.pg_statement_timeout_ms / 1000.0,
-                                    (double)g_cfg.pg_connect_timeout_s,
-                                    g_cfg.request_deadline_ms / 1000.0 };   /* 0: none */
-        rec_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
-    }
-
-    /* Block the signals in every thread; main alone takes them with sigwait. */
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    /* Started in this order, stopped in the reverse one. */
-    rc = 1;
-    if (peers_start() != 0) {
-        log_error("cannot start the stats publisher thread");
-        goto out_order;
-    }
-    lock_options lo = {
-        .connect = conn_redis_open,
-        .command_timeout_ms = g_cfg.redis_timeout_ms,
-        .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
-        .observe = rec_redis_call,
-        .stale = redis_stale,
-        .sync_replicas = g_cfg.lock_sync_replicas,
-        .sync_timeout_ms = g_cfg.lock_sync_timeout_ms,
-        .token_ttl_ms = g_cfg.lock_token_ttl_ms,
-    };
-    if (lock_runtime_start(&lo) != 0) {
-        log_error("cannot start the lock renewal thread");
-        goto out_peers;
-    }
-    if (bcast_start() != 0) {
-        log_error("cannot start the broadcast subscriber thread");
-        goto out_lock;
-    }
-    if (stats_start() != 0) {
-        log_error("cannot start the stats thread");
-        goto out_bcast;
-    }
-    /* Only tokens that are clock readings have an age to sweep by: this
-     * strategy's rows, never another lock service's sharing the table. */
-    if (g_cfg.fence_horizon_ms > 0 && ulock_token_clock()) {
-        if (ulock_fence_key_prefix(fence_prefix, sizeof fence_prefix) != 0) {
-            log_error("the lock's fence key prefix does not fit in %zu bytes", sizeof fence_prefix);
-            goto out_stats;
-        }
-        if (fence_start(g_cfg.fence_horizon_ms, fence_prefix) != 0)
-            goto out_stats;
-    }
-    if (consumer_start() != 0) {
-        log_error("cannot start the stream consumer thread");
-        goto out_fence;
-    }
-    http_set_worker_init(warm_worker);
-    if (http_start(handlers_routes, handlers_route_count) != 0)
-        goto out_consumer;
     log_info("seckill %s listening on %s:%d (threads %d, libmicrohttpd %s, owner %s)",
              g_cfg.instance_id, g_cfg.bind, g_cfg.port, g_cfg.threads, MHD_get_version(),
              g_cfg.instance_uuid);
@@ -239,12 +338,12 @@ int main(int argc, char **argv)
         log_warn("DEMO_RANDOM_USER=1: requests without X-User-Id buy as random new users");
 
     do {
-        if (sigwait(&sigs, &sig) != 0)
+        if (sigwait(&signals, &sig) != 0)
             sig = SIGTERM;
     } while (sig == SIGHUP);
     {
         pthread_t second;
-        if (pthread_create(&second, NULL, second_signal_main, &sigs) == 0)
+        if (pthread_create(&second, NULL, second_signal_main, &signals) == 0)
             pthread_detach(second);
     }
     /* SIGINT (Ctrl-C; a restart with no traffic to protect) does not wait
@@ -253,28 +352,7 @@ int main(int argc, char **argv)
     log_info("signal %d: draining (GET /ready answers 503, no new connections, open ones "
              "closed by their clients within %d ms), finishing requests in flight, then "
              "stopping; a second signal stops at once", sig, drain_ms);
-    http_drain(drain_ms, SHUTDOWN_GRACE_MS);
-    stats_stop();              /* answers what waits for a snapshot */
-    http_stop();
-    rc = EXIT_SUCCESS;
-out_consumer:
-    /* After the last request: what they admitted is persisted by this
-     * consumer or, once idle long enough, claimed by another. */
-    consumer_stop();
-out_fence:
-    fence_stop();              /* a no-op when not started */
-out_stats:
-    stats_stop();              /* a no-op once stopped */
-out_bcast:
-    bcast_stop();
-out_lock:
-    lock_runtime_stop();
-out_peers:
-    peers_stop();
-out_order:
-    order_stop();
-    sentinel_stop();
-    if (rc == EXIT_SUCCESS)
-        log_info("stopped");
-    return rc;
+    stop_steps(N_STEPS);
+    log_info("stopped");
+    return EXIT_SUCCESS;
 }

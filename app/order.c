@@ -26,15 +26,22 @@ typedef struct order_job {
     void *arg;
 } order_job;
 
-int order_start(char *err, size_t errlen)
+int order_start(void)
 {
-    if (ulock_start(g_cfg.lock_strategy, err, errlen) != 0)
-        return -1;
-    if (stock_start(g_cfg.stock_strategy, err, errlen) != 0) {
+    char err[512];
+    int rc = -1;
+
+    if (ulock_start(g_cfg.lock_strategy, err, sizeof err) != 0)
+        goto out;
+    if (stock_start(g_cfg.stock_strategy, err, sizeof err) != 0) {
         ulock_stop();
-        return -1;
+        goto out;
     }
-    return 0;
+    rc = 0;
+out:
+    if (rc != 0)
+        log_error("lock strategy %s: %s", config_lock_name(g_cfg.lock_strategy), err);
+    return rc;
 }
 
 void order_stop(void)

@@ -13,8 +13,9 @@
 #include "store.h"
 
 /* Starts the lock and stock strategies the instance was configured with.
- * Call once before serving. Returns 0, or -1 with the reason in 'err'. */
-int order_start(char *err, size_t errlen);
+ * Call once before serving. Returns 0, or -1 (logged here, once: a start
+ * function logs its own failure). */
+int order_start(void);
 void order_stop(void);
 
 /* The API's answer to a Postgres outcome: the one mapping, used by every

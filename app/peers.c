@@ -1,5 +1,6 @@
 /* peers: publish this instance's counters, read every live instance's. */
 #include "peers.h"
+#include "bgthread.h"
 #include "config.h"
 #include "conn.h"
 #include "expo.h"
@@ -7,11 +8,9 @@
 #include "script.h"
 #include "util.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static int64_t started_at;
 
@@ -125,13 +124,10 @@ cleanup:
 
 /* ---- publisher thread ---- */
 
-static pthread_t pub_thread;
-static pthread_mutex_t pub_mu = PTHREAD_MUTEX_INITIALIZER;
-/* The tick is a timed wait on the monotonic clock (peers_start): a step of
- * the wall clock must not stop the publishing, or the instance drops out
- * of the cluster view. */
-static pthread_cond_t pub_cv;
-static int pub_stop, pub_running;
+/* The tick is bgthread_sleep, on the monotonic clock: a step of the wall
+ * clock must not stop the publishing, or the instance drops out of the
+ * cluster view. */
+static bgthread publisher = BGTHREAD_INIT;
 
 static void publish_once(redisContext **cp)
 {
@@ -168,23 +164,14 @@ static void publish_once(redisContext **cp)
     }
 }
 
-static void *publisher_main(void *arg)
+static void publisher_main(bgthread *self, void *arg)
 {
     redisContext *c = NULL;
-    struct timespec deadline;
 
-    util_thread_name("sk-peers");
     (void)arg;
-    pthread_mutex_lock(&pub_mu);
-    while (!pub_stop) {
-        pthread_mutex_unlock(&pub_mu);
+    do
         publish_once(&c);
-        pthread_mutex_lock(&pub_mu);
-        util_deadline(CLOCK_MONOTONIC, 1000000, &deadline);
-        while (!pub_stop && pthread_cond_timedwait(&pub_cv, &pub_mu, &deadline) == 0)
-            ;
-    }
-    pthread_mutex_unlock(&pub_mu);
+    while (!bgthread_sleep(self, 1000));
     if (c != NULL) {                           /* leave the cluster view at once */
         redisReply *r = redisCommand(c, "ZREM %s %s", PEERS_INSTANCES_KEY, g_cfg.instance_id);
         freeReplyObject(r);
@@ -192,32 +179,19 @@ static void *publisher_main(void *arg)
         freeReplyObject(r);
         redisFree(c);
     }
-    return NULL;
 }
 
 int peers_start(void)
 {
     started_at = util_now_s();
-    pub_stop = 0;
-    if (util_cond_init_monotonic(&pub_cv) != 0)
-        return -1;
-    if (pthread_create(&pub_thread, NULL, publisher_main, NULL) != 0) {
-        pthread_cond_destroy(&pub_cv);
+    if (bgthread_start(&publisher, "sk-peers", publisher_main, NULL, NULL) != 0) {
+        log_error("cannot start the stats publisher thread");
         return -1;
     }
-    pub_running = 1;
     return 0;
 }
 
 void peers_stop(void)
 {
-    if (!pub_running)
-        return;
-    pthread_mutex_lock(&pub_mu);
-    pub_stop = 1;
-    pthread_cond_signal(&pub_cv);
-    pthread_mutex_unlock(&pub_mu);
-    pthread_join(pub_thread, NULL);
-    pthread_cond_destroy(&pub_cv);
-    pub_running = 0;
+    bgthread_stop(&publisher);
 }

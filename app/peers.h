@@ -28,7 +28,9 @@ void peers_sum(cJSON *cluster, const cJSON *instance);
 void peers_cluster_tidy(cJSON *cluster);
 
 /* Starts / stops the thread that publishes this instance's counters (on a
- * connection of its own). Stopping removes this instance from the view. */
+ * connection of its own; bgthread.h). Stopping removes this instance from
+ * the view. peers_start returns 0, or -1 (logged here: a start
+ * function logs its own failure); peers_stop is idempotent. */
 int peers_start(void);
 void peers_stop(void);
 

@@ -1,13 +1,13 @@
 /* sentinel: the master's address from Redis Sentinel, and a thread that
  * follows it across failovers. */
 #include "sentinel.h"
+#include "bgthread.h"
 #include "config.h"
 #include "log.h"
 #include "util.h"
 
 #include <errno.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,12 +28,11 @@ static struct {
     int port;
     uint64_t changes;          /* master changes seen after the first address */
     int ask_now;               /* a connection reported the master failing */
-    int stop;
-    int running;
     int current;               /* index of the Sentinel the follower talks to */
-    pthread_t thread;
     int efd;                   /* wakes the follower: a suspect, or stop */
 } st = { .mu = PTHREAD_MUTEX_INITIALIZER, .efd = -1 };
+
+static bgthread follower = BGTHREAD_INIT;
 
 static _Atomic uint64_t gen;
 static atomic_uint_fast64_t n_notices, n_queries, n_query_errors;
@@ -210,23 +209,19 @@ static int64_t ms_now(void)
     return util_mono_us() / 1000;
 }
 
-static void *follow_main(void *arg)
+static void follow_main(bgthread *self, void *arg)
 {
     redisContext *cmd = NULL, *sub = NULL;
     int64_t next_ask = ms_now() + ASK_PERIOD_MS, last_ask = 0, next_sub = 0;
 
-    util_thread_name("sk-sentinel");
     (void)arg;
-    for (;;) {
+    while (!bgthread_stopping(self)) {
         int64_t now = ms_now();
-        int stop, want;
+        int want;
 
         pthread_mutex_lock(&st.mu);
-        stop = st.stop;
         want = st.ask_now;
         pthread_mutex_unlock(&st.mu);
-        if (stop)
-            break;
         if (sub == NULL && now >= next_sub) {
             sub = subscribe(st.current);
             next_sub = now + RETRY_SUB_MS;
@@ -279,7 +274,6 @@ static void *follow_main(void *arg)
         redisFree(sub);
     if (cmd != NULL)
         redisFree(cmd);
-    return NULL;
 }
 
 static void wake(void)
@@ -290,11 +284,37 @@ static void wake(void)
         log_warn("redis sentinel: eventfd: %s", strerror(errno));
 }
 
+/* bgthread_stop's wake: the follower blocks in poll() on st.efd. */
+static void follower_wake(void *arg)
+{
+    (void)arg;
+    wake();
+}
+
 /*---- API ----*/
 
-sentinel_start_status sentinel_start(char *err, size_t errlen)
+/* Logs why sentinel_start failed; 'err' says what each Sentinel answered. */
+static sentinel_start_status start_failed(sentinel_start_status why, const char *err)
 {
-    size_t used = 0;
+    switch (why) {
+    case SENTINEL_UNKNOWN_MASTER:
+        log_error("REDIS_SENTINELS: no Sentinel knows a master named '%s' (REDIS_MASTER_NAME): %s",
+                  g_cfg.master_name, err);
+        break;
+    case SENTINEL_UNREACHABLE:
+        log_error("REDIS_SENTINELS: no Sentinel answered (%s): %s", g_cfg.sentinels_text, err);
+        break;
+    default:
+        log_error("REDIS_SENTINELS: %s", err);
+        break;
+    }
+    return why;
+}
+
+sentinel_start_status sentinel_start(void)
+{
+    char err[1024];
+    size_t used = 0, errlen = sizeof err;
     int unknown = 0;
 
     if (!sentinel_enabled())
@@ -322,36 +342,29 @@ sentinel_start_status sentinel_start(char *err, size_t errlen)
         }
     }
     if (atomic_load(&gen) == 0)
-        return unknown ? SENTINEL_UNKNOWN_MASTER : SENTINEL_UNREACHABLE;
+        return start_failed(unknown ? SENTINEL_UNKNOWN_MASTER : SENTINEL_UNREACHABLE, err);
 
     st.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (st.efd < 0) {
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
-        return SENTINEL_NO_THREAD;
+        return start_failed(SENTINEL_NO_THREAD, err);
     }
-    st.stop = 0;
-    if (pthread_create(&st.thread, NULL, follow_main, NULL) != 0) {
+    if (bgthread_start(&follower, "sk-sentinel", follow_main, NULL, follower_wake) != 0) {
         snprintf(err, errlen, "cannot start the Sentinel follower thread");
         close(st.efd);
         st.efd = -1;
-        return SENTINEL_NO_THREAD;
+        return start_failed(SENTINEL_NO_THREAD, err);
     }
-    st.running = 1;
     return SENTINEL_STARTED;
 }
 
 void sentinel_stop(void)
 {
-    if (!st.running)
+    if (!bgthread_started(&follower))
         return;
-    pthread_mutex_lock(&st.mu);
-    st.stop = 1;
-    pthread_mutex_unlock(&st.mu);
-    wake();
-    pthread_join(st.thread, NULL);
+    bgthread_stop(&follower);
     close(st.efd);
     st.efd = -1;
-    st.running = 0;
 }
 
 uint64_t sentinel_master(char *host, size_t n, int *port)

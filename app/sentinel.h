@@ -34,10 +34,11 @@ typedef enum sentinel_start_status {
 int sentinel_enabled(void);
 
 /* Asks the Sentinels for the master of REDIS_MASTER_NAME, then starts the
- * follower thread. On failure 'err' says what each Sentinel answered.
- * Call once, before any Redis connection is opened. Without
- * REDIS_SENTINELS: SENTINEL_STARTED and nothing runs. */
-sentinel_start_status sentinel_start(char *err, size_t errlen);
+ * follower thread. A failure is logged here, once (a start function logs
+ * its own failure), with what each Sentinel answered. Call once, before
+ * any Redis connection is opened. Without REDIS_SENTINELS:
+ * SENTINEL_STARTED and nothing runs. */
+sentinel_start_status sentinel_start(void);
 
 /* Stops and joins the follower thread. Idempotent. */
 void sentinel_stop(void);

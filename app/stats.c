@@ -2,6 +2,7 @@
  * thread, and the requests waiting for it. */
 #include "stats.h"
 #include "stock.h"
+#include "bgthread.h"
 #include "config.h"
 #include "conn.h"
 #include "expo.h"
@@ -47,9 +48,11 @@ static struct {
     snapshot *cur;
     waiter *head, *tail;
     int64_t last_us;          /* when the last refresh began */
-    int stop, running;
-    pthread_t thread;
 } st = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+/* The refresh thread. It waits on st.cv (for a request, or the interval),
+ * so its stop is told there too (refresher_wake). */
+static bgthread refresher = BGTHREAD_INIT;
 
 /* Bumped by every write /stats shows (stats_touch). */
 static _Atomic uint64_t write_gen;
@@ -169,7 +172,8 @@ http_outcome stats_serve(http_req *r, enum stats_view view)
     waiter *w;
 
     pthread_mutex_lock(&st.mu);
-    if (st.running && !st.stop && !answers(st.cur, gen, util_mono_us()) && http_park(r) == 0) {
+    if (bgthread_state_get(&refresher) == BGTHREAD_RUNNING &&
+        !answers(st.cur, gen, util_mono_us()) && http_park(r) == 0) {
         w = xcalloc(1, sizeof *w);
         w->r = r;
         w->view = view;
@@ -288,7 +292,7 @@ static void answer_all(waiter *w, const snapshot *s)
     }
 }
 
-static void *stats_main(void *arg)
+static void stats_main(bgthread *self, void *arg)
 {
     snapshot *s, *old;
     waiter *ready;
@@ -296,20 +300,19 @@ static void *stats_main(void *arg)
     int64_t next, t0;
     uint64_t gen;
 
-    util_thread_name("sk-stats");
     (void)arg;
     pthread_mutex_lock(&st.mu);
     for (;;) {
-        while (!st.stop && st.head == NULL)
+        while (!bgthread_stopping(self) && st.head == NULL)
             pthread_cond_wait(&st.cv, &st.mu);
         /* At most one refresh per interval, whoever asks. */
         next = st.last_us + (int64_t)g_cfg.stats_interval_ms * 1000;
-        while (!st.stop && util_mono_us() < next) {
+        while (!bgthread_stopping(self) && util_mono_us() < next) {
             at.tv_sec = (time_t)(next / 1000000);
             at.tv_nsec = (long)(next % 1000000) * 1000;
             pthread_cond_timedwait(&st.cv, &st.mu, &at);
         }
-        if (st.stop)
+        if (bgthread_stopping(self))
             break;
         gen = atomic_load_explicit(&write_gen, memory_order_acquire);
         t0 = util_mono_us();
@@ -329,30 +332,30 @@ static void *stats_main(void *arg)
     }
     pthread_mutex_unlock(&st.mu);
     conn_close_thread();
-    return NULL;
+}
+
+/* bgthread_stop's wake: under st.mu, so that the thread, which looks at
+ * bgthread_stopping under st.mu before it waits, cannot miss it. */
+static void refresher_wake(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&st.mu);
+    pthread_cond_signal(&st.cv);
+    pthread_mutex_unlock(&st.mu);
 }
 
 int stats_start(void)
 {
-    pthread_condattr_t attr;
-
-    if (pthread_condattr_init(&attr) != 0)
-        return -1;
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    if (pthread_cond_init(&st.cv, &attr) != 0) {
-        pthread_condattr_destroy(&attr);
+    if (util_cond_init_monotonic(&st.cv) != 0) {
+        log_error("cannot start the stats thread: no condition variable");
         return -1;
     }
-    pthread_condattr_destroy(&attr);
-    st.stop = 0;
     st.last_us = util_mono_us() - (int64_t)g_cfg.stats_interval_ms * 1000;
-    if (pthread_create(&st.thread, NULL, stats_main, NULL) != 0) {
+    if (bgthread_start(&refresher, "sk-stats", stats_main, NULL, refresher_wake) != 0) {
         pthread_cond_destroy(&st.cv);
+        log_error("cannot start the stats thread");
         return -1;
     }
-    pthread_mutex_lock(&st.mu);
-    st.running = 1;
-    pthread_mutex_unlock(&st.mu);
     return 0;
 }
 
@@ -361,18 +364,11 @@ void stats_stop(void)
     waiter *left;
     snapshot *s;
 
-    pthread_mutex_lock(&st.mu);
-    if (!st.running) {
-        pthread_mutex_unlock(&st.mu);
+    if (!bgthread_started(&refresher))
         return;
-    }
-    st.stop = 1;
-    pthread_cond_signal(&st.cv);
-    pthread_mutex_unlock(&st.mu);
-    pthread_join(st.thread, NULL);
+    bgthread_stop(&refresher);
 
     pthread_mutex_lock(&st.mu);
-    st.running = 0;
     left = st.head;
     st.head = st.tail = NULL;
     s = st.cur;

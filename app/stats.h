@@ -20,7 +20,8 @@
 
 enum stats_view { STATS_JSON, STATS_METRICS };
 
-/* Starts the refresh thread. 0, or -1. */
+/* Starts the refresh thread (bgthread.h). 0, or -1 (logged here: a start
+ * function logs its own failure). */
 int stats_start(void);
 
 /* Stops it and answers every request still parked (from the last snapshot,

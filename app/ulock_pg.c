@@ -22,6 +22,7 @@
  * shared with anything else that takes bigint advisory locks in this
  * database). */
 #include "ulock.h"
+#include "bgthread.h"
 #include "config.h"
 #include "log.h"
 #include "pgl.h"
@@ -29,11 +30,8 @@
 #include "store.h"
 #include "util.h"
 
-#include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #define UNAVAILABLE "database unavailable, retry later"
 
@@ -51,33 +49,15 @@ static long table_lease_ms(const ulock_hold *h)
     return h->lease_ms > 0 ? h->lease_ms : g_cfg.watchdog_timeout_ms;
 }
 
-static struct {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
-    int running, stop;
-} sweeper = { .mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+static bgthread sweeper = BGTHREAD_INIT;
 
-static void *sweep_main(void *arg)
+static void sweep_main(bgthread *self, void *arg)
 {
     PGconn *pg = NULL;
     char err[256];
 
-    util_thread_name("sk-pglock-sweep");
     (void)arg;
-    pthread_mutex_lock(&sweeper.mu);
-    while (!sweeper.stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += g_cfg.lock_pg_sweep_ms / 1000;
-        ts.tv_nsec += (long)(g_cfg.lock_pg_sweep_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        if (pthread_cond_timedwait(&sweeper.cond, &sweeper.mu, &ts) != ETIMEDOUT)
-            continue;
-        pthread_mutex_unlock(&sweeper.mu);
+    while (!bgthread_sleep(self, g_cfg.lock_pg_sweep_ms)) {
         if (pg == NULL && (pg = conn_pg_open(err, sizeof err)) == NULL)
             log_warn("lock sweeper: %s", err);
         if (pg != NULL) {
@@ -89,37 +69,25 @@ static void *sweep_main(void *arg)
                 pg = NULL;
             }
         }
-        pthread_mutex_lock(&sweeper.mu);
     }
-    pthread_mutex_unlock(&sweeper.mu);
     if (pg != NULL)
         PQfinish(pg);
-    return NULL;
 }
 
 static int table_start(char *err, size_t errlen)
 {
     if (g_cfg.lock_pg_sweep_ms <= 0)
         return 0;
-    sweeper.stop = 0;
-    if (pthread_create(&sweeper.thread, NULL, sweep_main, NULL) != 0) {
+    if (bgthread_start(&sweeper, "sk-pglock-sweep", sweep_main, NULL, NULL) != 0) {
         snprintf(err, errlen, "cannot start the lock sweeper thread");
         return -1;
     }
-    sweeper.running = 1;
     return 0;
 }
 
 static void table_stop(void)
 {
-    if (!sweeper.running)
-        return;
-    pthread_mutex_lock(&sweeper.mu);
-    sweeper.stop = 1;
-    pthread_cond_signal(&sweeper.cond);
-    pthread_mutex_unlock(&sweeper.mu);
-    pthread_join(sweeper.thread, NULL);
-    sweeper.running = 0;
+    bgthread_stop(&sweeper);
 }
 
 /* An attempt's outcome, counted; a failed one marks a broken session. */

@@ -2,15 +2,14 @@
  * (Redisson >= 3.44's LockTask). */
 #include "watchdog.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <hiredis/hiredis.h>
 
+#include "bgthread.h"
 #include "log.h"
 #include "script.h"
 #include "util.h"
@@ -36,17 +35,14 @@ typedef struct wd_item {
 /* Guarded by wd.mu. */
 static struct {
     pthread_mutex_t mu;
-    pthread_cond_t cond;     /* monotonic clock; signalled by wd_stop */
     wd_entry *buckets[WD_BUCKETS];
     int count;
     uint64_t seq;
-    int running;
-    int stopping;
     int warned_not_running;
-    pthread_t thread;
 } wd = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
-static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
+/* The renewal thread; its starts are serialised by wd.mu. */
+static bgthread renewal = BGTHREAD_INIT;
 
 /* Set by wd_start before the renewal thread runs; read by every thread. */
 static _Atomic long timeout_ms;
@@ -58,17 +54,6 @@ static atomic_uint_fast64_t n_renewals;
 static atomic_uint_fast64_t n_lost;
 static atomic_uint_fast64_t n_errors;
 static atomic_uint_fast64_t n_ticks;
-
-static void cond_init(void)
-{
-    pthread_condattr_t attr;
-
-    if (pthread_condattr_init(&attr) != 0 ||
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) != 0 ||
-        pthread_cond_init(&wd.cond, &attr) != 0)
-        abort();
-    pthread_condattr_destroy(&attr);
-}
 
 long wd_timeout_ms(void)
 {
@@ -119,7 +104,7 @@ static void entry_settle(wd_entry **pp)
 void wd_begin(const char *key, const char *owner)
 {
     pthread_mutex_lock(&wd.mu);
-    if (!wd.running && !wd.warned_not_running) {
+    if (!bgthread_started(&renewal) && !wd.warned_not_running) {
         wd.warned_not_running = 1;
         log_warn("watchdog-mode lock %s taken but the renewal thread is not running "
                  "(lock_runtime_start): it expires after %ld ms", key, wd_timeout_ms());
@@ -293,51 +278,35 @@ static void tick(redisContext **cp)
         atomic_fetch_add_explicit(&n_ticks, 1, memory_order_relaxed);
 }
 
-static void mono_ts(int64_t us, struct timespec *ts)
-{
-    ts->tv_sec = (time_t)(us / 1000000);
-    ts->tv_nsec = (long)(us % 1000000) * 1000L;
-}
-
-static void *renewal_main(void *arg)
+static void renewal_main(bgthread *self, void *arg)
 {
     redisContext *c = NULL;
     int64_t period_us = wd_timeout_ms() * 1000LL / 3;
     int64_t next = util_mono_us() + period_us;
-    struct timespec ts;
 
-    util_thread_name("sk-watchdog");
     (void)arg;
-    pthread_mutex_lock(&wd.mu);
-    while (!wd.stopping) {
-        mono_ts(next, &ts);
-        if (util_mono_us() < next) {
-            int rc = pthread_cond_timedwait(&wd.cond, &wd.mu, &ts);
-            if (rc != 0 && rc != ETIMEDOUT)
-                log_warn("watchdog: timed wait: %s", strerror(rc));
+    while (!bgthread_stopping(self)) {
+        int64_t now = util_mono_us();
+        if (now < next) {
+            bgthread_sleep(self, (long)((next - now + 999) / 1000));
             continue;                       /* re-check stopping and the time */
         }
-        pthread_mutex_unlock(&wd.mu);
         tick(&c);
-        pthread_mutex_lock(&wd.mu);
         /* Keep the schedule; after a stall, start again from now. */
         next += period_us;
         if (next <= util_mono_us())
             next = util_mono_us() + period_us;
     }
-    pthread_mutex_unlock(&wd.mu);
     if (c != NULL)
         redisFree(c);
-    return NULL;
 }
 
 int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale)
 {
     int rc = -1;
 
-    pthread_once(&cond_once, cond_init);
     pthread_mutex_lock(&wd.mu);
-    if (wd.running) {
+    if (bgthread_started(&renewal)) {
         rc = 0;
         goto cleanup;
     }
@@ -348,12 +317,10 @@ int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale)
     atomic_store_explicit(&timeout_ms, timeout, memory_order_relaxed);
     connect_fn = connect;
     stale_fn = stale;
-    wd.stopping = 0;
-    if (pthread_create(&wd.thread, NULL, renewal_main, NULL) != 0) {
+    if (bgthread_start(&renewal, "sk-watchdog", renewal_main, NULL, NULL) != 0) {
         log_error("watchdog: cannot start the renewal thread");
         goto cleanup;
     }
-    wd.running = 1;
     rc = 0;
 cleanup:
     pthread_mutex_unlock(&wd.mu);
@@ -362,23 +329,11 @@ cleanup:
 
 void wd_stop(void)
 {
-    pthread_t t;
-
-    pthread_once(&cond_once, cond_init);
-    pthread_mutex_lock(&wd.mu);
-    if (!wd.running || wd.stopping) {
-        pthread_mutex_unlock(&wd.mu);
+    if (!bgthread_started(&renewal))
         return;
-    }
-    wd.stopping = 1;
-    t = wd.thread;
-    pthread_cond_signal(&wd.cond);
-    pthread_mutex_unlock(&wd.mu);
-
-    pthread_join(t, NULL);
+    bgthread_stop(&renewal);
 
     pthread_mutex_lock(&wd.mu);
-    wd.running = 0;
     for (int b = 0; b < WD_BUCKETS; b++)
         while (wd.buckets[b] != NULL)
             entry_unlink(&wd.buckets[b]);
