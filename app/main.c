@@ -107,8 +107,8 @@ static void warm_worker(void)
 
 /*---- the steps ----*/
 
-/* The signals main takes with sigwait: blocked in every thread started
- * after the "signals" step. */
+/* The signals main takes with sigwait: blocked in every thread (the
+ * "signals" step is the first). */
 static sigset_t signals;
 
 /* How long the drain waits for clients to close their connections: set
@@ -162,7 +162,7 @@ static int start_setup(void)
     return 0;
 }
 
-/* Blocks the signals in every thread started from now on; main alone
+/* Blocks the signals in main and so in every thread it starts; main alone
  * takes them with sigwait. */
 static int start_signals(void)
 {
@@ -254,13 +254,19 @@ typedef struct main_step {
 /* Started in this order, stopped in the reverse one: on a refused start
  * from the step before it, at the end from the last. */
 static const main_step steps[] = {
+    /* First: every thread started after it inherits the blocked signals,
+     * so only main's sigwait takes them. A thread started before would be
+     * handed a SIGTERM whenever main is not in sigwait (still starting, or
+     * draining) and the process would die of it with no drain. A signal
+     * during the start-up waits for the sigwait: every start step is
+     * bounded by its timeouts. */
+    { "signals", start_signals, NULL },
     { "lua scripts", start_scripts, NULL },
     /* Before anything opens a Redis connection: they all ask it where the master is. */
     { "sentinel", start_sentinel, sentinel_stop },
     { "lock and stock strategies", start_order, order_stop },
     { "replicas check", check_sync_replicas, NULL },
     { "connections and histograms", start_setup, NULL },
-    { "signals", start_signals, NULL },
     { "stats publisher", start_peers, peers_stop },
     { "lock runtime", start_lock, lock_runtime_stop },
     { "broadcast subscriber", start_bcast, bcast_stop },

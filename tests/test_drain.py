@@ -138,6 +138,45 @@ def sigterm_drains_ready_503_connection_close_listener_closed():
 
 
 @test
+def every_thread_but_main_blocks_the_stop_signals():
+    """Only main (and, during a shutdown, its second-signal thread) may take
+    SIGTERM, SIGINT and SIGHUP: a thread that leaves them open is handed one
+    whenever main is not in sigwait (starting, or draining), and the process
+    dies of it with no drain. SECKILL_LOCK=pg-table with its sweeper starts a
+    thread while the lock strategy starts, early in the start-up; every
+    thread's mask is read from /proc, then a SIGTERM must drain and exit 0."""
+    srv = ss.Server("drain-pgtable", {"ADMIN_TOKEN": TOKEN, "SECKILL_LOCK": "pg-table",
+                                      "LOCK_PG_SWEEP_MS": 60000})
+    stop_signals = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1)) | \
+        (1 << (signal.SIGHUP - 1))
+    try:
+        if ss.request(srv.port, "GET", "/health").status != 200:
+            fail("GET /health before the signal")
+        task = f"/proc/{srv.proc.pid}/task"
+        names, open_to = [], []
+        for t in os.listdir(task):
+            if int(t) == srv.proc.pid:
+                continue                      # main: it takes them with sigwait
+            with open(f"{task}/{t}/comm") as f:
+                comm = f.read().strip()
+            with open(f"{task}/{t}/status") as f:
+                blk = next(int(x.split()[1], 16) for x in f if x.startswith("SigBlk:"))
+            names.append(comm)
+            if blk & stop_signals != stop_signals:
+                open_to.append(f"{comm} (SigBlk {blk:x})")
+        if "sk-pglock-sweep" not in names:
+            fail(f"no sweeper thread among {sorted(set(names))}: the test does not see it")
+        if open_to:
+            fail(f"threads that can be handed SIGTERM/SIGINT/SIGHUP: {open_to}")
+        srv.proc.send_signal(signal.SIGTERM)
+        rc = wait_exit(srv, 15)
+        if rc != 0 or "stopped" not in srv.log_tail():
+            fail(f"exit {rc} after SIGTERM (want 0 after a drain); log:\n{srv.log_tail()}")
+    finally:
+        srv.kill()
+
+
+@test
 def drain_ends_at_shutdown_drain_ms_with_an_idle_connection_left():
     srv = ss.Server("drain-cap", {"SHUTDOWN_DRAIN_MS": 800})
     idle = ss.Client(srv.port)
