@@ -25,7 +25,11 @@ JOBS      ?= $(shell nproc 2>/dev/null || echo 1)
 V         ?= 0
 Q         := $(if $(filter 1,$(V)),,@)
 TESTS     ?=
-APP_SRCS  := $(wildcard app/*.c)
+# app/ holds main.c and one folder per layer band (app/LAYERS); every folder
+# is on the include path, so a module includes another by its name alone.
+APP_SRCS  := $(wildcard app/*.c app/*/*.c)
+APP_DIRS  := $(sort $(patsubst %/,%,$(dir $(wildcard app/*/*.h))))
+APP_INC   := -Iapp $(addprefix -I,$(APP_DIRS))
 APP_OBJS  := $(APP_SRCS:app/%.c=$(BUILD)/app/%.o)
 LIB_OBJS  := $(filter-out $(BUILD)/app/main.o,$(APP_OBJS))
 TEST_SRCS := $(wildcard tests/test_*.c) $(wildcard tests/unit_*.c)
@@ -88,10 +92,10 @@ $(BUILD)/seckill: $(APP_OBJS)
 $(BUILD)/app/%.o: app/%.c | pkg-check
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
-	$(Q)$(CC) $(CFLAGS) -Iapp -I$(BUILD)/gen -c -o $@ $<
+	$(Q)$(CC) $(CFLAGS) $(APP_INC) -I$(BUILD)/gen -c -o $@ $<
 
 # version.c includes the generated header: the first build must make it first.
-$(BUILD)/app/version.o: $(BUILD)/gen/seckill_version.h
+$(BUILD)/app/core/version.o: $(BUILD)/gen/seckill_version.h
 
 $(BUILD)/gen/seckill_version.h: FORCE
 	@mkdir -p $(dir $@)
@@ -104,14 +108,14 @@ FORCE:
 $(BUILD)/tests/%: tests/%.c $(LIB_OBJS) | pkg-check
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
-	$(Q)$(CC) $(CFLAGS) -Iapp -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(APP_INC) -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
 
 # The C load tools that link the server's objects (loadtest/bench_*.c: make
 # bench-ids, bench-lock, bench-lock-redis), built beside the test programs.
 $(BUILD)/tests/bench_%: loadtest/bench_%.c $(LIB_OBJS) | pkg-check
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
-	$(Q)$(CC) $(CFLAGS) -Iapp -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(APP_INC) -Itests $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
 
 # make bench's stand-in for an instance (loadtest/upstream200.c)
 $(BUILD)/upstream200: loadtest/upstream200.c | pkg-check
@@ -133,10 +137,10 @@ test: deps-check ## every test against a throwaway Postgres and Redis (~14 min; 
 
 # The fast tier: no Postgres, no nginx, no load. A throwaway redis-server
 # (started in a few milliseconds) serves the C tests of the lock and the
-# order ids, test_zkl starts a ZooKeeper of its own (about a second) and
-# test_mlock five redis-servers; the unit tests need nothing. About 55 s on
+# order ids, test_zk_lock starts a ZooKeeper of its own (about a second) and
+# test_multi_lock five redis-servers; the unit tests need nothing. About 55 s on
 # 2 cores with the binaries built, 23 s of it test_watchdog's lease timing,
-# 10 s test_zkl's session timeouts and 10 s test_mlock's leases; the unit
+# 10 s test_zk_lock's session timeouts and 10 s test_multi_lock's leases; the unit
 # tests take under a second.
 # (mk/*.mk may add prerequisites: 'check: something'.)
 check: deps-check ## fast tier, about 55 s: C unit tests (tests/unit_*.c) and the C tests (Redis, ZooKeeper)
@@ -161,7 +165,7 @@ tsan: ## every test with ThreadSanitizer builds in build/tsan (TESTS="...": a su
 # Left out: test_locks.py, which the name test_lock matches (the lock backends'
 # storms through the server: 72 s under TSan), and the strategies' sale one buyer
 # at a time (46 s with no two buyers at once).
-TSAN_CONCURRENCY_TESTS := test_lock test_watchdog test_idw test_mlock test_zkl test_workers test_strategies test_sentinel test_redisfirst.py
+TSAN_CONCURRENCY_TESTS := test_lock test_watchdog test_order_id test_multi_lock test_zk_lock test_workers test_strategies test_sentinel test_redisfirst.py
 TSAN_CONCURRENCY_SKIP  := test_locks.py
 # Left out under TSan: the one-at-a-time sweep, and the early-lock-release
 # tests, which check what Postgres commits while its flush is held (no
@@ -191,7 +195,7 @@ coverage: ## every test with gcov builds in build/coverage, then app/'s line and
 
 coverage-report: ## app/'s coverage from the counts in build/coverage (gcovr): table and build/coverage/html/index.html
 	@command -v gcovr >/dev/null 2>&1 || { echo "gcovr not found: make deps (or apt-get install gcovr)" >&2; exit 2; }
-	@ls $(COV_BUILD)/app/*.gcda >/dev/null 2>&1 || { echo "no counts in $(COV_BUILD)/app: make coverage" >&2; exit 2; }
+	@ls $(COV_BUILD)/app/*/*.gcda >/dev/null 2>&1 || { echo "no counts in $(COV_BUILD)/app: make coverage" >&2; exit 2; }
 	@rm -rf $(COV_BUILD)/html && mkdir -p $(COV_BUILD)/html
 	@gcovr --root . --filter 'app/' -j $(JOBS) --json $(COV_BUILD)/coverage.json \
 	    --json-summary $(COV_BUILD)/coverage-summary.json \

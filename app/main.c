@@ -3,7 +3,7 @@
  * strategies, the lock library given its connect function and observer
  * here, the background threads, the HTTP daemon) started in order and
  * stopped in the reverse one, on a refused start or at the shutdown. */
-#include "bcast.h"
+#include "broadcast.h"
 #include "config.h"
 #include "config_show.h"
 #include "conn.h"
@@ -14,7 +14,7 @@
 #include "lock.h"
 #include "log.h"
 #include "order.h"
-#include "rec.h"
+#include "counters.h"
 #include "script.h"
 #include "store_prepare.h"
 #include "peers.h"
@@ -22,7 +22,7 @@
 #include "stream_tidy.h"
 #include "util.h"
 #include "stats.h"
-#include "ulock.h"
+#include "user_lock.h"
 #include "version.h"
 
 #include <pthread.h>
@@ -157,7 +157,7 @@ static int start_setup(void)
                                     g_cfg.pg_statement_timeout_ms / 1000.0,
                                     (double)g_cfg.pg_connect_timeout_s,
                                     g_cfg.request_deadline_ms / 1000.0 };   /* 0: none */
-        rec_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
+        counters_set_buckets(timeouts, (int)(sizeof timeouts / sizeof timeouts[0]));
     }
     return 0;
 }
@@ -186,7 +186,7 @@ static int start_lock(void)
         .connect = conn_redis_open,
         .command_timeout_ms = g_cfg.redis_timeout_ms,
         .watchdog_timeout_ms = g_cfg.watchdog_timeout_ms,
-        .observe = rec_redis_call,
+        .observe = counters_redis_call,
         .stale = redis_stale,
         .sync_replicas = g_cfg.lock_sync_replicas,
         .sync_timeout_ms = g_cfg.lock_sync_timeout_ms,
@@ -198,7 +198,7 @@ static int start_lock(void)
 
 static int start_bcast(void)
 {
-    return bcast_start() == 0 ? 0 : EXIT_FAILURE;
+    return broadcast_start() == 0 ? 0 : EXIT_FAILURE;
 }
 
 static int start_stats(void)
@@ -212,9 +212,9 @@ static int start_fence(void)
 {
     char prefix[64];
 
-    if (g_cfg.fence_horizon_ms <= 0 || !ulock_token_clock())
+    if (g_cfg.fence_horizon_ms <= 0 || !user_lock_token_clock())
         return 0;
-    if (ulock_fence_key_prefix(prefix, sizeof prefix) != 0) {
+    if (user_lock_fence_key_prefix(prefix, sizeof prefix) != 0) {
         log_error("the lock's fence key prefix does not fit in %zu bytes", sizeof prefix);
         return EXIT_FAILURE;
     }
@@ -269,7 +269,7 @@ static const main_step steps[] = {
     { "connections and histograms", start_setup, NULL },
     { "stats publisher", start_peers, peers_stop },
     { "lock runtime", start_lock, lock_runtime_stop },
-    { "broadcast subscriber", start_bcast, bcast_stop },
+    { "broadcast subscriber", start_bcast, broadcast_stop },
     { "stats", start_stats, stats_stop },
     { "fence sweeper", start_fence, fence_stop },
     /* Stopped after the last request: what they admitted is persisted by

@@ -6,7 +6,7 @@
  *
  * Schemes (REDIS_URL and PG_DSN from the environment):
  *   redis        the service's: 31 bits of seconds | 32 bits of a daily
- *                Redis INCR (app/idw.c), one connection per thread
+ *                Redis INCR (app/services/order_id.c), one connection per thread
  *   snowflake    41 bits of ms since 2022 | 10 bits worker | 12 bits of a
  *                per-ms sequence, one generator per process (a mutex)
  *   uuid-v4      122 random bits (getrandom)
@@ -39,7 +39,7 @@
 #include <libpq-fe.h>
 
 #include "t.h"
-#include "idw.h"
+#include "order_id.h"
 #include "util.h"
 
 typedef struct id128 {
@@ -127,7 +127,7 @@ static int pg_int(PGconn *pg, const char *sql, int64_t *v)
 static int next_redis(gen_ctx *g, id128 *out)
 {
     int64_t id;
-    if (idw_next_at(g->redis, "bench", now_ms() / 1000, &id) != IDW_OK)
+    if (order_id_next_at(g->redis, "bench", now_ms() / 1000, &id) != ORDER_ID_OK)
         return -1;
     *out = (id128){ 0, (uint64_t)id };
     return 0;
@@ -517,15 +517,15 @@ static void scenarios(const scheme *s, result *r)
         take_burst(s, &g, 0, 0, zero, &a);         /* allocates; takes nothing */
         take_burst(s, &g, 0, 0, zero, &b);
         for (int i = 0; i < 1000; i++)
-            if (idw_next_at(g.redis, "bench-restart", now, &id) == IDW_OK)
+            if (order_id_next_at(g.redis, "bench-restart", now, &id) == ORDER_ID_OK)
                 a.ids[a.n++] = (id128){ 0, (uint64_t)id };
         char key[96];
-        idw_key("bench-restart", now, key, sizeof key);
+        order_id_key("bench-restart", now, key, sizeof key);
         rr = redisCommand(g.redis, "DEL %s", key);
         freeReplyObject(rr);
         b.n = 0;
         for (int i = 0; i < 1000; i++)
-            if (idw_next_at(g.redis, "bench-restart", now, &id) == IDW_OK)
+            if (order_id_next_at(g.redis, "bench-restart", now, &id) == ORDER_ID_OK)
                 b.ids[b.n++] = (id128){ 0, (uint64_t)id };
         snprintf(r->restart, sizeof r->restart,
                  "counter lost in the same second: %d of %d ids again", common(&a, &b), b.n);

@@ -37,7 +37,7 @@
 #include "t.h"
 #include "t_lock.h"
 #include "lock.h"
-#include "lockwait.h"
+#include "lock_wait.h"
 #include "util.h"
 
 #define LEASE_MS 30000L

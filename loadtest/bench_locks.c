@@ -26,7 +26,7 @@
  *      exit of the child without an unlock (it closes its connections).
  * --zk-ceiling: ZooKeeper's own create+delete pairs per second (ephemeral
  * nodes, N threads on one session): the recipe's ceiling. --pgbench-scripts:
- * the lock statements (app/pgl.c) as pgbench scripts, one key per client. */
+ * the lock statements (app/lock/pg_lock.c) as pgbench scripts, one key per client. */
 #include <cJSON.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -42,10 +42,10 @@
 #include "t_lock.h"
 #include "t_zk.h"
 #include "lock.h"
-#include "mlock.h"
-#include "pgl.h"
+#include "multi_lock.h"
+#include "pg_lock.h"
 #include "util.h"
-#include "zkl.h"
+#include "zk_lock.h"
 
 typedef struct opts {
     const char *backend;
@@ -57,14 +57,14 @@ typedef struct opts {
 
 static opts o = { NULL, 8, 200, 5.0, 3000, NULL };
 #define PG_WAIT_MS 10000     /* the Postgres locks: each statement's bound */
-static zkl_client *zk;       /* the process's one session (zk) */
+static zk_lock_client *zk;       /* the process's one session (zk) */
 
 /*---- the backends, behind one small table ----*/
 
 typedef struct client {
     redisContext *redis;
     PGconn *pg;
-    mlock_set *nodes;
+    multi_lock_set *nodes;
 } client;
 
 static int multi(void)
@@ -72,23 +72,23 @@ static int multi(void)
     return strcmp(o.backend, "multilock") == 0 || strcmp(o.backend, "redlock") == 0;
 }
 
-/* LOCK_REDIS_NODES as an mlock_set (a fresh one per client). */
-static mlock_set *nodes_open(void)
+/* LOCK_REDIS_NODES as an multi_lock_set (a fresh one per client). */
+static multi_lock_set *nodes_open(void)
 {
     const char *p = getenv("LOCK_REDIS_NODES");
     const char *tmo = getenv("LOCK_REDIS_NODE_TIMEOUT_MS");
-    redis_url nodes[MLOCK_MAX_NODES];
+    redis_url nodes[MULTI_LOCK_MAX_NODES];
     size_t n = 0;
 
     memset(nodes, 0, sizeof nodes);
-    while (p != NULL && (p = strstr(p, "redis://")) != NULL && n < MLOCK_MAX_NODES) {
+    while (p != NULL && (p = strstr(p, "redis://")) != NULL && n < MULTI_LOCK_MAX_NODES) {
         p += 8;
         size_t hl = strcspn(p, ":,");
         snprintf(nodes[n].host, sizeof nodes[n].host, "%.*s", (int)hl, p);
         nodes[n].port = p[hl] == ':' ? atoi(p + hl + 1) : 6379;
         n++;
     }
-    mlock_set *s = n > 0 ? mlock_set_new(nodes, n, tmo != NULL ? atoi(tmo) : 50) : NULL;
+    multi_lock_set *s = n > 0 ? multi_lock_set_new(nodes, n, tmo != NULL ? atoi(tmo) : 50) : NULL;
     if (s == NULL) {
         fprintf(stderr, "bench_locks: LOCK_REDIS_NODES: no nodes\n");
         exit(2);
@@ -123,7 +123,7 @@ static void client_close(client *c)
         redisFree(c->redis);
     if (c->pg != NULL)
         PQfinish(c->pg);
-    mlock_set_free(c->nodes);
+    multi_lock_set_free(c->nodes);
 }
 
 /* The advisory key of a lock key: its digits. */
@@ -146,15 +146,15 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
         return st == LOCK_OK ? 1 : st == LOCK_BUSY ? 0 : -1;
     }
     if (strcmp(b, "zk") == 0) {
-        lock_status st = zkl_acquire(zk, key, owner, wait_ms, NULL);
+        lock_status st = zk_lock_acquire(zk, key, owner, wait_ms, NULL);
         return st == LOCK_OK ? 1 : st == LOCK_BUSY ? 0 : -1;
     }
     if (multi()) {
-        mlock_quorum q = strcmp(b, "multilock") == 0 ? MLOCK_ALL : MLOCK_MAJORITY;
+        multi_lock_quorum q = strcmp(b, "multilock") == 0 ? MULTI_LOCK_ALL : MULTI_LOCK_MAJORITY;
         double end = t_now_ms() + (double)wait_ms;
         for (;;) {                          /* no wait across nodes: try again every ms */
-            mlock_grant g;
-            lock_status st = mlock_acquire(c->nodes, q, key, owner, o.lease_ms, &g);
+            multi_lock_grant g;
+            lock_status st = multi_lock_acquire(c->nodes, q, key, owner, o.lease_ms, &g);
             if (st != LOCK_BUSY)
                 return st == LOCK_OK ? 1 : -1;
             if (t_now_ms() >= end)
@@ -165,7 +165,7 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
     if (strcmp(b, "pg-table") == 0) {
         double end = t_now_ms() + (double)wait_ms;
         for (;;) {                          /* no wait in a table: try again every ms */
-            lock_status st = pgl_table_acquire(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL,
+            lock_status st = pg_lock_table_acquire(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL,
                                               NULL);
             if (st != LOCK_BUSY)
                 return st == LOCK_OK ? 1 : -1;
@@ -184,7 +184,7 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
         PQclear(r);
         return ok ? 1 : -1;
     }
-    lock_status st = pgl_advisory_try(c->pg, PG_WAIT_MS, adv_key(key));
+    lock_status st = pg_lock_advisory_try(c->pg, PG_WAIT_MS, adv_key(key));
     return st == LOCK_OK ? 1 : st == LOCK_BUSY ? 0 : -1;
 }
 
@@ -195,14 +195,14 @@ static int give(client *c, const char *key, const char *owner)
     if (strcmp(b, "redis") == 0)
         return lock_release(c->redis, key, owner, o.lease_ms, NULL) == LOCK_OK ? 0 : -1;
     if (strcmp(b, "zk") == 0)
-        return zkl_release(zk, key, owner, NULL) == LOCK_OK ? 0 : -1;
+        return zk_lock_release(zk, key, owner, NULL) == LOCK_OK ? 0 : -1;
     if (multi())
-        return mlock_release(c->nodes, key, owner, o.lease_ms, ~0u, 0, NULL) > 0 ? 0 : -1;
+        return multi_lock_release(c->nodes, key, owner, o.lease_ms, ~0u, 0, NULL) > 0 ? 0 : -1;
     if (strcmp(b, "pg-table") == 0)
-        return pgl_table_release(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL) == LOCK_OK
+        return pg_lock_table_release(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL) == LOCK_OK
                    ? 0
                    : -1;
-    return pgl_advisory_release(c->pg, PG_WAIT_MS, adv_key(key)) == LOCK_OK ? 0 : -1;
+    return pg_lock_advisory_release(c->pg, PG_WAIT_MS, adv_key(key)) == LOCK_OK ? 0 : -1;
 }
 
 static void open_zk(void)
@@ -210,7 +210,7 @@ static void open_zk(void)
     char err[512];
     const char *hosts = getenv("ZK_HOSTS");
 
-    zk = zkl_open(hosts != NULL ? hosts : "", "/seckill-bench/locks", (int)o.lease_ms, 10000,
+    zk = zk_lock_open(hosts != NULL ? hosts : "", "/seckill-bench/locks", (int)o.lease_ms, 10000,
                   err, sizeof err);
     if (zk == NULL) {
         fprintf(stderr, "bench_locks: ZK_HOSTS: %s\n", err);
@@ -361,7 +361,7 @@ static int child_main(const char *key, int clean_exit)
     if (clean_exit) {
         client_close(&c);                   /* no unlock: connections closed */
         if (zk != NULL)
-            zkl_close(zk);
+            zk_lock_close(zk);
         if (strcmp(o.backend, "redis") == 0 || multi())
             lock_runtime_stop();
         return 0;
@@ -493,8 +493,8 @@ static int pgbench_scripts(const char *dir)
     snprintf(path, sizeof path, "%s/pg-table.sql", dir);
     if ((f = fopen(path, "w")) == NULL)
         return -1;
-    rc |= write_script(f, pgl_sql_acquire);
-    rc |= write_script(f, pgl_sql_release);
+    rc |= write_script(f, pg_lock_sql_acquire);
+    rc |= write_script(f, pg_lock_sql_release);
     rc |= fclose(f);
     snprintf(path, sizeof path, "%s/pg-advisory.sql", dir);
     if ((f = fopen(path, "w")) == NULL)
@@ -596,7 +596,7 @@ int main(int argc, char **argv)
     write_json(j);
     cJSON_Delete(j);
     if (zk != NULL)
-        zkl_close(zk);
+        zk_lock_close(zk);
     if (strcmp(o.backend, "redis") == 0 || multi())
         lock_runtime_stop();
     return crash < 0 || clean < 0 ? 1 : 0;

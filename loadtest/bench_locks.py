@@ -16,7 +16,7 @@ each service's own ceiling, in the same run:
   zk           ZooKeeper create+delete of an ephemeral node with the C
                client, pairs/s (a lock pair is create, list, delete)
   pg-table     pgbench running the lock table's acquire and release
-  pg-advisory  statements (app/pgl.c) as a custom script: pairs/s
+  pg-advisory  statements (app/lock/pg_lock.c) as a custom script: pairs/s
   multilock    redis-benchmark of one of their nodes, as for redis (three nodes
   redlock      for multilock, five for redlock: redis-server processes of their
                own, scripts/redis-nodes.sh; each node runs every attempt)

@@ -20,7 +20,7 @@ fuzz-build: ## build the libFuzzer targets (clang, ASan + UBSan) in build/fuzz
 	    $(FUZZ_BUILD)/seckill
 	@for t in $(FUZZ_TARGETS); do \
 	    echo "  FUZZ  tests/fuzz/fuzz_$$t.c"; \
-	    clang -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -Iapp \
+	    clang -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror $(APP_INC) \
 	        $$(pkg-config --cflags $(PKGS)) -fsanitize=fuzzer $(FUZZ_SAN) \
 	        -o $(FUZZ_BUILD)/fuzz_$$t tests/fuzz/fuzz_$$t.c \
 	        $(filter-out $(FUZZ_BUILD)/app/main.o,$(APP_SRCS:app/%.c=$(FUZZ_BUILD)/app/%.o)) \

@@ -48,7 +48,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MUTATIONS_FILE = os.path.join(ROOT, "tests", "mutations.txt")
 # C test programs that need Postgres: the others run in run.sh's fast tier
 # (--check: Redis only), which saves starting a Postgres per run.
-PG_C_TESTS = {"test_pgl", "test_store_batch"}
+PG_C_TESTS = {"test_pg_lock", "test_store_batch"}
 
 
 class Mutation:

@@ -893,7 +893,7 @@ cmd_status() {
     fi
 }
 
-# PING through a redis:// URL read as the instances read it (app/redis_url.c):
+# PING through a redis:// URL read as the instances read it (app/base/redis_url.c):
 # the password ends at the last '@' and %XX is decoded; redis-cli -u ends
 # it at the first '@' and decodes nothing.
 url_unescape() {

@@ -46,13 +46,13 @@ CREATE INDEX IF NOT EXISTS idx_voucher_order_voucher ON tb_voucher_order (vouche
 -- expired while it was paused; it is refused in the same transaction.
 -- Tokens are microseconds of Redis's clock: a write whose token is older
 -- than FENCE_HORIZON_MS is refused too, so the service deletes rows older
--- than twice that (app/fence.c) without letting a stale holder in.
+-- than twice that (app/services/fence.c) without letting a stale holder in.
 CREATE TABLE IF NOT EXISTS tb_lock_fence (
     lock_key text   PRIMARY KEY,
     token    bigint NOT NULL
 );
 
--- The per-user lock as a row (SECKILL_LOCK=pg-table; app/pgl.c): one row per
+-- The per-user lock as a row (SECKILL_LOCK=pg-table; app/lock/pg_lock.c): one row per
 -- held key. Taking it is one INSERT ... ON CONFLICT DO UPDATE that succeeds
 -- when the row is absent, expired, or the same owner's (reentry counts
 -- 'holds' up); release deletes or counts down the owner's row only. Fencing

@@ -9,7 +9,7 @@
 #
 # --check: the fast tier (make check): the C programs only, with Redis and no
 # Postgres (the unit tests need neither; the C tests need Redis alone, and
-# test_zkl a ZooKeeper it starts itself; test_pgl and test_store_batch, which
+# test_zk_lock a ZooKeeper it starts itself; test_pg_lock and test_store_batch, which
 # need Postgres, are left out).
 # Each program prints "N passed, M failed"; the totals are printed last as
 # "N passed, M failed" and the exit status is non-zero if anything failed.
@@ -47,7 +47,7 @@ fi
 FILTERS=("$@")
 TEST_TIMEOUT=${TEST_TIMEOUT:-900}
 # C test programs that need Postgres (left out by --check).
-PG_C_TESTS="test_pgl test_store_batch"
+PG_C_TESTS="test_pg_lock test_store_batch"
 
 TMP=""
 PG_PID=""

@@ -1,7 +1,7 @@
 /* t_zk: a throwaway ZooKeeper for one C test program (scripts/zk.sh), and a
  * raw handle to look at what a lock left in it.
  *
- *   t_zk_start("test_zkl")  ZK_HOSTS when set (an existing server), else a
+ *   t_zk_start("test_zk_lock")  ZK_HOSTS when set (an existing server), else a
  *                           server of its own under $TEST_TMP (or /tmp),
  *                           started once for the program; returns ZK_HOSTS
  *   t_zk_stop()             stops the server it started

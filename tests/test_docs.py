@@ -8,7 +8,7 @@
 - every page of docs/ is linked from the README's docs index and starts with a
   title and a one-line summary;
 - no page refers to documents outside the repository or to work sessions;
-- every environment variable the server reads (app/config.c's option table
+- every environment variable the server reads (app/core/config.c's option table
   and any getenv() in app/) appears in docs/configuration.md.
 Needs no service. Prints "N passed, M failed". Python 3 standard library only.
 """
@@ -188,7 +188,7 @@ def no_references_outside_the_repository():
 
 def server_env_vars():
     names = set()
-    for path in glob.glob(os.path.join(ROOT, "app", "*.c")):
+    for path in glob.glob(os.path.join(ROOT, "app", "**", "*.c"), recursive=True):
         text = read(path)
         names.update(re.findall(r'\b(?:INT|LONG|LEASE|BOOL|LEVEL|ENUM|STR|SECRET)\(\s*'
                                 r'"([A-Z][A-Z0-9_]*)",\s*"[a-z0-9-]+",', text))

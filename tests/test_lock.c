@@ -5,7 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "idw.h"
+#include "order_id.h"
 #include "lock.h"
 #include "script.h"
 #include "t.h"
@@ -755,7 +755,7 @@ static void test_pipelined_acquire_with_id(void)
 {
     char key[256];
     lock_acquire_op aop;
-    idw_op iop;
+    order_id_op iop;
     lock_grant g = { -1, -1 };
     int64_t id = -1, id2 = -1;
     long left = -1;
@@ -766,18 +766,18 @@ static void test_pipelined_acquire_with_id(void)
             redisReply *r = T_CMD(rc, "SCRIPT FLUSH");
             freeReplyObject(r);
         }
-        T_EQ_I64(idw_send(rc, "tlockpipe", (int64_t)time(NULL), &iop), IDW_OK);
+        T_EQ_I64(order_id_send(rc, "tlockpipe", (int64_t)time(NULL), &iop), ORDER_ID_OK);
         T_EQ_I64(lock_acquire_send(rc, &aop, key, OWNER_A, LEASE), LOCK_OK);
-        T_EQ_I64(idw_recv(rc, &iop, flush ? &id2 : &id), IDW_OK);
+        T_EQ_I64(order_id_recv(rc, &iop, flush ? &id2 : &id), ORDER_ID_OK);
         T_EQ_I64(lock_acquire_recv(rc, &aop, &g), LOCK_OK);
         T_ASSERT(g.token >= 1);
         T_EQ_I64(hget_count(key, OWNER_A), flush + 1);
     }
     T_ASSERT(id > 0 && (id2 & 0xffffffffLL) == (id & 0xffffffffLL) + 1);   /* next count */
     /* A busy lock behind an INCR: the INCR still answers. */
-    T_EQ_I64(idw_send(rc, "tlockpipe", (int64_t)time(NULL), &iop), IDW_OK);
+    T_EQ_I64(order_id_send(rc, "tlockpipe", (int64_t)time(NULL), &iop), ORDER_ID_OK);
     T_EQ_I64(lock_acquire_send(rc, &aop, key, OWNER_B, LEASE), LOCK_OK);
-    T_EQ_I64(idw_recv(rc, &iop, &id), IDW_OK);
+    T_EQ_I64(order_id_recv(rc, &iop, &id), ORDER_ID_OK);
     T_EQ_I64(lock_acquire_recv(rc, &aop, &g), LOCK_BUSY);
     T_ASSERT(g.ttl_ms > 0 && g.ttl_ms <= LEASE);
     redisReply *r = T_CMD(rc, "PING");
@@ -788,7 +788,7 @@ static void test_pipelined_acquire_with_id(void)
     T_EQ_I64(left, 0);
     del_lock(key);
     char icr[64];
-    idw_key("tlockpipe", (int64_t)time(NULL), icr, sizeof icr);
+    order_id_key("tlockpipe", (int64_t)time(NULL), icr, sizeof icr);
     r = T_CMD(rc, "DEL %s", icr);
     freeReplyObject(r);
 }
@@ -854,7 +854,7 @@ static void test_acquire_many(void)
     lock_acquire_op ops[3];
     lock_grant g[3];
     lock_status st[3];
-    idw_op iop[3];
+    order_id_op iop[3];
     int64_t ids[3];
     key_for("amany1", k1, sizeof k1);
     key_for("amany2", k2, sizeof k2);
@@ -866,12 +866,12 @@ static void test_acquire_many(void)
             freeReplyObject(r);
         }
         for (int i = 0; i < 3; i++)
-            T_EQ_I64(idw_send(rc, "tlockmany", (int64_t)time(NULL), &iop[i]), IDW_OK);
+            T_EQ_I64(order_id_send(rc, "tlockmany", (int64_t)time(NULL), &iop[i]), ORDER_ID_OK);
         T_EQ_I64(lock_acquire_send(rc, &ops[0], k1, OWNER_A, LEASE), LOCK_OK);
         T_EQ_I64(lock_acquire_send(rc, &ops[1], k2, OWNER_A, LEASE), LOCK_OK);
         T_EQ_I64(lock_acquire_send(rc, &ops[2], k1, OWNER_B, LEASE), LOCK_OK);
         for (int i = 0; i < 3; i++)
-            T_EQ_I64(idw_recv(rc, &iop[i], &ids[i]), IDW_OK);
+            T_EQ_I64(order_id_recv(rc, &iop[i], &ids[i]), ORDER_ID_OK);
         T_ASSERT(ids[0] < ids[1] && ids[1] < ids[2]);
         lock_acquire_recv_many(rc, ops, 3, g, st);
         T_EQ_I64(st[0], LOCK_OK);
@@ -891,7 +891,7 @@ static void test_acquire_many(void)
     del_lock(k1);
     del_lock(k2);
     char icr[64];
-    idw_key("tlockmany", (int64_t)time(NULL), icr, sizeof icr);
+    order_id_key("tlockmany", (int64_t)time(NULL), icr, sizeof icr);
     redisReply *r = T_CMD(rc, "DEL %s", icr);
     freeReplyObject(r);
 }

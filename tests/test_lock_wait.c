@@ -14,7 +14,7 @@
 #include "t.h"
 #include "t_lock.h"
 #include "lock.h"
-#include "lockwait.h"
+#include "lock_wait.h"
 
 #define HOLD_LEASE   10000L   /* holders' lease: a missed wake-up would cost this */
 #define HANDOFFS     100
@@ -115,7 +115,7 @@ static int wait_unsubscribed(const char *key, long ms)
     double end = t_now_ms() + (double)ms;
 
     lock_channel_name(key, ch, sizeof ch);
-    while (tl_numsub(rc, ch) != 0 || lockwait_channel_count() != 0) {
+    while (tl_numsub(rc, ch) != 0 || lock_wait_channel_count() != 0) {
         if (t_now_ms() > end)
             return -1;
         t_sleep_ms(5);
@@ -154,15 +154,15 @@ static void test_subscriber_starts_on_first_wait(void)
     key_for("lazy", 0, key, sizeof key);
     tl_owner(holder, sizeof holder, next_owner++);
     tl_owner(waiter_id, sizeof waiter_id, next_owner++);
-    T_EQ_I64(lockwait_running(), 0);
+    T_EQ_I64(lock_wait_running(), 0);
     if (!T_EQ_I64(lock_try_acquire(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK))
         return;
     T_EQ_I64(lock_try_lock(rc, key, waiter_id, 0, HOLD_LEASE, NULL), LOCK_BUSY);
     T_EQ_I64(lock_release(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
-    T_EQ_I64(lockwait_running(), 0);
+    T_EQ_I64(lock_wait_running(), 0);
     T_EQ_I64(lock_try_acquire(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
     T_EQ_I64(lock_try_lock(rc, key, waiter_id, 50, HOLD_LEASE, NULL), LOCK_BUSY);
-    T_EQ_I64(lockwait_running(), 1);
+    T_EQ_I64(lock_wait_running(), 1);
     T_EQ_I64(lock_release(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
     del_lock(key);
 }
@@ -397,7 +397,7 @@ static void test_waiters_share_one_subscription(void)
     T_EQ_I64(wait_refused(c0.contended, 2 * NW, 10000), 0);
     most = tl_numsub(rc, ch);
     T_EQ_I64(most, 1);
-    T_EQ_I64(lockwait_channel_count(), 1);
+    T_EQ_I64(lock_wait_channel_count(), 1);
     double t0 = t_now_ms();
     T_EQ_I64(lock_release(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
     for (int i = 0; i < NW; i++) {
@@ -418,7 +418,7 @@ static void test_other_message_wakes_every_waiter(void)
 {
     enum { NW = 3 };
     char key[128], holder[96], ch[256];
-    lockwait_counters a, b;
+    lock_wait_counters a, b;
     waiter w[NW];
     int started = 0;
     double t0;
@@ -433,10 +433,10 @@ static void test_other_message_wakes_every_waiter(void)
             break;
     T_EQ_I64(wait_subscribed(key, 2000), 0);
     t_sleep_ms(100);                           /* all three blocked in their wait */
-    lockwait_counters_get(&a);
+    lock_wait_counters_get(&a);
     freeReplyObject(T_CMD(rc, "PUBLISH %s 1", ch));
     for (t0 = t_now_ms(); t_now_ms() - t0 < 2000; t_sleep_ms(5)) {
-        lockwait_counters_get(&b);
+        lock_wait_counters_get(&b);
         if (b.wakeups - a.wakeups >= NW)
             break;
     }
@@ -458,7 +458,7 @@ static void test_other_message_wakes_every_waiter(void)
 static void test_subscriber_connection_lost(void)
 {
     char key[128], holder[96];
-    lockwait_counters a, b;
+    lock_wait_counters a, b;
     waiter w;
 
     key_for("reconnect", 0, key, sizeof key);
@@ -468,14 +468,14 @@ static void test_subscriber_connection_lost(void)
     if (!T_ASSERT(waiter_start(&w, key, 20000)))
         return;
     T_EQ_I64(wait_subscribed(key, 2000), 0);
-    lockwait_counters_get(&a);
+    lock_wait_counters_get(&a);
     redisReply *r = T_CMD(rc, "CLIENT KILL TYPE pubsub");
     freeReplyObject(r);
     double t0 = t_now_ms();
     T_EQ_I64(lock_release(rc, key, holder, HOLD_LEASE, NULL), LOCK_OK);
     pthread_join(w.thread, NULL);
     double dt = w.t_done - t0;
-    lockwait_counters_get(&b);
+    lock_wait_counters_get(&b);
     printf("# release during a subscriber outage: waiter got the lock after %.1f ms\n", dt);
     T_EQ_I64(w.st, LOCK_OK);
     T_ASSERT(dt < HOLD_LEASE / 2);            /* not the holder's lease */
@@ -492,7 +492,7 @@ static void test_subscriber_connection_lost(void)
 static void test_subscriber_cannot_connect(void)
 {
     char key[128], holder[96];
-    lockwait_counters a, b;
+    lock_wait_counters a, b;
     waiter w;
     double t0, t1;
 
@@ -504,7 +504,7 @@ static void test_subscriber_cannot_connect(void)
     if (!T_ASSERT(waiter_start(&w, key, 5000)))
         goto out;
     T_EQ_I64(wait_subscribed(key, 2000), 0);
-    lockwait_counters_get(&a);
+    lock_wait_counters_get(&a);
     atomic_store(&refuse_connects, 1);
     freeReplyObject(T_CMD(rc, "CLIENT KILL TYPE pubsub"));
     for (t1 = t_now_ms(); atomic_load(&connects_refused) == 0 && t_now_ms() - t1 < 2000;)
@@ -521,7 +521,7 @@ static void test_subscriber_cannot_connect(void)
 
     atomic_store(&refuse_connects, 0);
     for (t1 = t_now_ms(); t_now_ms() - t1 < 5000; t_sleep_ms(10)) {
-        lockwait_counters_get(&b);
+        lock_wait_counters_get(&b);
         if (b.reconnects > a.reconnects)
             break;
     }
@@ -552,7 +552,7 @@ static void test_redisson_interop(void)
     waiter w;
     lock_grant g = {0, 0};
     lock_counters c0;
-    lockwait_counters m0, m1;
+    lock_wait_counters m0, m1;
 
     key_for("redisson", 0, key, sizeof key);
     /* The channel as Redisson names it (RedissonLock.getChannelName:
@@ -573,14 +573,14 @@ static void test_redisson_interop(void)
         goto cleanup;
     T_EQ_I64(wait_subscribed(key, 10000), 0);
     T_EQ_I64(wait_refused(c0.contended, 2, 10000), 0);   /* past its retry */
-    lockwait_counters_get(&m0);
+    lock_wait_counters_get(&m0);
     double t0 = t_now_ms();
     r = T_CMD(java, "DEL %s", key);
     freeReplyObject(r);
     r = T_CMD(java, "PUBLISH %s 0", ch);
     freeReplyObject(r);
     pthread_join(w.thread, NULL);
-    lockwait_counters_get(&m1);
+    lock_wait_counters_get(&m1);
     T_EQ_I64(w.st, LOCK_OK);
     printf("# woken by a Redisson-style publish after %.2f ms\n", w.t_done - t0);
     /* Its "0" arrived and woke our waiter (the waiter's own release may

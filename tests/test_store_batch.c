@@ -245,7 +245,7 @@ static void test_a_stream_batch_reads_its_orders_not_the_orders_persisted_before
  * more than their average. For a voucher whose orders were all written
  * since the last ANALYZE such a plan read the buyer's duplicate check
  * through idx_voucher_order_voucher, every order of the voucher per buyer
- * (app/store.c, store_session_setup). The service's sessions keep the generic
+ * (app/data/store.c, store_session_setup). The service's sessions keep the generic
  * plan from the first run on. */
 static void test_a_session_runs_the_batch_statements_on_their_generic_plans(void)
 {

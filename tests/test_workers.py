@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Event threads and workers (app/http.c), and batched buyers that hold none.
+"""Event threads and workers (app/http/http.c), and batched buyers that hold none.
 
 libmicrohttpd's event threads (IO_THREADS) answer what memory can tell - bad
 input, a voucher the cache knows is sold out, /health - and hand everything

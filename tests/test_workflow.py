@@ -324,7 +324,7 @@ def build_without(hidden, tmp):
                     os.symlink(pc, os.path.join(pcdir, name))
     build = os.path.join(tmp, "build")
     p = make(f"BUILD={build}", "all", env={"PKG_CONFIG_LIBDIR": pcdir, "PKG_CONFIG_PATH": ""})
-    objs = glob.glob(os.path.join(build, "app", "*.o"))
+    objs = glob.glob(os.path.join(build, "app", "**", "*.o"), recursive=True)
     return p, objs
 
 
@@ -374,7 +374,7 @@ def tsan_concurrency_tests_exist_and_ci_runs_them():
 @test
 def run_sh_check_tier_takes_several_filters():
     build = os.path.dirname(os.path.abspath(ss.SECKILL_BIN))
-    want = ["unit_expo", "unit_route"]
+    want = ["unit_exposition", "unit_route"]
     for w in want:
         if not os.access(os.path.join(build, "tests", w), os.X_OK):
             fail(f"{build}/tests/{w} is missing (make tests-bin)")

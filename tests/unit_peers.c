@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "peers.h"
-#include "rec.h"
+#include "counters.h"
 #include "t.h"
 
 /* The path of the first number under 'o' whose name reads as a maximum,
@@ -39,10 +39,10 @@ static void test_the_sum_adds_counts_and_drops_the_rest(void)
     cJSON *self, *cluster = cJSON_CreateObject();
     char path[128];
 
-    rec_batch(5);
-    rec_batch(3);
-    rec_admit_round(7);
-    rec_landed_batch(4);
+    counters_batch(5);
+    counters_batch(3);
+    counters_admit_round(7);
+    counters_landed_batch(4);
     self = peers_self_json();
     T_EQ_I64(num(self, "batch", "largest"), 5);
     T_EQ_I64(num(self, "admission", "largest"), 7);

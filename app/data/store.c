@@ -1,0 +1,258 @@
+/* store: the driver under the store modules: session set-up, bounded round
+ * trips, failed results mapped to a status. */
+#include "store.h"
+#include "config.h"
+#include "log.h"
+#include "pg_wait.h"
+#include "counters.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+/* The voucher row locked first, by a statement of its own, in the
+ * transaction of store_locked_exec: the statement behind it starts after
+ * the lock was granted, so its snapshot holds whatever the row's previous
+ * holder committed (store_orders_persist, store_voucher_reset). */
+static const store_statement statements[] = {
+    { "orders_lock", 1, "SELECT 1 FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE" },
+};
+
+#define NSTATEMENTS (sizeof statements / sizeof statements[0])
+
+/*---- round trips, each with the client's own bound ----*/
+
+/* statement_timeout (PG_STATEMENT_TIMEOUT_MS) ends a slow statement on the
+ * server. A server that cannot answer at all - a stopped or hung process,
+ * a host whose kernel still acknowledges while the database is gone - ends
+ * nothing, and libpq's blocking calls would wait for it forever (TCP
+ * keepalives and tcp_user_timeout, set in conn.c, only catch a peer whose
+ * kernel is gone too). So every wait for an answer is bounded (pg_wait.h),
+ * a second past the statement timeout: the connection is then shut down
+ * and the call fails as unavailable (the statement's outcome is unknown:
+ * a retry is safe, it sells or answers already_ordered). */
+int store_round_trip_ms(void)
+{
+    return g_cfg.pg_statement_timeout_ms + STORE_SLACK_MS;
+}
+
+/* The session keeps one generic plan per statement (plan_cache_mode,
+ * Postgres 12 and later) instead of planning each run: a custom plan for a
+ * voucher the statistics have not seen yet (its orders all written since
+ * the last ANALYZE, so "voucher_id = <it>" looks rare) read the buyer's
+ * duplicate check through idx_voucher_order_voucher, every order of the
+ * voucher per buyer, and Postgres chose such plans for a whole sale once
+ * the generic one costed more than their average. Every statement of the
+ * store modules is a lookup by key, and the probes of the batch statements
+ * are written so that their generic plans probe by key
+ * (tests/test_store_batch.c). */
+int store_session_setup(PGconn *pg)
+{
+    PGresult *res = PQsendQuery(pg, "SET plan_cache_mode = force_generic_plan")
+                        ? pg_wait_collect(pg, store_round_trip_ms())
+                        : NULL;
+    int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+
+    if (!ok)
+        log_error("store: plan_cache_mode: %s", PQerrorMessage(pg));
+    PQclear(res);
+    if (!ok)
+        return -1;
+    return store_statements_prepare(pg, statements, NSTATEMENTS);
+}
+
+int store_statements_prepare(PGconn *pg, const store_statement *set, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        PGresult *res = PQsendPrepare(pg, set[i].name, set[i].sql, set[i].nparams, NULL)
+                            ? pg_wait_collect(pg, store_round_trip_ms())
+                            : NULL;
+        int ok = res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK;
+        if (!ok)
+            log_error("store: prepare %s: %s", set[i].name, PQerrorMessage(pg));
+        PQclear(res);
+        if (!ok)
+            return -1;
+    }
+    return 0;
+}
+
+int store_id_taken(const PGresult *res)
+{
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *constraint = res ? PQresultErrorField(res, PG_DIAG_CONSTRAINT_NAME) : NULL;
+
+    return state != NULL && constraint != NULL && strcmp(state, "23505") == 0 &&
+           strcmp(constraint, "tb_voucher_order_pkey") == 0;
+}
+
+/* Constraint violations are answers about the data; everything else (lost
+ * connection, timeout, server shutting down, a bug in our SQL) is 503,
+ * logged without leaking details to clients. */
+store_status store_result_error(PGconn *pg, PGresult *res, const char *what)
+{
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+    if (state != NULL) {
+        /* The order id is taken: Redis's id counter went back (a failover
+         * to a replica that missed the last increments, or a restart), and
+         * this second's count was handed out before. Nothing was written;
+         * the buyer may try again (ids carry the second, so at the latest
+         * the next second's ids are free). Not "already ordered": it is
+         * someone else's order. */
+        if (store_id_taken(res)) {
+            log_warn("store: %s: order id already taken (Redis's id counter went back: a "
+                     "failover or restart lost increments); answering 503", what);
+            return STORE_UNAVAILABLE;
+        }
+        if (strcmp(state, "23505") == 0)       /* unique_violation */
+            return STORE_DUPLICATE;
+        if (strcmp(state, "23503") == 0)       /* foreign_key_violation */
+            return STORE_NOT_FOUND;
+        if (strcmp(state, "23514") == 0 || strcmp(state, "22008") == 0 ||
+            strcmp(state, "22003") == 0)       /* check, datetime or numeric range */
+            return STORE_INVALID;
+    }
+    log_warn("store: %s failed (sqlstate %s): %s", what, state ? state : "none",
+             PQerrorMessage(pg));
+    return STORE_UNAVAILABLE;
+}
+
+/* Every call goes through here or store_timed_exec, for the backend
+ * metrics (pipelined calls count their round trip themselves). */
+static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)
+{
+    counters_backend(COUNTERS_PG, util_mono_us() - t0, res != NULL && PQstatus(pg) == CONNECTION_OK);
+    return res;
+}
+
+PGresult *store_exec(PGconn *pg, const char *name, int n, const char *const *vals)
+{
+    int64_t t0 = util_mono_us();
+    PGresult *res = PQsendQueryPrepared(pg, name, n, vals, NULL, NULL, 0)
+                        ? pg_wait_collect(pg, store_round_trip_ms())
+                        : NULL;
+    return observed(pg, res, t0);
+}
+
+PGresult *store_timed_exec(PGconn *pg, const char *sql)
+{
+    int64_t t0 = util_mono_us();
+    return observed(pg, PQsendQuery(pg, sql) ? pg_wait_collect(pg, store_round_trip_ms()) : NULL,
+                    t0);
+}
+
+int64_t store_get_i64(const PGresult *res, int row, int col)
+{
+    return strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+store_status store_ping(PGconn *pg)
+{
+    PGresult *res = store_timed_exec(pg, "SELECT 1");
+    store_status st = PQresultStatus(res) == PGRES_TUPLES_OK
+                          ? STORE_OK
+                          : store_result_error(pg, res, "ping");
+    PQclear(res);
+    return st;
+}
+
+store_status store_simple(PGconn *pg, const char *sql)
+{
+    PGresult *res = store_timed_exec(pg, sql);
+    store_status st = PQresultStatus(res) == PGRES_COMMAND_OK
+                          ? STORE_OK
+                          : store_result_error(pg, res, sql);
+    PQclear(res);
+    return st;
+}
+
+/*---- pipeline mode ----*/
+
+/* A segment is one implicit transaction whose COMMIT runs at the Sync: a
+ * statement can succeed and its commit still fail (a deferred constraint,
+ * a serialization failure, the server shutting down), and that error comes
+ * as a result of its own after the statement's; a failed statement skips
+ * the rest (PGRES_PIPELINE_ABORTED). Two NULLs in a row mean the
+ * connection has nothing more to give (it broke). */
+PGresult *store_segment_read_until(PGconn *pg, int64_t until_us, int *synced)
+{
+    PGresult *kept = NULL, *r;
+    int nulls = 0;
+
+    *synced = 0;
+    while (nulls < 2) {
+        if (pg_wait_input(pg, until_us) != 0)
+            break;
+        if ((r = PQgetResult(pg)) == NULL) {
+            nulls++;
+            continue;
+        }
+        nulls = 0;
+        if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+            PQclear(r);
+            *synced = 1;
+            break;
+        }
+        if (kept != NULL && PQresultStatus(kept) == PGRES_FATAL_ERROR) {
+            PQclear(r);
+        } else {
+            PQclear(kept);
+            kept = r;
+        }
+    }
+    return kept;
+}
+
+PGresult *store_segment_read(PGconn *pg, int *synced)
+{
+    return store_segment_read_until(pg, util_mono_us() + (int64_t)store_round_trip_ms() * 1000,
+                                    synced);
+}
+
+/* A connection left in a state nobody can use: shut down, so that it reads
+ * as CONNECTION_BAD and is re-opened by its next user. */
+static void drop(PGconn *pg)
+{
+    if (PQsocket(pg) >= 0)
+        shutdown(PQsocket(pg), SHUT_RDWR);
+    PQconsumeInput(pg);
+}
+
+int store_leave_pipeline(PGconn *pg)
+{
+    if (PQpipelineStatus(pg) == PQ_PIPELINE_OFF || PQexitPipelineMode(pg))
+        return 0;
+    log_warn("store: cannot leave pipeline mode: %s", PQerrorMessage(pg));
+    drop(pg);
+    return -1;
+}
+
+store_status store_locked_exec(PGconn *pg, const char *name, int n, const char *const *vals,
+                               PGresult **res)
+{
+    char what[96];
+    store_status st;
+    int synced = 0;
+    int64_t t0 = util_mono_us();
+
+    *res = NULL;
+    /* orders_lock, then the statement: one transaction, one round trip. */
+    if (!PQenterPipelineMode(pg)) {
+        snprintf(what, sizeof what, "%s (pipeline)", name);
+        st = store_result_error(pg, NULL, what);
+        goto out;
+    }
+    if (PQsendQueryPrepared(pg, "orders_lock", 1, vals, NULL, NULL, 0) &&
+        PQsendQueryPrepared(pg, name, n, vals, NULL, NULL, 0) && PQpipelineSync(pg))
+        *res = store_segment_read(pg, &synced);
+    counters_backend(COUNTERS_PG, util_mono_us() - t0, synced);
+    if (store_leave_pipeline(pg) != 0 || !synced || PQresultStatus(*res) != PGRES_TUPLES_OK)
+        st = store_result_error(pg, *res, name);
+    else
+        st = STORE_OK;
+out:
+    return st;
+}
