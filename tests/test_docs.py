@@ -208,6 +208,26 @@ def every_server_setting_is_documented():
 
 
 @test
+def every_module_has_its_row_in_the_architecture_page():
+    """docs/architecture.md's module table names every module of app/LAYERS
+    with its layer: a module added, moved or renamed without its row fails."""
+    want = {}
+    with open(os.path.join(ROOT, "app", "LAYERS"), encoding="utf-8") as f:
+        for line in f:
+            fields = line.split("#")[0].split()
+            for m in fields[2:]:
+                want[m] = fields[0]
+    if len(want) < 40:
+        fail(f"read only {len(want)} modules from app/LAYERS: its format changed?")
+    page = read(os.path.join(DOCS, "architecture.md"))
+    rows = dict((m, l) for l, m in re.findall(r"^\| (\d) \| `([a-z_]+)` \|", page, re.M))
+    wrong = sorted(f"{m} (layer {l}, row says {rows.get(m)})" for m, l in want.items()
+                   if rows.get(m) != l)
+    if wrong:
+        fail(f"docs/architecture.md's module table: {wrong}")
+
+
+@test
 def ladder_chart_is_a_png():
     path = os.path.join(DOCS, "img", "ladder.png")
     with open(path, "rb") as f:
