@@ -123,7 +123,7 @@ store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *prefix, 
     res = store_exec(pg, "fence_sweep", 4, vals);
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
         st = store_result_error(pg, res, "fence_sweep");
-        goto cleanup;
+        goto out;
     }
     snprintf(out->last, sizeof out->last, "%s", PQgetvalue(res, 0, 0));
     out->scanned = store_get_i64(res, 0, 1);
@@ -132,7 +132,7 @@ store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *prefix, 
     if (strlen(PQgetvalue(res, 0, 0)) >= sizeof out->last)
         out->scanned = 0;
     st = STORE_OK;
-cleanup:
+out:
     PQclear(res);
     return st;
 }

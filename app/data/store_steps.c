@@ -90,20 +90,20 @@ store_status store_order_steps(PGconn *pg, const store_order *o, const store_sto
     snprintf(id, sizeof id, "%" PRId64, o->order_id);
 
     if ((st = store_simple(pg, "BEGIN")) != STORE_OK)
-        goto cleanup;
+        goto out;
     open = 1;
     if (o->fence_key != NULL && (st = store_fence_advance(pg, o)) != STORE_OK)
-        goto cleanup;
+        goto out;
     /* The sale window, by Postgres's clock, and one order per user: checked,
      * not enforced (the lock and the unique constraint must do that). */
     if ((st = order_check(pg, vu)) != STORE_OK)
-        goto cleanup;
+        goto out;
     if (stock->read != NULL) {
         if ((st = stock->read(pg, o->voucher_id, &seen)) != STORE_OK)
-            goto cleanup;
+            goto out;
         if (seen <= 0) {
             st = STORE_SOLD_OUT;
-            goto cleanup;
+            goto out;
         }
     }
     if (delay_ms > 0) {
@@ -111,16 +111,16 @@ store_status store_order_steps(PGconn *pg, const store_order *o, const store_sto
         nanosleep(&ts, NULL);
     }
     if ((st = stock->write(pg, o->voucher_id, seen, &rows)) != STORE_OK)
-        goto cleanup;
+        goto out;
     if (rows == 0) {
         st = stock->unchanged;
-        goto cleanup;
+        goto out;
     }
     if ((st = step(pg, "order_insert", 3, ins, &rows, NULL)) != STORE_OK)
-        goto cleanup;
+        goto out;
     st = store_simple(pg, "COMMIT");
     open = 0;
-cleanup:
+out:
     /* Every early exit rolls back, so nothing half-done stays behind; a lost
      * connection rolls back on the server by itself. */
     if (open && PQstatus(pg) == CONNECTION_OK) {

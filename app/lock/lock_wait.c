@@ -482,7 +482,7 @@ int lock_wait_start(lock_wait_connect_fn connect, lock_wait_stale_fn stale)
     pthread_mutex_lock(&lw.mu);
     if (connect == NULL) {
         log_error("lock_wait: no connect function");
-        goto cleanup;
+        goto out;
     }
     if (!bgthread_started(&subscriber)) {
         lw.connect = connect;
@@ -490,7 +490,7 @@ int lock_wait_start(lock_wait_connect_fn connect, lock_wait_stale_fn stale)
     }
     lw.enabled = 1;
     rc = 0;
-cleanup:
+out:
     pthread_mutex_unlock(&lw.mu);
     return rc;
 }

@@ -46,11 +46,11 @@ int stream_tidy_consumers(redisContext *c, const char *own_name)
         /* No stream or no group yet: the consumer creates them. */
         if (strncmp(r->str, "NOGROUP", 7) != 0 && strstr(r->str, "no such key") == NULL)
             log_warn("stream_tidy: group_tidy: %s", r->str);
-        goto cleanup;
+        goto out;
     }
     if (r->type != REDIS_REPLY_ARRAY) {
         log_warn("stream_tidy: group_tidy: unexpected reply type %d", r->type);
-        goto cleanup;
+        goto out;
     }
     for (size_t i = 0; i < r->elements; i++)
         if (r->element[i]->type == REDIS_REPLY_STRING)
@@ -58,7 +58,7 @@ int stream_tidy_consumers(redisContext *c, const char *own_name)
                      "with nothing pending", r->element[i]->str, STOCK_REDIS_GROUP,
                      STOCK_REDIS_STREAM, g_cfg.consumer_remove_idle_ms);
     rc = (int)r->elements;
-cleanup:
+out:
     freeReplyObject(r);
     return rc;
 }
@@ -123,19 +123,19 @@ int stream_tidy_replay(redisContext *c, int64_t max, stream_tidy_replayed *out)
         return -1;
     if (r->type == REDIS_REPLY_ERROR) {
         log_warn("stream_tidy: dead_replay: %s", r->str);
-        goto cleanup;
+        goto out;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
         r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER ||
         r->element[2]->type != REDIS_REPLY_INTEGER) {
         log_warn("stream_tidy: dead_replay: unexpected reply");
-        goto cleanup;
+        goto out;
     }
     out->replayed = r->element[0]->integer;
     out->left = r->element[1]->integer;
     out->unreplayable = r->element[2]->integer;
     rc = 0;
-cleanup:
+out:
     freeReplyObject(r);
     return rc;
 }
