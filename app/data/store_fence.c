@@ -92,12 +92,7 @@ store_status store_fence_advance(PGconn *pg, const store_order *o)
 
     advance_params_fill(&p, o);
     res = store_exec(pg, "fence_advance", 3, p.vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK)
-        st = store_result_error(pg, res, "fence_advance");
-    else if (PQntuples(res) == 0)
-        st = STORE_STALE_TOKEN;
-    else
-        st = STORE_OK;
+    st = store_rows(pg, res, "fence_advance", STORE_STALE_TOKEN);
     PQclear(res);
     return st;
 }

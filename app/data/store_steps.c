@@ -57,20 +57,14 @@ static store_status step(PGconn *pg, const char *name, int n, const char *const 
 static store_status order_check(PGconn *pg, const char *const *vu)
 {
     PGresult *res = store_exec(pg, "order_check", 2, vu);
-    store_status st;
+    store_status st = store_rows(pg, res, "order_check", STORE_NOT_FOUND);
 
-    if (PQresultStatus(res) != PGRES_TUPLES_OK)
-        st = store_result_error(pg, res, "order_check");
-    else if (PQntuples(res) == 0)
-        st = STORE_NOT_FOUND;
-    else if (PQgetvalue(res, 0, 1)[0] == 't')
+    if (st == STORE_OK && PQgetvalue(res, 0, 1)[0] == 't')
         st = STORE_NOT_STARTED;
-    else if (PQgetvalue(res, 0, 2)[0] == 't')
+    else if (st == STORE_OK && PQgetvalue(res, 0, 2)[0] == 't')
         st = STORE_ENDED;
-    else if (PQgetvalue(res, 0, 0)[0] == 't')
+    else if (st == STORE_OK && PQgetvalue(res, 0, 0)[0] == 't')
         st = STORE_DUPLICATE;
-    else
-        st = STORE_OK;
     PQclear(res);
     return st;
 }

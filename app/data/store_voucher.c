@@ -73,51 +73,45 @@ static void voucher_read(const PGresult *res, store_voucher *out)
     out->sale_gen = store_get_i64(res, 0, 6);
 }
 
-store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *out)
+/* Prepared statement 'name' with the voucher id as its one parameter, its
+ * status as store_rows gives it ('none': what no row means). The caller
+ * clears '*res'. */
+static store_status by_voucher(PGconn *pg, const char *name, int64_t voucher_id,
+                               store_status none, PGresult **res)
 {
     char id[24];
     const char *vals[1] = { id };
-    store_status st;
-    PGresult *res;
 
     snprintf(id, sizeof id, "%" PRId64, voucher_id);
-    res = store_exec(pg, "voucher_get", 1, vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        st = store_result_error(pg, res, "voucher_get");
-        goto out;
-    }
-    if (PQntuples(res) == 0) {
-        st = STORE_NOT_FOUND;
-        goto out;
-    }
-    voucher_read(res, out);
-    st = STORE_OK;
-out:
+    *res = store_exec(pg, name, 1, vals);
+    return store_rows(pg, *res, name, none);
+}
+
+store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *out)
+{
+    PGresult *res;
+    store_status st = by_voucher(pg, "voucher_get", voucher_id, STORE_NOT_FOUND, &res);
+
+    if (st == STORE_OK)
+        voucher_read(res, out);
     PQclear(res);
     return st;
 }
 
 store_status store_voucher_buyers(PGconn *pg, int64_t voucher_id, int64_t **users, size_t *n)
 {
-    char v[24];
-    const char *vals[1] = { v };
-    store_status st;
     PGresult *res;
+    store_status st;
 
     *users = NULL;
     *n = 0;
-    snprintf(v, sizeof v, "%" PRId64, voucher_id);
-    res = store_exec(pg, "voucher_buyers", 1, vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        st = store_result_error(pg, res, "voucher_buyers");
-        goto out;
+    st = by_voucher(pg, "voucher_buyers", voucher_id, STORE_OK, &res);
+    if (st == STORE_OK) {
+        *n = (size_t)PQntuples(res);
+        *users = xmalloc(sizeof **users * (*n + 1));
+        for (size_t i = 0; i < *n; i++)
+            (*users)[i] = store_get_i64(res, (int)i, 0);
     }
-    *n = (size_t)PQntuples(res);
-    *users = xmalloc(sizeof **users * (*n + 1));
-    for (size_t i = 0; i < *n; i++)
-        (*users)[i] = store_get_i64(res, (int)i, 0);
-    st = STORE_OK;
-out:
     PQclear(res);
     return st;
 }
@@ -204,10 +198,8 @@ store_status store_stats(PGconn *pg, cJSON *out)
     store_status st;
     PGresult *res = store_exec(pg, "stats_vouchers", 0, NULL);
 
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        st = store_result_error(pg, res, "stats_vouchers");
+    if ((st = store_rows(pg, res, "stats_vouchers", STORE_OK)) != STORE_OK)
         goto out;
-    }
     for (int i = 0; i < PQntuples(res); i++) {
         int64_t initial = store_get_i64(res, i, 2), stock = store_get_i64(res, i, 3);
         int64_t orders = store_get_i64(res, i, 4), dups = store_get_i64(res, i, 5);
