@@ -184,11 +184,8 @@ static void publisher_main(bgthread *self, void *arg)
 int peers_start(void)
 {
     started_at = util_now_s();
-    if (bgthread_start(&publisher, "sk-peers", publisher_main, NULL, NULL) != 0) {
-        log_error("cannot start the stats publisher thread");
-        return -1;
-    }
-    return 0;
+    return bgthread_start_logged(&publisher, "sk-peers", publisher_main, NULL, NULL,
+                                 "stats publisher");
 }
 
 void peers_stop(void)
