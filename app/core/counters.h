@@ -1,7 +1,7 @@
 /* counters: the process's counters. Every layer records here; the exposition
  * (exposition.h) alone reads them. A leaf: it knows the API's error codes and
- * the lock library's outcomes (lock_status.h), nothing else. Counters are process-wide relaxed atomics,
- * so recording never blocks a thread.
+ * the lock library's outcomes (lock_status.h), nothing else. Counters are
+ * process-wide relaxed atomics, so recording never blocks a thread.
  *
  * The lock library keeps its own counters (lock_counters_get), so that it
  * can be lifted out whole; the demo lock strategies, which are not part of
