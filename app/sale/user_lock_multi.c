@@ -245,9 +245,9 @@ static void multi_release(conn_set *cs, user_lock_hold *h)
 
 /* The two strategies are one but for their name and their start, which
  * sets the quorum and the least number of nodes. */
-#define MULTI_BACKEND(name_, start_)                                                        \
-    {                                                                                       \
-        .name = name_, .unavailable = "lock service (redis nodes) unavailable, retry later", \
+#define MULTI_BACKEND(name_, start_)                                                            \
+    {                                                                                           \
+        .name = name_, .unavailable = "lock service (redis nodes) unavailable, retry later",    \
         .start = start_, .stop = multi_stop, .acquire = multi_acquire, .release = multi_release \
     }
 
