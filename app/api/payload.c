@@ -94,37 +94,37 @@ static api_err voucher(const char *body, size_t len, payload_voucher *out, const
     }
     if (!cJSON_IsObject(doc)) {
         *why = "the body must be a JSON object";
-        goto cleanup;
+        goto out;
     }
     if (create) {
         title = cJSON_GetObjectItemCaseSensitive(doc, "title");
         if (!cJSON_IsString(title) || title->valuestring[0] == '\0' ||
             strlen(title->valuestring) > PAYLOAD_TITLE_MAX) {
             *why = "title must be a non-empty string of at most 200 bytes";
-            goto cleanup;
+            goto out;
         }
         memcpy(out->title, title->valuestring, strlen(title->valuestring) + 1);
     }
     if (get_count(doc, "stock", &out->stock) != 0) {
         *why = "stock must be a whole number from 0 to 999999999999999";
-        goto cleanup;
+        goto out;
     }
     hb = get_time(doc, "beginTime", &out->begin_time);
     he = get_time(doc, "endTime", &out->end_time);
     if (hb < 0 || (create && hb == 0)) {
         *why = "beginTime must be an ISO-8601 date-time";
-        goto cleanup;
+        goto out;
     }
     if (he < 0 || (create && he == 0)) {
         *why = "endTime must be an ISO-8601 date-time";
-        goto cleanup;
+        goto out;
     }
     if (hb == 1 && he == 1 && out->end_time < out->begin_time) {
         *why = "endTime is before beginTime";
-        goto cleanup;
+        goto out;
     }
     err = API_OK;
-cleanup:
+out:
     cJSON_Delete(doc);
     return err;
 }
@@ -156,16 +156,16 @@ api_err payload_replay(const char *body, size_t len, int64_t *max, const char **
     }
     if (!cJSON_IsObject(doc)) {
         *why = "the body must be a JSON object";
-        goto cleanup;
+        goto out;
     }
     if (cJSON_GetObjectItemCaseSensitive(doc, "max") != NULL &&
         (get_count(doc, "max", max) != 0 || *max < 1 || *max > PAYLOAD_REPLAY_MAX)) {
         *max = PAYLOAD_REPLAY_DEFAULT;
         *why = "max must be a whole number from 1 to 10000";
-        goto cleanup;
+        goto out;
     }
     err = API_OK;
-cleanup:
+out:
     cJSON_Delete(doc);
     return err;
 }

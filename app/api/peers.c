@@ -76,10 +76,10 @@ int peers_others_json(redisContext *c, cJSON *others)
     ids = redisCommand(c, "ZRANGEBYSCORE %s %lld +inf", PEERS_INSTANCES_KEY,
                        (long long)(util_wall_ms() - PEERS_LIVE_MS));
     if (ids == NULL || ids->type != REDIS_REPLY_ARRAY)
-        goto cleanup;
+        goto out;
     if (ids->elements == 0) {
         rc = 0;
-        goto cleanup;
+        goto out;
     }
     argv = xcalloc(ids->elements + 1, sizeof *argv);
     lens = xcalloc(ids->elements + 1, sizeof *lens);
@@ -89,7 +89,7 @@ int peers_others_json(redisContext *c, cJSON *others)
     for (size_t i = 0; i < ids->elements; i++) {
         const redisReply *e = ids->element[i];
         if (e->type != REDIS_REPLY_STRING)
-            goto cleanup;
+            goto out;
         keys[i] = xmalloc(sizeof PEERS_INSTANCE_PREFIX + e->len);
         memcpy(keys[i], PEERS_INSTANCE_PREFIX, sizeof PEERS_INSTANCE_PREFIX - 1);
         memcpy(keys[i] + sizeof PEERS_INSTANCE_PREFIX - 1, e->str, e->len + 1);
@@ -98,7 +98,7 @@ int peers_others_json(redisContext *c, cJSON *others)
     }
     vals = redisCommandArgv(c, (int)ids->elements + 1, argv, lens);
     if (vals == NULL || vals->type != REDIS_REPLY_ARRAY || vals->elements != ids->elements)
-        goto cleanup;
+        goto out;
     for (size_t i = 0; i < vals->elements; i++) {
         const redisReply *v = vals->element[i];
         if (v->type != REDIS_REPLY_STRING || strcmp(ids->element[i]->str, g_cfg.instance_id) == 0)
@@ -108,7 +108,7 @@ int peers_others_json(redisContext *c, cJSON *others)
             cJSON_AddItemToArray(others, o);
     }
     rc = 0;
-cleanup:
+out:
     if (rc != 0 && ids != NULL && ids->type == REDIS_REPLY_ERROR)
         log_warn("stats: %s", ids->str);
     if (keys != NULL)
@@ -184,11 +184,8 @@ static void publisher_main(bgthread *self, void *arg)
 int peers_start(void)
 {
     started_at = util_now_s();
-    if (bgthread_start(&publisher, "sk-peers", publisher_main, NULL, NULL) != 0) {
-        log_error("cannot start the stats publisher thread");
-        return -1;
-    }
-    return 0;
+    return bgthread_start_logged(&publisher, "sk-peers", publisher_main, NULL, NULL,
+                                 "stats publisher");
 }
 
 void peers_stop(void)

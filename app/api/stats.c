@@ -351,9 +351,9 @@ int stats_start(void)
         return -1;
     }
     st.last_us = util_mono_us() - (int64_t)g_cfg.stats_interval_ms * 1000;
-    if (bgthread_start(&refresher, "sk-stats", stats_main, NULL, refresher_wake) != 0) {
+    if (bgthread_start_logged(&refresher, "sk-stats", stats_main, NULL, refresher_wake,
+                              "stats") != 0) {
         pthread_cond_destroy(&st.cv);
-        log_error("cannot start the stats thread");
         return -1;
     }
     return 0;

@@ -84,6 +84,15 @@ out:
     return rc;
 }
 
+int bgthread_start_logged(bgthread *t, const char *name, bgthread_fn fn, void *arg,
+                          bgthread_wake_fn wake, const char *what)
+{
+    if (bgthread_start(t, name, fn, arg, wake) == 0)
+        return 0;
+    log_error("cannot start the %s thread", what);
+    return -1;
+}
+
 void bgthread_stop(bgthread *t)
 {
     int st, rc;

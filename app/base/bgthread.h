@@ -71,6 +71,11 @@ struct bgthread {
 int bgthread_start(bgthread *t, const char *name, bgthread_fn fn, void *arg,
                    bgthread_wake_fn wake);
 
+/* bgthread_start, and when no thread could be made the error line
+ * "cannot start the <what> thread". 0 or -1. */
+int bgthread_start_logged(bgthread *t, const char *name, bgthread_fn fn, void *arg,
+                          bgthread_wake_fn wake, const char *what);
+
 /* Asks the thread to stop (RUNNING -> STOPPING), wakes it (its sleep, and
  * the wake function), joins it (-> STOPPED). Returns once it is joined,
  * also when another thread is stopping it. Nothing to do when it never

@@ -191,6 +191,19 @@ static void emit(line *l)
         return;
 }
 
+/* A line's start: its time and level, in text or as JSON's first fields. */
+static void add_start(line *l, enum log_level lvl)
+{
+    if (log_json) {
+        add(l, "{\"ts\":\"");
+        add_time(l);
+        add(l, "\",\"level\":\"%s\"", level_names[lvl]);
+    } else {
+        add_time(l);
+        add(l, " %-5s", level_names[lvl]);
+    }
+}
+
 void log_msg(enum log_level lvl, const char *fmt, ...)
 {
     char msg[LOG_MSG_MAX * 2];
@@ -205,18 +218,25 @@ void log_msg(enum log_level lvl, const char *fmt, ...)
     va_end(ap);
     if (w < 0)
         w = 0;
-    if (log_json) {
-        add(&l, "{\"ts\":\"");
-        add_time(&l);
-        add(&l, "\",\"level\":\"%s\",\"msg\":\"", level_names[lvl]);
-        add_field(&l, msg, strlen(msg), LOG_MSG_MAX, 1, (size_t)w >= sizeof msg);
+    add_start(&l, lvl);
+    add(&l, log_json ? ",\"msg\":\"" : " ");
+    add_field(&l, msg, strlen(msg), LOG_MSG_MAX, log_json, (size_t)w >= sizeof msg);
+    if (log_json)
         add(&l, "\"}");
-    } else {
-        add_time(&l);
-        add(&l, " %-5s ", level_names[lvl]);
-        add_field(&l, msg, strlen(msg), LOG_MSG_MAX, 0, (size_t)w >= sizeof msg);
-    }
     emit(&l);
+}
+
+/* A string of the access line: in text 'sep' and the string, in JSON
+ * ,"<key>":"<the string>". */
+static void add_access_str(line *l, const char *sep, const char *key, const char *s, size_t cap)
+{
+    if (log_json)
+        add(l, ",\"%s\":\"", key);
+    else
+        add(l, "%s", sep);
+    add_str(l, s, cap, log_json);
+    if (log_json)
+        add(l, "\"");
 }
 
 void log_access(const log_access_line *a)
@@ -225,47 +245,28 @@ void log_access(const log_access_line *a)
 
     if (!log_enabled(LOG_INFO))
         return;
-    if (!log_json) {
-        add_time(&l);
-        add(&l, " info  access ");
-        add_str(&l, a->method, LOG_SHORT_MAX, 0);
-        add(&l, " ");
-        add_str(&l, a->path, LOG_PATH_MAX, 0);
-        add(&l, " %d %.3fms ", a->status, a->latency_ms);
-        add_str(&l, a->instance, LOG_SHORT_MAX, 0);
-        add(&l, " rid=");
-        add_str(&l, a->request_id, LOG_SHORT_MAX, 0);
-        if (a->error != NULL) {
-            add(&l, " ");
-            add_str(&l, a->error, LOG_SHORT_MAX, 0);
-        }
-        if (a->order_id != 0)
-            add(&l, " order=%lld user=%lld", (long long)a->order_id, (long long)a->user_id);
-        emit(&l);
-        return;
+    add_start(&l, LOG_INFO);
+    add(&l, log_json ? ",\"msg\":\"access\"" : " access");
+    add_access_str(&l, " ", "method", a->method, LOG_SHORT_MAX);
+    add_access_str(&l, " ", "path", a->path, LOG_PATH_MAX);
+    if (log_json)
+        add(&l, ",\"status\":%d,\"latencyMs\":%.3f", a->status, a->latency_ms);
+    else
+        add(&l, " %d %.3fms", a->status, a->latency_ms);
+    add_access_str(&l, " ", "instance", a->instance, LOG_SHORT_MAX);
+    add_access_str(&l, " rid=", "requestId", a->request_id, LOG_SHORT_MAX);
+    if (a->error != NULL)
+        add_access_str(&l, " ", "error", a->error, LOG_SHORT_MAX);
+    if (log_json) {
+        if (a->voucher_id != 0)
+            add(&l, ",\"voucherId\":%lld", (long long)a->voucher_id);
+        if (a->user_id != 0)
+            add(&l, ",\"userId\":%lld", (long long)a->user_id);
+        if (a->order_id != 0)   /* a string, like in the API: it passes 2^53 */
+            add(&l, ",\"orderId\":\"%lld\"", (long long)a->order_id);
+        add(&l, "}");
+    } else if (a->order_id != 0) {
+        add(&l, " order=%lld user=%lld", (long long)a->order_id, (long long)a->user_id);
     }
-    add(&l, "{\"ts\":\"");
-    add_time(&l);
-    add(&l, "\",\"level\":\"info\",\"msg\":\"access\",\"method\":\"");
-    add_str(&l, a->method, LOG_SHORT_MAX, 1);
-    add(&l, "\",\"path\":\"");
-    add_str(&l, a->path, LOG_PATH_MAX, 1);
-    add(&l, "\",\"status\":%d,\"latencyMs\":%.3f,\"instance\":\"", a->status, a->latency_ms);
-    add_str(&l, a->instance, LOG_SHORT_MAX, 1);
-    add(&l, "\",\"requestId\":\"");
-    add_str(&l, a->request_id, LOG_SHORT_MAX, 1);
-    add(&l, "\"");
-    if (a->error != NULL) {
-        add(&l, ",\"error\":\"");
-        add_str(&l, a->error, LOG_SHORT_MAX, 1);
-        add(&l, "\"");
-    }
-    if (a->voucher_id != 0)
-        add(&l, ",\"voucherId\":%lld", (long long)a->voucher_id);
-    if (a->user_id != 0)
-        add(&l, ",\"userId\":%lld", (long long)a->user_id);
-    if (a->order_id != 0)   /* a string, like in the API: it passes 2^53 */
-        add(&l, ",\"orderId\":\"%lld\"", (long long)a->order_id);
-    add(&l, "}");
     emit(&l);
 }

@@ -1,4 +1,9 @@
-/* util: small pure helpers shared by every module (parsing, time, memory). */
+/* util: small pure helpers shared by every module (parsing, time, memory).
+ *
+ * A convention of every module, stated here once: a function with
+ * something to free or undo has one exit, the label "out:" (goto out),
+ * reached by its success and by its failures alike; a status variable set
+ * before the label tells them apart. */
 #ifndef SECKILL_UTIL_H
 #define SECKILL_UTIL_H
 

@@ -113,6 +113,17 @@ void counters_add(enum counters_event ev, uint64_t n)
         atomic_fetch_add_explicit(&events[ev], n, memory_order_relaxed);
 }
 
+lock_status counters_lock_attempt(lock_status st)
+{
+    if (st == LOCK_OK)
+        counters_note(COUNTERS_DEMO_LOCK_ACQUIRED);
+    else if (st == LOCK_BUSY)
+        counters_note(COUNTERS_DEMO_LOCK_CONTENDED);
+    else
+        st = LOCK_ERR;
+    return st;
+}
+
 static void group_add(group *g, int members)
 {
     uint64_t n = (uint64_t)members, seen = atomic_load_explicit(&g->largest, memory_order_relaxed);

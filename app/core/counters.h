@@ -1,7 +1,7 @@
 /* counters: the process's counters. Every layer records here; the exposition
  * (exposition.h) alone reads them. A leaf: it knows the API's error codes and
- * nothing else of the service. Counters are process-wide relaxed atomics,
- * so recording never blocks a thread.
+ * the lock library's outcomes (lock_status.h), nothing else. Counters are
+ * process-wide relaxed atomics, so recording never blocks a thread.
  *
  * The lock library keeps its own counters (lock_counters_get), so that it
  * can be lifted out whole; the demo lock strategies, which are not part of
@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "api_err.h"
+#include "lock_status.h"
 
 /* Route indexes 0 .. COUNTERS_MAX_ROUTES - 1 are counted apart; COUNTERS_NO_ROUTE
  * (no route matched) and anything out of range share the last slot. */
@@ -53,6 +54,12 @@ enum counters_event {
 
 void counters_note(enum counters_event ev);
 void counters_add(enum counters_event ev, uint64_t n);
+
+/* One attempt of a per-user lock strategy outside the lock library (which
+ * counts its own): LOCK_OK counted as acquired, LOCK_BUSY as contended.
+ * Returns the outcome as every strategy answers it (user_lock.h): LOCK_OK,
+ * LOCK_BUSY, or LOCK_ERR for any other. */
+lock_status counters_lock_attempt(lock_status st);
 
 /* Group commit ("batched"): one settled batch of 'buyers'. */
 void counters_batch(int buyers);

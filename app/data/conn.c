@@ -164,7 +164,7 @@ static redisContext *open_master(char *err, size_t errlen, uint64_t *gen)
     const redis_url *u = &g_cfg.redis;
     struct timeval tv = { g_cfg.redis_timeout_ms / 1000, (g_cfg.redis_timeout_ms % 1000) * 1000 };
     char host[256];
-    int port = u->port, ok;
+    int port = u->port, ok, rc = -1;
     redisContext *c;
 
     *gen = 0;
@@ -184,11 +184,11 @@ static redisContext *open_master(char *err, size_t errlen, uint64_t *gen)
     }
     if (c->err) {
         snprintf(err, errlen, "connect %s:%d: %s", host, port, c->errstr);
-        goto fail;
+        goto out;
     }
     if (redisSetTimeout(c, tv) != REDIS_OK || redisEnableKeepAlive(c) != REDIS_OK) {
         snprintf(err, errlen, "socket options: %s", c->errstr);
-        goto fail;
+        goto out;
     }
     ok = REDIS_OK;
     if (u->password[0] != '\0')
@@ -202,7 +202,7 @@ static redisContext *open_master(char *err, size_t errlen, uint64_t *gen)
         ok = redisAppendCommand(c, "ROLE");
     if (ok != REDIS_OK) {
         snprintf(err, errlen, "set-up: cannot format the commands");
-        goto fail;
+        goto out;
     }
     ok = (u->password[0] == '\0' || next_ok(c, err, errlen, "AUTH")) &&
          (u->db == 0 || next_ok(c, err, errlen, "SELECT")) &&
@@ -210,12 +210,15 @@ static redisContext *open_master(char *err, size_t errlen, uint64_t *gen)
          (next_ok(c, err, errlen, "CLIENT SETNAME") || c->err == 0) &&
          (!sentinel_enabled() || next_is_master(c, host, port, err, errlen) == 0);
     if (!ok)
-        goto fail;
+        goto out;
+    rc = 0;
+out:
+    if (rc != 0) {
+        sentinel_suspect(host, port);
+        redisFree(c);
+        c = NULL;
+    }
     return c;
-fail:
-    sentinel_suspect(host, port);
-    redisFree(c);
-    return NULL;
 }
 
 redisContext *conn_redis_open(char *err, size_t errlen)
@@ -325,6 +328,7 @@ PGconn *conn_pg_open(char *err, size_t errlen)
     const char *vals[] = { timeout, g_cfg.instance_id, options, "1", "5", "2", "3", user_timeout,
                            g_cfg.pg_dsn[0] ? g_cfg.pg_dsn : NULL, NULL };
     PGconn *pg;
+    int rc = -1;
 
     snprintf(timeout, sizeof timeout, "%d", g_cfg.pg_connect_timeout_s);
     snprintf(user_timeout, sizeof user_timeout, "%d", g_cfg.pg_statement_timeout_ms + 1000);
@@ -336,20 +340,23 @@ PGconn *conn_pg_open(char *err, size_t errlen)
     }
     if (PQstatus(pg) != CONNECTION_OK) {
         snprintf(err, errlen, "%s", PQerrorMessage(pg));
-        goto fail;
+        goto out;
     }
     if (pg_init != NULL && pg_init(pg) != 0) {
         snprintf(err, errlen, "prepare: %s", PQerrorMessage(pg));
-        goto fail;
+        goto out;
+    }
+    rc = 0;
+out:
+    if (rc != 0) {
+        /* libpq messages end with a newline; logs want one line. */
+        for (char *p = err; *p; p++)
+            if (*p == '\n')
+                *p = ' ';
+        PQfinish(pg);
+        pg = NULL;
     }
     return pg;
-fail:
-    /* libpq messages end with a newline; logs want one line. */
-    for (char *p = err; *p; p++)
-        if (*p == '\n')
-            *p = ' ';
-    PQfinish(pg);
-    return NULL;
 }
 
 PGconn *conn_pg(conn_set *cs)

@@ -120,6 +120,13 @@ store_status store_result_error(PGconn *pg, PGresult *res, const char *what)
     return STORE_UNAVAILABLE;
 }
 
+store_status store_rows(PGconn *pg, PGresult *res, const char *what, store_status none)
+{
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+        return store_result_error(pg, res, what);
+    return PQntuples(res) > 0 ? STORE_OK : none;
+}
+
 /* Every call goes through here or store_timed_exec, for the backend
  * metrics (pipelined calls count their round trip themselves). */
 static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)

@@ -91,6 +91,12 @@ store_status store_simple(PGconn *pg, const char *sql);
  * not an answer about the data ('what' names the statement). */
 store_status store_result_error(PGconn *pg, PGresult *res, const char *what);
 
+/* The result 'res' (may be NULL) of statement 'what' that returns rows:
+ * STORE_OK when it returned one or more, 'none' when it returned none
+ * (STORE_OK where none is an answer too), else store_result_error's
+ * status. The caller still clears 'res'. */
+store_status store_rows(PGconn *pg, PGresult *res, const char *what, store_status none);
+
 /* 1 when 'res' (may be NULL) failed because an order id is taken (the
  * order table's primary key). */
 int store_id_taken(const PGresult *res);

@@ -180,7 +180,7 @@ int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n, int 
      * its own), in the same round trip. */
     if (!PQenterPipelineMode(pg)) {
         log_warn("store: order_batch (pipeline): %s", PQerrorMessage(pg));
-        goto cleanup;
+        goto out;
     }
     if ((!early || PQsendQueryPrepared(pg, "async_commit", 0, NULL, NULL, NULL, 0)) &&
         (!fenced || store_fence_send_batch(pg, keys, tokens, horizon)) &&
@@ -188,7 +188,7 @@ int store_order_batch_send(PGconn *pg, const store_order *orders, size_t n, int 
         (!early || (PQsendQueryPrepared(pg, "wait_durable_any", 1, &vals[1], NULL, NULL, 0) &&
                     PQpipelineSync(pg))))
         rc = call->sent = 0;
-cleanup:
+out:
     free(ids);
     free(users);
     free(keys);
@@ -240,7 +240,7 @@ store_status store_order_batch_recv(PGconn *pg, const store_batch_call *call, si
     if (store_leave_pipeline(pg) != 0 || !synced || PQresultStatus(res) != PGRES_TUPLES_OK ||
         (size_t)PQntuples(res) != n) {
         st = store_result_error(pg, res, "order_batch");
-        goto cleanup;
+        goto out;
     }
     /* Early: the orders stand only once the flush wait found them. A
      * failed wait leaves them of unknown outcome (503), and none was
@@ -275,7 +275,7 @@ store_status store_order_batch_recv(PGconn *pg, const store_batch_call *call, si
         log_warn("store: a batch's flush wait failed or found none of its orders: its orders "
                  "are answered 503 (%s)", dur != NULL ? PQresultErrorMessage(dur) : "no answer");
     st = STORE_OK;
-cleanup:
+out:
     PQclear(res);
     PQclear(dur);
     return st;
@@ -313,7 +313,7 @@ store_status store_orders_persist(PGconn *pg, int64_t voucher_id, int64_t sale_g
          * only rows already there): refused for good, like a clash. */
         if (st == STORE_UNAVAILABLE && store_id_taken(res))
             st = STORE_CONFLICT;
-        goto cleanup;
+        goto out;
     }
     fresh = store_get_i64(res, 0, 0);
     *inserted = store_get_i64(res, 0, 1);
@@ -330,7 +330,7 @@ store_status store_orders_persist(PGconn *pg, int64_t voucher_id, int64_t sale_g
         st = STORE_SOLD_OUT;
     else
         st = STORE_OK;
-cleanup:
+out:
     PQclear(res);
     free(ids);
     free(users);

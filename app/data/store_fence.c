@@ -92,12 +92,7 @@ store_status store_fence_advance(PGconn *pg, const store_order *o)
 
     advance_params_fill(&p, o);
     res = store_exec(pg, "fence_advance", 3, p.vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK)
-        st = store_result_error(pg, res, "fence_advance");
-    else if (PQntuples(res) == 0)
-        st = STORE_STALE_TOKEN;
-    else
-        st = STORE_OK;
+    st = store_rows(pg, res, "fence_advance", STORE_STALE_TOKEN);
     PQclear(res);
     return st;
 }
@@ -123,7 +118,7 @@ store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *prefix, 
     res = store_exec(pg, "fence_sweep", 4, vals);
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
         st = store_result_error(pg, res, "fence_sweep");
-        goto cleanup;
+        goto out;
     }
     snprintf(out->last, sizeof out->last, "%s", PQgetvalue(res, 0, 0));
     out->scanned = store_get_i64(res, 0, 1);
@@ -132,7 +127,7 @@ store_status store_fence_sweep(PGconn *pg, long horizon_ms, const char *prefix, 
     if (strlen(PQgetvalue(res, 0, 0)) >= sizeof out->last)
         out->scanned = 0;
     st = STORE_OK;
-cleanup:
+out:
     PQclear(res);
     return st;
 }

@@ -57,20 +57,14 @@ static store_status step(PGconn *pg, const char *name, int n, const char *const 
 static store_status order_check(PGconn *pg, const char *const *vu)
 {
     PGresult *res = store_exec(pg, "order_check", 2, vu);
-    store_status st;
+    store_status st = store_rows(pg, res, "order_check", STORE_NOT_FOUND);
 
-    if (PQresultStatus(res) != PGRES_TUPLES_OK)
-        st = store_result_error(pg, res, "order_check");
-    else if (PQntuples(res) == 0)
-        st = STORE_NOT_FOUND;
-    else if (PQgetvalue(res, 0, 1)[0] == 't')
+    if (st == STORE_OK && PQgetvalue(res, 0, 1)[0] == 't')
         st = STORE_NOT_STARTED;
-    else if (PQgetvalue(res, 0, 2)[0] == 't')
+    else if (st == STORE_OK && PQgetvalue(res, 0, 2)[0] == 't')
         st = STORE_ENDED;
-    else if (PQgetvalue(res, 0, 0)[0] == 't')
+    else if (st == STORE_OK && PQgetvalue(res, 0, 0)[0] == 't')
         st = STORE_DUPLICATE;
-    else
-        st = STORE_OK;
     PQclear(res);
     return st;
 }
@@ -90,20 +84,20 @@ store_status store_order_steps(PGconn *pg, const store_order *o, const store_sto
     snprintf(id, sizeof id, "%" PRId64, o->order_id);
 
     if ((st = store_simple(pg, "BEGIN")) != STORE_OK)
-        goto cleanup;
+        goto out;
     open = 1;
     if (o->fence_key != NULL && (st = store_fence_advance(pg, o)) != STORE_OK)
-        goto cleanup;
+        goto out;
     /* The sale window, by Postgres's clock, and one order per user: checked,
      * not enforced (the lock and the unique constraint must do that). */
     if ((st = order_check(pg, vu)) != STORE_OK)
-        goto cleanup;
+        goto out;
     if (stock->read != NULL) {
         if ((st = stock->read(pg, o->voucher_id, &seen)) != STORE_OK)
-            goto cleanup;
+            goto out;
         if (seen <= 0) {
             st = STORE_SOLD_OUT;
-            goto cleanup;
+            goto out;
         }
     }
     if (delay_ms > 0) {
@@ -111,16 +105,16 @@ store_status store_order_steps(PGconn *pg, const store_order *o, const store_sto
         nanosleep(&ts, NULL);
     }
     if ((st = stock->write(pg, o->voucher_id, seen, &rows)) != STORE_OK)
-        goto cleanup;
+        goto out;
     if (rows == 0) {
         st = stock->unchanged;
-        goto cleanup;
+        goto out;
     }
     if ((st = step(pg, "order_insert", 3, ins, &rows, NULL)) != STORE_OK)
-        goto cleanup;
+        goto out;
     st = store_simple(pg, "COMMIT");
     open = 0;
-cleanup:
+out:
     /* Every early exit rolls back, so nothing half-done stays behind; a lost
      * connection rolls back on the server by itself. */
     if (open && PQstatus(pg) == CONNECTION_OK) {

@@ -73,51 +73,45 @@ static void voucher_read(const PGresult *res, store_voucher *out)
     out->sale_gen = store_get_i64(res, 0, 6);
 }
 
-store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *out)
+/* Prepared statement 'name' with the voucher id as its one parameter, its
+ * status as store_rows gives it ('none': what no row means). The caller
+ * clears '*res'. */
+static store_status by_voucher(PGconn *pg, const char *name, int64_t voucher_id,
+                               store_status none, PGresult **res)
 {
     char id[24];
     const char *vals[1] = { id };
-    store_status st;
-    PGresult *res;
 
     snprintf(id, sizeof id, "%" PRId64, voucher_id);
-    res = store_exec(pg, "voucher_get", 1, vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        st = store_result_error(pg, res, "voucher_get");
-        goto cleanup;
-    }
-    if (PQntuples(res) == 0) {
-        st = STORE_NOT_FOUND;
-        goto cleanup;
-    }
-    voucher_read(res, out);
-    st = STORE_OK;
-cleanup:
+    *res = store_exec(pg, name, 1, vals);
+    return store_rows(pg, *res, name, none);
+}
+
+store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *out)
+{
+    PGresult *res;
+    store_status st = by_voucher(pg, "voucher_get", voucher_id, STORE_NOT_FOUND, &res);
+
+    if (st == STORE_OK)
+        voucher_read(res, out);
     PQclear(res);
     return st;
 }
 
 store_status store_voucher_buyers(PGconn *pg, int64_t voucher_id, int64_t **users, size_t *n)
 {
-    char v[24];
-    const char *vals[1] = { v };
-    store_status st;
     PGresult *res;
+    store_status st;
 
     *users = NULL;
     *n = 0;
-    snprintf(v, sizeof v, "%" PRId64, voucher_id);
-    res = store_exec(pg, "voucher_buyers", 1, vals);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        st = store_result_error(pg, res, "voucher_buyers");
-        goto cleanup;
+    st = by_voucher(pg, "voucher_buyers", voucher_id, STORE_OK, &res);
+    if (st == STORE_OK) {
+        *n = (size_t)PQntuples(res);
+        *users = xmalloc(sizeof **users * (*n + 1));
+        for (size_t i = 0; i < *n; i++)
+            (*users)[i] = store_get_i64(res, (int)i, 0);
     }
-    *n = (size_t)PQntuples(res);
-    *users = xmalloc(sizeof **users * (*n + 1));
-    for (size_t i = 0; i < *n; i++)
-        (*users)[i] = store_get_i64(res, (int)i, 0);
-    st = STORE_OK;
-cleanup:
     PQclear(res);
     return st;
 }
@@ -131,14 +125,14 @@ store_status store_voucher_snapshot(PGconn *pg, int64_t voucher_id, store_vouche
     *users = NULL;
     *n = 0;
     if ((st = store_simple(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")) != STORE_OK)
-        goto cleanup;
+        goto out;
     open = 1;
     if ((st = store_voucher_get(pg, voucher_id, v)) != STORE_OK ||
         (st = store_voucher_buyers(pg, voucher_id, users, n)) != STORE_OK)
-        goto cleanup;
+        goto out;
     st = store_simple(pg, "COMMIT");
     open = 0;
-cleanup:
+out:
     if (open && PQstatus(pg) == CONNECTION_OK) {
         PGresult *res = store_timed_exec(pg, "ROLLBACK");    /* read only: nothing to undo */
         PQclear(res);
@@ -165,11 +159,11 @@ store_status store_voucher_create(PGconn *pg, const char *title, int64_t stock,
     res = store_exec(pg, "voucher_create", 4, vals);
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
         st = store_result_error(pg, res, "voucher_create");
-        goto cleanup;
+        goto out;
     }
     *voucher_id = store_get_i64(res, 0, 0);
     st = STORE_OK;
-cleanup:
+out:
     PQclear(res);
     return st;
 }
@@ -187,14 +181,14 @@ store_status store_voucher_reset(PGconn *pg, int64_t voucher_id, int64_t stock,
     snprintf(b, sizeof b, "%" PRId64, begin_time);
     snprintf(e, sizeof e, "%" PRId64, end_time);
     if ((st = store_locked_exec(pg, "voucher_reset", 4, vals, &res)) != STORE_OK)
-        goto cleanup;
+        goto out;
     if (PQntuples(res) != 1) {
         st = STORE_NOT_FOUND;
-        goto cleanup;
+        goto out;
     }
     voucher_read(res, out);
     st = STORE_OK;
-cleanup:
+out:
     PQclear(res);
     return st;
 }
@@ -204,10 +198,8 @@ store_status store_stats(PGconn *pg, cJSON *out)
     store_status st;
     PGresult *res = store_exec(pg, "stats_vouchers", 0, NULL);
 
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        st = store_result_error(pg, res, "stats_vouchers");
-        goto cleanup;
-    }
+    if ((st = store_rows(pg, res, "stats_vouchers", STORE_OK)) != STORE_OK)
+        goto out;
     for (int i = 0; i < PQntuples(res); i++) {
         int64_t initial = store_get_i64(res, i, 2), stock = store_get_i64(res, i, 3);
         int64_t orders = store_get_i64(res, i, 4), dups = store_get_i64(res, i, 5);
@@ -216,7 +208,7 @@ store_status store_stats(PGconn *pg, cJSON *out)
 
         if (v == NULL) {
             st = STORE_UNAVAILABLE;
-            goto cleanup;
+            goto out;
         }
         cJSON_AddItemToArray(out, v);
         /* Voucher ids come from a bigserial: small, so JSON numbers are exact. */
@@ -234,7 +226,7 @@ store_status store_stats(PGconn *pg, cJSON *out)
         cJSON_AddStringToObject(v, "endTime", ts);
     }
     st = STORE_OK;
-cleanup:
+out:
     PQclear(res);
     return st;
 }

@@ -316,21 +316,21 @@ static lock_status acquire_finish(redisContext *c, lock_acquire_op *op, redisRep
     int want = atomic_load(&sync_replicas);
 
     if (!op->sent)
-        goto cleanup;
+        goto out;
     script_observe(util_mono_us() - op->t0, r != NULL);
     if (r == NULL) {
         log_warn("lock acquire %s: redis: %s", op->key, c->errstr);
-        goto cleanup;
+        goto out;
     }
     if (r->type == REDIS_REPLY_ERROR) {
         log_warn("lock acquire %s: %s", op->key, r->str);
-        goto cleanup;
+        goto out;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
         r->element[0]->type != REDIS_REPLY_INTEGER ||
         r->element[1]->type != REDIS_REPLY_INTEGER) {
         log_warn("lock acquire %s: unexpected reply type %d", op->key, r->type);
-        goto cleanup;
+        goto out;
     }
 
     /* {-1, token} or {pttl, -1}: a PTTL of -1 (no expiry) is told apart by
@@ -360,7 +360,7 @@ static lock_status acquire_finish(redisContext *c, lock_acquire_op *op, redisRep
             st = undo_grant(c, op, acks);
     }
 
-cleanup:
+out:
     /* No reply may hide a grant: it is not renewed and expires by itself. */
     if (op->watchdog)
         wd_end(op->key, op->owner, st == LOCK_OK);
@@ -473,7 +473,7 @@ lock_status lock_try_lock(redisContext *c, const char *key, const char *owner,
 
     st = lock_try_acquire(c, key, owner, lease_ms, &mine);
     if (st != LOCK_BUSY || wait_ms <= 0)
-        goto cleanup;
+        goto out;
     count(&n_waits);
 
     /* Subscribe, then retry: a release published between the refused
@@ -498,7 +498,7 @@ lock_status lock_try_lock(redisContext *c, const char *key, const char *owner,
         woken = lock_wait_wait(w, t > 0 ? t : 1, &woke_at);
     }
 
-cleanup:
+out:
     if (w != NULL) {
         /* A wake-up used on an attempt that failed outright is handed on. */
         lock_wait_leave(w, (st == LOCK_ERR || st == LOCK_UNSYNCED) && woken);

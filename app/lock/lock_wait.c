@@ -179,17 +179,6 @@ static void forget_server_state(void)
 
 /*---- the subscriber thread ----*/
 
-static void deadline_in(struct timespec *ts, long ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 /* Sends SUBSCRIBE for channels that gained a waiter and UNSUBSCRIBE for
  * those that lost the last one; frees channels nobody needs. lw.mu held.
  * Returns 0, or -1 if the context failed. */
@@ -482,7 +471,7 @@ int lock_wait_start(lock_wait_connect_fn connect, lock_wait_stale_fn stale)
     pthread_mutex_lock(&lw.mu);
     if (connect == NULL) {
         log_error("lock_wait: no connect function");
-        goto cleanup;
+        goto out;
     }
     if (!bgthread_started(&subscriber)) {
         lw.connect = connect;
@@ -490,7 +479,7 @@ int lock_wait_start(lock_wait_connect_fn connect, lock_wait_stale_fn stale)
     }
     lw.enabled = 1;
     rc = 0;
-cleanup:
+out:
     pthread_mutex_unlock(&lw.mu);
     return rc;
 }
@@ -521,17 +510,13 @@ void lock_wait_stop(void)
 lock_wait_waiter *lock_wait_join(const char *name, long timeout_ms, int *confirmed)
 {
     lock_wait_waiter *w = xcalloc(1, sizeof *w);
-    pthread_condattr_t attr;
     struct timespec deadline;
     channel *ch;
 
     /* Monotonic: a wall-clock step must not stretch or cut a wait. */
-    if (pthread_condattr_init(&attr) != 0 ||
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) != 0 ||
-        pthread_cond_init(&w->cond, &attr) != 0)
+    if (util_cond_init_monotonic(&w->cond) != 0)
         abort();
-    pthread_condattr_destroy(&attr);
-    deadline_in(&deadline, timeout_ms > 0 ? timeout_ms : 0);
+    util_deadline(CLOCK_MONOTONIC, timeout_ms > 0 ? (int64_t)timeout_ms * 1000 : 0, &deadline);
 
     pthread_mutex_lock(&lw.mu);
     /* The first waiter of the process starts the subscriber: a process
@@ -564,7 +549,7 @@ int lock_wait_wait(lock_wait_waiter *w, long timeout_ms, int64_t *msg_us)
     int woken = 0, timed_out = 0;
     int64_t at = 0;
 
-    deadline_in(&deadline, timeout_ms > 0 ? timeout_ms : 0);
+    util_deadline(CLOCK_MONOTONIC, timeout_ms > 0 ? (int64_t)timeout_ms * 1000 : 0, &deadline);
     pthread_mutex_lock(&lw.mu);
     for (;;) {
         if (w->permit) {

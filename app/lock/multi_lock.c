@@ -135,6 +135,7 @@ static redisContext *conn(multi_lock_set *s, size_t i, int now, char *err, size_
     node_conn *nc = &s->conns[i];
     struct timeval tv = { s->timeout_ms / 1000, (s->timeout_ms % 1000) * 1000 };
     redisContext *c;
+    int rc = -1;
 
     if (nc->c != NULL && nc->c->err == 0)
         return nc->c;
@@ -147,30 +148,33 @@ static redisContext *conn(multi_lock_set *s, size_t i, int now, char *err, size_
     c = redisConnectWithTimeout(nc->node.host, nc->node.port, tv);
     if (c == NULL || c->err) {
         snprintf(err, errlen, "connect: %s", c != NULL ? c->errstr : "out of memory");
-        goto fail;
+        goto out;
     }
     if (redisSetTimeout(c, tv) != REDIS_OK) {
         snprintf(err, errlen, "cannot set the timeout");
-        goto fail;
+        goto out;
     }
     if (nc->node.password[0] != '\0') {
         redisReply *r = nc->node.username[0] != '\0'
                             ? redisCommand(c, "AUTH %s %s", nc->node.username, nc->node.password)
                             : redisCommand(c, "AUTH %s", nc->node.password);
         if (!reply_ok(c, r, err, errlen, "AUTH"))
-            goto fail;
+            goto out;
     }
     if (nc->node.db != 0 && !reply_ok(c, redisCommand(c, "SELECT %d", nc->node.db), err, errlen,
                                       "SELECT"))
-        goto fail;
+        goto out;
     nc->c = c;
     nc->retry_at_us = 0;
+    rc = 0;
+out:
+    if (rc != 0) {
+        if (c != NULL)
+            redisFree(c);
+        c = NULL;
+        nc->retry_at_us = util_mono_us() + (int64_t)RETRY_MS * 1000;
+    }
     return c;
-fail:
-    if (c != NULL)
-        redisFree(c);
-    nc->retry_at_us = util_mono_us() + (int64_t)RETRY_MS * 1000;
-    return NULL;
 }
 
 /* Node i's answer to one attempt: LOCK_OK, LOCK_BUSY or LOCK_ERR (down,

@@ -130,7 +130,7 @@ static int read_file(const char *path, char **out, size_t *outlen)
     char *buf = NULL;
 
     if (f == NULL)
-        goto cleanup;
+        goto out;
     buf = xmalloc(cap);
     for (;;) {
         size_t got = fread(buf + len, 1, cap - len - 1, f);
@@ -138,7 +138,7 @@ static int read_file(const char *path, char **out, size_t *outlen)
         if (len + 1 < cap) {
             if (ferror(f)) {
                 errno = EIO;
-                goto cleanup;
+                goto out;
             }
             break;
         }
@@ -150,7 +150,7 @@ static int read_file(const char *path, char **out, size_t *outlen)
     *outlen = len;
     buf = NULL;
     rc = 0;
-cleanup:
+out:
     free(buf);
     if (f != NULL)
         fclose(f);
@@ -191,7 +191,7 @@ int script_load_all(const char *dir, char *err, size_t errlen)
 
     for (int i = 0; i < SCRIPT_COUNT; i++)
         if (script_file_load(&loaded[i], dir, script_names[i], err, errlen) != 0)
-            goto cleanup;
+            goto out;
     /* All or nothing: replace the table only when every file was read. */
     for (int i = 0; i < SCRIPT_COUNT; i++) {
         free(scripts[i].src);
@@ -199,7 +199,7 @@ int script_load_all(const char *dir, char *err, size_t errlen)
         loaded[i].src = NULL;
     }
     rc = 0;
-cleanup:
+out:
     for (int i = 0; i < SCRIPT_COUNT; i++)
         free(loaded[i].src);
     return rc;

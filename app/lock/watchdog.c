@@ -227,7 +227,7 @@ static void renew_batch(redisContext **cp, const wd_item *items, size_t n)
             *cp = connect_fn(err, sizeof err);
             if (*cp == NULL) {
                 log_warn("watchdog: redis unavailable: %s", err);
-                goto cleanup;
+                goto out;
             }
         }
         r = script_run(*cp, SCRIPT_LOCK_RENEW, (int)n, (int)(2 * n + 1), argv, NULL);
@@ -238,14 +238,14 @@ static void renew_batch(redisContext **cp, const wd_item *items, size_t n)
         }
     }
     if (r == NULL)
-        goto cleanup;
+        goto out;
     if (r->type == REDIS_REPLY_ERROR) {
         log_warn("watchdog: renewal failed: %s", r->str);
-        goto cleanup;
+        goto out;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != n) {
         log_warn("watchdog: unexpected renewal reply (type %d)", r->type);
-        goto cleanup;
+        goto out;
     }
     for (size_t i = 0; i < n; i++) {
         const redisReply *e = r->element[i];
@@ -255,7 +255,7 @@ static void renew_batch(redisContext **cp, const wd_item *items, size_t n)
             drop_if_stale(&items[i]);
     }
     ok = 1;
-cleanup:
+out:
     if (!ok)
         atomic_fetch_add_explicit(&n_errors, 1, memory_order_relaxed);
     freeReplyObject(r);
@@ -308,21 +308,21 @@ int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale)
     pthread_mutex_lock(&wd.mu);
     if (bgthread_started(&renewal)) {
         rc = 0;
-        goto cleanup;
+        goto out;
     }
     if (connect == NULL) {
         log_error("watchdog: no connect function");
-        goto cleanup;
+        goto out;
     }
     atomic_store_explicit(&timeout_ms, timeout, memory_order_relaxed);
     connect_fn = connect;
     stale_fn = stale;
     if (bgthread_start(&renewal, "sk-watchdog", renewal_main, NULL, NULL) != 0) {
         log_error("watchdog: cannot start the renewal thread");
-        goto cleanup;
+        goto out;
     }
     rc = 0;
-cleanup:
+out:
     pthread_mutex_unlock(&wd.mu);
     return rc;
 }

@@ -226,7 +226,7 @@ zk_lock_client *zk_lock_open(const char *hosts, const char *root, int session_ti
                      int connect_wait_ms, char *err, size_t errlen)
 {
     zk_lock_client *c = xcalloc(1, sizeof *c);
-    int rc;
+    int rc, ok = 0;
 
     if (strlen(hosts) >= sizeof c->hosts || strlen(root) >= sizeof c->root || root[0] != '/') {
         snprintf(err, errlen, "invalid ZooKeeper hosts or root");
@@ -243,21 +243,24 @@ zk_lock_client *zk_lock_open(const char *hosts, const char *root, int session_ti
     if (open_handle(c) != 0) {
         snprintf(err, errlen, "cannot create a ZooKeeper handle for '%s': %s", hosts,
                  strerror(errno));
-        goto fail;
+        goto out;
     }
     if (!wait_connected(c, connect_wait_ms)) {
         snprintf(err, errlen, "no ZooKeeper server of '%s' answered within %d ms", hosts,
                  connect_wait_ms);
-        goto fail;
+        goto out;
     }
     if ((rc = ensure_root(c->zh, c->root)) != ZOK) {
         snprintf(err, errlen, "cannot create %s in ZooKeeper: %s", c->root, zerror(rc));
-        goto fail;
+        goto out;
+    }
+    ok = 1;
+out:
+    if (!ok) {
+        zk_lock_close(c);
+        c = NULL;
     }
     return c;
-fail:
-    zk_lock_close(c);
-    return NULL;
 }
 
 void zk_lock_close(zk_lock_client *c)

@@ -72,7 +72,10 @@ int stock_joinable(void)
 
 void stock_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done, void *arg)
 {
-    be->settle(cs, pg, b, done, arg);
+    if (be->settle != NULL)
+        be->settle(cs, pg, b, done, arg);
+    else
+        done(cs, arg, store_order_steps(pg, &b->order, &be->step, g_cfg.demo_delay_ms));
 }
 
 int stock_join(stock_buyer *b, stock_done_fn done, void *arg)
@@ -147,19 +150,5 @@ const stock_backend stock_optimistic = {
 
 /*---- pessimistic: the row locked by the read, then the deduction ----*/
 
-static const store_stock_step pessimistic_step = {
-    .read = store_stock_read_locked,
-    .write = store_stock_decrement,
-    .unchanged = STORE_SOLD_OUT,
-};
-
-static void pessimistic_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done,
-                               void *arg)
-{
-    done(cs, arg, store_order_steps(pg, &b->order, &pessimistic_step, g_cfg.demo_delay_ms));
-}
-
-const stock_backend stock_pessimistic = {
-    .name = "pessimistic",
-    .settle = pessimistic_settle,
-};
+const stock_backend stock_pessimistic =
+    STOCK_STEPS("pessimistic", store_stock_read_locked, store_stock_decrement, STORE_SOLD_OUT);

@@ -23,6 +23,7 @@
 
 #include "conn.h"
 #include "store.h"
+#include "store_steps.h"
 #include "store_voucher.h"
 #include "user_lock.h"
 #include "util.h"
@@ -67,6 +68,10 @@ typedef struct stock_backend {
      * on the worker that settles its batch, after the commit. 'pg' is the
      * caller's connection, just checked (NULL when b->lock_pending). */
     void (*settle)(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn done, void *arg);
+    /* Or, with 'settle' NULL: the buyer's order in store_order_steps'
+     * transaction with this stock step, slowed by DEMO_DELAY_MS
+     * (STOCK_STEPS). */
+    store_stock_step step;
     /* Deferred only (may be NULL): for an event thread, hands 'b' to a
      * settling worker already at work for its voucher and returns 1; else
      * returns 0 having done nothing. Never blocks, never does I/O. */
@@ -86,6 +91,11 @@ typedef struct stock_backend {
     store_status (*voucher)(conn_set *cs, int64_t voucher_id, store_voucher *out);
     int (*stats)(redisContext *c, cJSON *root, cJSON *vouchers);
 } stock_backend;
+
+/* A strategy that runs the order step by step: its name, then its stock
+ * step's read (NULL: none), write and 'unchanged' (store_steps.h). */
+#define STOCK_STEPS(name_, read_, write_, unchanged_) \
+    { .name = name_, .step = { .read = read_, .write = write_, .unchanged = unchanged_ } }
 
 /* Picks the strategy (enum stock_strategy; DEMO_DELAY_MS > 0 picks the
  * stepwise, slowed form). Call once before serving. 0, or -1 with 'err'. */

@@ -80,12 +80,12 @@ static int run_load(redisContext *c, const stock_redis_keys *k, const char *mode
     }
     r = script_file_run(c, &load_script, 4, (int)argc, argv, NULL);
     if (r == NULL)
-        goto cleanup;
+        goto out;
     if (r->type == REDIS_REPLY_INTEGER)
         rc = (int)r->integer;
     else
         log_warn("stock_redis: stock_load: %s", r->type == REDIS_REPLY_ERROR ? r->str : "bad reply");
-cleanup:
+out:
     freeReplyObject(r);
     free(num);
     free(argv);

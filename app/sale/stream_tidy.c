@@ -46,11 +46,11 @@ int stream_tidy_consumers(redisContext *c, const char *own_name)
         /* No stream or no group yet: the consumer creates them. */
         if (strncmp(r->str, "NOGROUP", 7) != 0 && strstr(r->str, "no such key") == NULL)
             log_warn("stream_tidy: group_tidy: %s", r->str);
-        goto cleanup;
+        goto out;
     }
     if (r->type != REDIS_REPLY_ARRAY) {
         log_warn("stream_tidy: group_tidy: unexpected reply type %d", r->type);
-        goto cleanup;
+        goto out;
     }
     for (size_t i = 0; i < r->elements; i++)
         if (r->element[i]->type == REDIS_REPLY_STRING)
@@ -58,55 +58,55 @@ int stream_tidy_consumers(redisContext *c, const char *own_name)
                      "with nothing pending", r->element[i]->str, STOCK_REDIS_GROUP,
                      STOCK_REDIS_STREAM, g_cfg.consumer_remove_idle_ms);
     rc = (int)r->elements;
-cleanup:
+out:
     freeReplyObject(r);
     return rc;
 }
 
+/* A dead letter's XADD being built: its arguments, a field and its value
+ * at a time, and the text of the numbers among them. */
+typedef struct dead_xadd {
+    const char *argv[26];
+    char num[6][24];
+    int argc, nnum;
+} dead_xadd;
+
+static void add_str(dead_xadd *x, const char *field, const char *value)
+{
+    x->argv[x->argc++] = field;
+    x->argv[x->argc++] = value;
+}
+
+static void add_i64(dead_xadd *x, const char *field, int64_t value)
+{
+    char *num = x->num[x->nnum++];
+
+    snprintf(num, sizeof x->num[0], "%" PRId64, value);
+    add_str(x, field, num);
+}
+
 int stream_tidy_dead_append(redisContext *c, const stream_tidy_dead *d)
 {
-    char cap[24], num[6][24];
-    const char *argv[26];
-    int argc = 0;
-
-    snprintf(cap, sizeof cap, "%d", g_cfg.dead_letters_max);
-    snprintf(num[0], sizeof num[0], "%" PRId64, d->voucher_id);
-    snprintf(num[1], sizeof num[1], "%" PRId64, d->user_id);
-    snprintf(num[2], sizeof num[2], "%" PRId64, d->order_id);
-    snprintf(num[3], sizeof num[3], "%" PRId64, d->gen);
-    /* The id's parts, as lua/order_admit.lua wrote them (order_id.h). */
-    snprintf(num[4], sizeof num[4], "%" PRId64, d->order_id >> 32);
-    snprintf(num[5], sizeof num[5], "%" PRId64, (int64_t)(d->order_id & 0xFFFFFFFF));
-    argv[argc++] = "XADD";
-    argv[argc++] = STOCK_REDIS_DEAD;
+    char cap[24];
     /* "~": Redis removes whole stream nodes only, so the length stays
      * within a node (stream-node-max-entries) of the cap, at a fraction of
      * the cost of an exact trim (https://redis.io/docs/latest/commands/xadd/). */
-    argv[argc++] = "MAXLEN";
-    argv[argc++] = "~";
-    argv[argc++] = cap;
-    argv[argc++] = "*";
-    argv[argc++] = "entry";
-    argv[argc++] = d->entry;
-    argv[argc++] = "v";
-    argv[argc++] = num[0];
-    argv[argc++] = "u";
-    argv[argc++] = num[1];
-    argv[argc++] = "o";
-    argv[argc++] = num[2];
+    dead_xadd x = { .argv = { "XADD", STOCK_REDIS_DEAD, "MAXLEN", "~", cap, "*" }, .argc = 6 };
+
+    snprintf(cap, sizeof cap, "%d", g_cfg.dead_letters_max);
+    add_str(&x, "entry", d->entry);
+    add_i64(&x, "v", d->voucher_id);
+    add_i64(&x, "u", d->user_id);
+    add_i64(&x, "o", d->order_id);
     if (d->with_id) {
-        argv[argc++] = "t";
-        argv[argc++] = num[4];
-        argv[argc++] = "c";
-        argv[argc++] = num[5];
+        /* The id's parts, as lua/order_admit.lua wrote them (order_id.h). */
+        add_i64(&x, "t", d->order_id >> 32);
+        add_i64(&x, "c", (int64_t)(d->order_id & 0xFFFFFFFF));
     }
-    argv[argc++] = "g";
-    argv[argc++] = num[3];
-    argv[argc++] = "reason";
-    argv[argc++] = d->reason;
-    argv[argc++] = "consumer";
-    argv[argc++] = d->consumer;
-    return redisAppendCommandArgv(c, argc, argv, NULL) == REDIS_OK ? 0 : -1;
+    add_i64(&x, "g", d->gen);
+    add_str(&x, "reason", d->reason);
+    add_str(&x, "consumer", d->consumer);
+    return redisAppendCommandArgv(c, x.argc, x.argv, NULL) == REDIS_OK ? 0 : -1;
 }
 
 int stream_tidy_replay(redisContext *c, int64_t max, stream_tidy_replayed *out)
@@ -123,19 +123,19 @@ int stream_tidy_replay(redisContext *c, int64_t max, stream_tidy_replayed *out)
         return -1;
     if (r->type == REDIS_REPLY_ERROR) {
         log_warn("stream_tidy: dead_replay: %s", r->str);
-        goto cleanup;
+        goto out;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
         r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER ||
         r->element[2]->type != REDIS_REPLY_INTEGER) {
         log_warn("stream_tidy: dead_replay: unexpected reply");
-        goto cleanup;
+        goto out;
     }
     out->replayed = r->element[0]->integer;
     out->left = r->element[1]->integer;
     out->unreplayable = r->element[2]->integer;
     rc = 0;
-cleanup:
+out:
     freeReplyObject(r);
     return rc;
 }

@@ -102,19 +102,14 @@ static lock_status string_acquire(conn_set *cs, user_lock_hold *h, int setnx)
     else
         r = redisCommand(c, "SET %s %s NX PX %ld", h->key, h->owner, lease);
     r = script_demoted(c, r);
-    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+    if (r == NULL || r->type == REDIS_REPLY_ERROR)
         st = LOCK_ERR;
-    } else if (r->type == REDIS_REPLY_NIL) {
-        counters_note(COUNTERS_DEMO_LOCK_CONTENDED);
-        st = LOCK_BUSY;
-    } else {
-        counters_note(COUNTERS_DEMO_LOCK_ACQUIRED);
-        st = LOCK_OK;
-    }
+    else
+        st = r->type == REDIS_REPLY_NIL ? LOCK_BUSY : LOCK_OK;
     freeReplyObject(r);
     if (c->err)
         conn_redis_broken(cs);
-    return st;
+    return counters_lock_attempt(st);
 }
 
 static lock_status setnx_acquire(conn_set *cs, user_lock_hold *h, user_lock_id *id)

@@ -32,6 +32,7 @@ _Static_assert(sizeof(priv) <= USER_LOCK_PRIV_BYTES, "user_lock_hold.priv too sm
 /* Set by 'start' before any worker runs; read-only after. */
 static redis_url nodes[MULTI_LOCK_MAX_NODES];
 static size_t nnodes;
+static multi_lock_quorum quorum;
 
 static pthread_mutex_t sets_mu = PTHREAD_MUTEX_INITIALIZER;
 static multi_lock_set *sets[1024];           /* sets_mu: every thread's, for 'stop' */
@@ -138,7 +139,7 @@ static int parse_nodes(char *err, size_t errlen)
     return check_distinct(err, errlen);
 }
 
-static int start(size_t min_nodes, char *err, size_t errlen)
+static int start(multi_lock_quorum q, size_t min_nodes, char *err, size_t errlen)
 {
     multi_lock_set *probe;
     char why[512];
@@ -174,23 +175,21 @@ static int start(size_t min_nodes, char *err, size_t errlen)
         return -1;
     }
     multi_lock_set_free(probe);
+    quorum = q;
     log_info("%s: %zu Redis nodes, %zu needed, node timeout %d ms, lease %ld ms (drift %ld ms)",
-             name, nnodes,
-             multi_lock_needed(g_cfg.lock_strategy == LOCKS_MULTILOCK ? MULTI_LOCK_ALL : MULTI_LOCK_MAJORITY,
-                          nnodes),
-             g_cfg.lock_redis_node_timeout_ms, g_cfg.lock_lease_ms,
-             multi_lock_drift_ms(g_cfg.lock_lease_ms));
+             name, nnodes, multi_lock_needed(quorum, nnodes), g_cfg.lock_redis_node_timeout_ms,
+             g_cfg.lock_lease_ms, multi_lock_drift_ms(g_cfg.lock_lease_ms));
     return 0;
 }
 
 static int multilock_start(char *err, size_t errlen)
 {
-    return start(1, err, errlen);
+    return start(MULTI_LOCK_ALL, 1, err, errlen);
 }
 
 static int redlock_start(char *err, size_t errlen)
 {
-    return start(3, err, errlen);
+    return start(MULTI_LOCK_MAJORITY, 3, err, errlen);
 }
 
 static void multi_stop(void)
@@ -203,42 +202,25 @@ static void multi_stop(void)
     my_set = NULL;
 }
 
-static lock_status acquire(multi_lock_quorum q, user_lock_hold *h)
+static lock_status multi_acquire(conn_set *cs, user_lock_hold *h, user_lock_id *id)
 {
     multi_lock_set *s = thread_set();
     multi_lock_grant g;
+    lock_status st;
 
+    (void)cs;
+    (void)id;
     if (s == NULL)
         return LOCK_ERR;
-    switch (multi_lock_acquire(s, q, h->key, h->owner, h->lease_ms, &g)) {
-    case LOCK_OK:
+    st = counters_lock_attempt(multi_lock_acquire(s, quorum, h->key, h->owner, h->lease_ms, &g));
+    if (st == LOCK_OK) {
         ((priv *)(void *)h->priv)->mask = ~g.busy;
         ((priv *)(void *)h->priv)->reach = g.unanswered;
-        counters_note(COUNTERS_DEMO_LOCK_ACQUIRED);
         if (g.failed != 0)
             log_debug("%s: held without %d node(s), %lld ms of validity left", h->key,
                       __builtin_popcount(g.failed), (long long)g.validity_ms);
-        return LOCK_OK;
-    case LOCK_BUSY:
-        counters_note(COUNTERS_DEMO_LOCK_CONTENDED);
-        return LOCK_BUSY;
-    default:
-        return LOCK_ERR;
     }
-}
-
-static lock_status multilock_acquire(conn_set *cs, user_lock_hold *h, user_lock_id *id)
-{
-    (void)cs;
-    (void)id;
-    return acquire(MULTI_LOCK_ALL, h);
-}
-
-static lock_status redlock_acquire(conn_set *cs, user_lock_hold *h, user_lock_id *id)
-{
-    (void)cs;
-    (void)id;
-    return acquire(MULTI_LOCK_MAJORITY, h);
+    return st;
 }
 
 static void multi_release(conn_set *cs, user_lock_hold *h)
@@ -261,20 +243,13 @@ static void multi_release(conn_set *cs, user_lock_hold *h)
     }
 }
 
-const user_lock_backend user_lock_multilock = {
-    .name = "multilock",
-    .unavailable = "lock service (redis nodes) unavailable, retry later",
-    .start = multilock_start,
-    .stop = multi_stop,
-    .acquire = multilock_acquire,
-    .release = multi_release,
-};
+/* The two strategies are one but for their name and their start, which
+ * sets the quorum and the least number of nodes. */
+#define MULTI_BACKEND(name_, start_)                                                            \
+    {                                                                                           \
+        .name = name_, .unavailable = "lock service (redis nodes) unavailable, retry later",    \
+        .start = start_, .stop = multi_stop, .acquire = multi_acquire, .release = multi_release \
+    }
 
-const user_lock_backend user_lock_redlock = {
-    .name = "redlock",
-    .unavailable = "lock service (redis nodes) unavailable, retry later",
-    .start = redlock_start,
-    .stop = multi_stop,
-    .acquire = redlock_acquire,
-    .release = multi_release,
-};
+const user_lock_backend user_lock_multilock = MULTI_BACKEND("multilock", multilock_start);
+const user_lock_backend user_lock_redlock = MULTI_BACKEND("redlock", redlock_start);

@@ -93,17 +93,10 @@ static void table_stop(void)
 /* An attempt's outcome, counted; a failed one marks a broken session. */
 static lock_status acquire_outcome(conn_set *cs, lock_status st)
 {
-    switch (st) {
-    case LOCK_OK:
-        counters_note(COUNTERS_DEMO_LOCK_ACQUIRED);
-        return LOCK_OK;
-    case LOCK_BUSY:
-        counters_note(COUNTERS_DEMO_LOCK_CONTENDED);
-        return LOCK_BUSY;
-    default:
+    st = counters_lock_attempt(st);
+    if (st == LOCK_ERR)
         broken_if_bad(cs);
-        return LOCK_ERR;
-    }
+    return st;
 }
 
 static lock_status table_acquire(conn_set *cs, user_lock_hold *h, user_lock_id *id)

@@ -53,20 +53,14 @@ static void zk_stop(void)
 static lock_status zk_acquire(conn_set *cs, user_lock_hold *h, user_lock_id *id)
 {
     zk_lock_grant g;
+    lock_status st;
 
     (void)cs;
     (void)id;
-    switch (zk_lock_acquire(zk, h->key, h->owner, 0, &g)) {
-    case LOCK_OK:
+    st = counters_lock_attempt(zk_lock_acquire(zk, h->key, h->owner, 0, &g));
+    if (st == LOCK_OK)
         h->token = g.token;
-        counters_note(COUNTERS_DEMO_LOCK_ACQUIRED);
-        return LOCK_OK;
-    case LOCK_BUSY:
-        counters_note(COUNTERS_DEMO_LOCK_CONTENDED);
-        return LOCK_BUSY;
-    default:
-        return LOCK_ERR;
-    }
+    return st;
 }
 
 static void zk_release(conn_set *cs, user_lock_hold *h)

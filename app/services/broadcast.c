@@ -81,11 +81,8 @@ static void broadcast_main(bgthread *self, void *arg)
 
 int broadcast_start(void)
 {
-    if (bgthread_start(&subscriber, "sk-broadcast", broadcast_main, NULL, NULL) != 0) {
-        log_error("cannot start the broadcast subscriber thread");
-        return -1;
-    }
-    return 0;
+    return bgthread_start_logged(&subscriber, "sk-broadcast", broadcast_main, NULL, NULL,
+                                 "broadcast subscriber");
 }
 
 void broadcast_stop(void)

@@ -82,10 +82,9 @@ int fence_start(long horizon, const char *prefix)
     }
     horizon_ms = horizon;
     snprintf(key_prefix, sizeof key_prefix, "%s", prefix);
-    if (bgthread_start(&sweeper, "sk-fence-sweep", sweeper_main, NULL, NULL) != 0) {
-        log_error("cannot start the fence sweeper thread");
+    if (bgthread_start_logged(&sweeper, "sk-fence-sweep", sweeper_main, NULL, NULL,
+                              "fence sweeper") != 0)
         return -1;
-    }
     log_info("fence: tokens older than %ld ms refused; rows older than %ld ms swept every "
              "%ld ms", horizon, 2 * horizon, sweep_period_ms(horizon));
     return 0;

@@ -83,7 +83,7 @@ order_id_status order_id_recv(redisContext *c, order_id_op *op, int64_t *id)
     redisReply *r = NULL;
 
     if (!op->sent)
-        goto cleanup;
+        goto out;
     st = ORDER_ID_REDIS;
     if (redisGetReply(c, &reply) != REDIS_OK) {
         freeReplyObject(reply);
@@ -93,26 +93,26 @@ order_id_status order_id_recv(redisContext *c, order_id_op *op, int64_t *id)
     counters_backend(COUNTERS_REDIS, util_mono_us() - op->t0, r != NULL);
     if (r == NULL) {
         log_warn("order_id: INCR %s: %s", op->key, c->errstr);
-        goto cleanup;
+        goto out;
     }
     if (r->type == REDIS_REPLY_ERROR) {
         log_warn("order_id: INCR %s: %s", op->key, r->str);
-        goto cleanup;
+        goto out;
     }
     if (r->type != REDIS_REPLY_INTEGER) {
         log_warn("order_id: INCR %s: unexpected reply type %d", op->key, r->type);
-        goto cleanup;
+        goto out;
     }
     /* Never wrap: a reused low count would collide with an earlier id. */
     if (r->integer < 1 || r->integer > ORDER_ID_COUNT_MAX) {
         log_error("order_id: %s count %lld does not fit in 32 bits", op->key, r->integer);
         st = ORDER_ID_EXHAUSTED;
-        goto cleanup;
+        goto out;
     }
     *id = order_id_compose(op->now - ORDER_ID_EPOCH, r->integer);
     st = ORDER_ID_OK;
 
-cleanup:
+out:
     freeReplyObject(r);
     free(op->key);
     op->key = NULL;
