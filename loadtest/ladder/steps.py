@@ -35,77 +35,77 @@ FAILOVER = {"kind": "failover", "requests": 1000, "concurrency": 20, "stock": 10
 SYNC_ENV = {"LOCK_SYNC_REPLICAS": 1, "LOCK_SYNC_TIMEOUT_MS": 300}
 STALE_MESSAGE = "stale fencing token"
 
+
+def stock_step(num, key, title, stock, expect, story, **more):
+    """A stock strategy under the sale: two instances, the reentrant lock."""
+    return dict(num=num, key=key, title=title, lock="reentrant", stock=stock, instances=2,
+                env=STOCK_ENV, load=SALE, expect=expect, story=story, **more)
+
+
+def storm_step(num, key, title, lock, expect, story, instances=2, env=LOCK_ENV):
+    """A user lock under the single user's storm, the stock optimistic."""
+    return dict(num=num, key=key, title=title, lock=lock, stock="optimistic",
+                instances=instances, env=env, load=STORM, expect=expect, story=story)
+
+
+def failover_step(num, key, title, env, replicas, expect, story):
+    """The reentrant lock through a Redis failover (load FAILOVER); replicas
+    "paused": the grant reaches none of them before the master dies, or
+    "running"."""
+    return dict(num=num, key=key, title=title, lock="reentrant", stock="optimistic",
+                instances=2, env=env, load=FAILOVER, failover=True, replicas=replicas,
+                expect=expect, story=story)
+
+
 STEPS = [
-    # num, key, title, lock, stock, instances, extra env, load, expectation
-    dict(num=1, key="naive", title="naive stock", lock="reentrant", stock="naive",
-         instances=2, env=STOCK_ENV, load=SALE,
-         expect="oversells, loses updates",
-         story="read stock, check in C, write back read-1"),
-    dict(num=2, key="cas", title="compare-and-swap", lock="reentrant", stock="cas",
-         instances=2, env=STOCK_ENV, load=SALE,
-         expect="no oversell, sells < optimistic",
-         story="UPDATE ... WHERE stock = <value read>"),
-    dict(num=3, key="optimistic", title="stock > 0", lock="reentrant", stock="optimistic",
-         instances=2, env=STOCK_ENV, load=SALE,
-         expect="sells exactly the stock",
-         story="UPDATE ... SET stock = stock - 1 WHERE stock > 0"),
-    dict(num=4, key="pessimistic", title="FOR UPDATE", lock="reentrant", stock="pessimistic",
-         instances=2, env=STOCK_ENV, load=SALE,
-         expect="sells exactly the stock",
-         story="SELECT ... FOR UPDATE, then write"),
-    dict(num=5, key="none", title="no lock", lock="none", stock="optimistic",
-         instances=2, env=LOCK_ENV, load=STORM,
-         expect="duplicates",
-         story="check 'has this user an order?' then insert, unlocked"),
-    dict(num=6, key="local-1", title="local mutex", lock="local",
-         stock="optimistic", instances=1, env=LOCK_ENV, load=STORM,
-         expect="exactly 1 order",
-         story="a per-user mutex inside the process"),
-    dict(num=7, key="local-2", title="local mutex", lock="local",
-         stock="optimistic", instances=2, env=LOCK_ENV, load=STORM,
-         expect="duplicates (1 per instance)",
-         story="the same mutex, nginx round-robins the user over two processes"),
-    dict(num=8, key="setnx", title="SETNX, lease < hold", lock="setnx", stock="optimistic",
-         instances=2, env={"DEMO_DELAY_MS": 2000, "LOCK_LEASE_MS": 1000}, load=STORM,
-         expect="deletes other's lock, duplicates",
-         story="SET NX EX 1, DEL without owner check; the transaction takes 2 s"),
-    dict(num=9, key="owner", title="owner + Lua release", lock="owner", stock="optimistic",
-         instances=2, env={"DEMO_PAUSE_MS": 1100, "DEMO_DELAY_MS": 0, "LOCK_LEASE_MS": 1000},
-         load=STORM,
-         expect="release refused, 1 order",
-         story="SET NX PX 1000 with an owner id, compare-and-delete in Lua; "
-               "the holder stalls 1.1 s after taking the lock, then orders"),
-    dict(num=10, key="reentrant", title="reentrant + watchdog", lock="reentrant",
-         stock="optimistic", instances=2,
-         env={"DEMO_DELAY_MS": 2000, "LOCK_LEASE_MS": -1, "WATCHDOG_TIMEOUT_MS": 1000},
-         load=STORM,
-         expect="1 order, lease renewed",
-         story="Redisson-style hash lock, 1 s lease renewed by the watchdog; "
-               "the transaction takes 2 s"),
-    dict(num=11, key="batched", title="batched (group commit)", lock="reentrant",
-         stock="batched", instances=2, env=STOCK_ENV, load=SALE, optional=True,
-         expect="sells exactly the stock",
-         story="one statement settles a batch of buyers"),
-    dict(num=12, key="lost-nofence", title="failover, no fence", lock="reentrant",
-         stock="optimistic", instances=2, env={"FENCING": 0}, load=FAILOVER, failover=True,
-         replicas="paused", expect="lock lost: duplicate order",
-         story="the master dies before the grant reaches a replica; FENCING=0 (unsafe demo "
-               "setting): Postgres does not check the token, both holders write"),
-    dict(num=13, key="lost-fence", title="failover + fencing", lock="reentrant",
-         stock="optimistic", instances=2, env={}, load=FAILOVER, failover=True,
-         replicas="paused", expect="stale write refused, 1 order",
-         story="the same, with the default fence: the stale holder's token is older than "
-               "the second holder's, and Postgres refuses its write"),
-    dict(num=14, key="lost-wait-paused", title="failover + WAIT 1, replicas paused",
-         lock="reentrant", stock="optimistic", instances=2, env=SYNC_ENV, load=FAILOVER,
-         failover=True, replicas="paused", expect="no ack: 503, grant undone, 1 order",
-         story="LOCK_SYNC_REPLICAS=1: WAIT after the grant; with the replicas paused no "
-               "replica acknowledges it within 300 ms, the grant is undone and A gets 503"),
-    dict(num=15, key="lost-wait", title="failover + WAIT 1", lock="reentrant",
-         stock="optimistic", instances=2, env=SYNC_ENV, load=FAILOVER, failover=True,
-         replicas="running", expect="lock kept: 2nd refused, 1 order",
-         story="LOCK_SYNC_REPLICAS=1 with the replicas running: the grant reached a replica "
-               "before A went on, the promoted replica has the lock, B is refused"),
+    stock_step(1, "naive", "naive stock", "naive", expect="oversells, loses updates",
+               story="read stock, check in C, write back read-1"),
+    stock_step(2, "cas", "compare-and-swap", "cas", expect="no oversell, sells < optimistic",
+               story="UPDATE ... WHERE stock = <value read>"),
+    stock_step(3, "optimistic", "stock > 0", "optimistic", expect="sells exactly the stock",
+               story="UPDATE ... SET stock = stock - 1 WHERE stock > 0"),
+    stock_step(4, "pessimistic", "FOR UPDATE", "pessimistic", expect="sells exactly the stock",
+               story="SELECT ... FOR UPDATE, then write"),
+    storm_step(5, "none", "no lock", "none", expect="duplicates",
+               story="check 'has this user an order?' then insert, unlocked"),
+    storm_step(6, "local-1", "local mutex", "local", instances=1, expect="exactly 1 order",
+               story="a per-user mutex inside the process"),
+    storm_step(7, "local-2", "local mutex", "local", expect="duplicates (1 per instance)",
+               story="the same mutex, nginx round-robins the user over two processes"),
+    storm_step(8, "setnx", "SETNX, lease < hold", "setnx",
+               env={"DEMO_DELAY_MS": 2000, "LOCK_LEASE_MS": 1000},
+               expect="deletes other's lock, duplicates",
+               story="SET NX EX 1, DEL without owner check; the transaction takes 2 s"),
+    storm_step(9, "owner", "owner + Lua release", "owner",
+               env={"DEMO_PAUSE_MS": 1100, "DEMO_DELAY_MS": 0, "LOCK_LEASE_MS": 1000},
+               expect="release refused, 1 order",
+               story="SET NX PX 1000 with an owner id, compare-and-delete in Lua; "
+                     "the holder stalls 1.1 s after taking the lock, then orders"),
+    storm_step(10, "reentrant", "reentrant + watchdog", "reentrant",
+               env={"DEMO_DELAY_MS": 2000, "LOCK_LEASE_MS": -1, "WATCHDOG_TIMEOUT_MS": 1000},
+               expect="1 order, lease renewed",
+               story="Redisson-style hash lock, 1 s lease renewed by the watchdog; "
+                     "the transaction takes 2 s"),
+    stock_step(11, "batched", "batched (group commit)", "batched", optional=True,
+               expect="sells exactly the stock", story="one statement settles a batch of buyers"),
+    failover_step(12, "lost-nofence", "failover, no fence", env={"FENCING": 0}, replicas="paused",
+                  expect="lock lost: duplicate order",
+                  story="the master dies before the grant reaches a replica; FENCING=0 (unsafe "
+                        "demo setting): Postgres does not check the token, both holders write"),
+    failover_step(13, "lost-fence", "failover + fencing", env={}, replicas="paused",
+                  expect="stale write refused, 1 order",
+                  story="the same, with the default fence: the stale holder's token is older "
+                        "than the second holder's, and Postgres refuses its write"),
+    failover_step(14, "lost-wait-paused", "failover + WAIT 1, replicas paused", env=SYNC_ENV,
+                  replicas="paused", expect="no ack: 503, grant undone, 1 order",
+                  story="LOCK_SYNC_REPLICAS=1: WAIT after the grant; with the replicas paused "
+                        "no replica acknowledges it within 300 ms, the grant is undone and A "
+                        "gets 503"),
+    failover_step(15, "lost-wait", "failover + WAIT 1", env=SYNC_ENV, replicas="running",
+                  expect="lock kept: 2nd refused, 1 order",
+                  story="LOCK_SYNC_REPLICAS=1 with the replicas running: the grant reached a "
+                        "replica before A went on, the promoted replica has the lock, B is "
+                        "refused"),
     dict(num=16, key="redis-lost", title="redis-first, AOF everysec", lock="reentrant",
          stock="redis", instances=2, env={"REDIS_ORDER_DURABILITY": "none", "CONSUMERS": 0},
          redis_aof="everysec", slow_fsync_ms=SLOW_FSYNC_MS, load=CRASH, optional=True,
@@ -157,81 +157,75 @@ OUTAGE = {"kind": "outage", "connections": 8, "seconds": 7.0, "stop_at": 2.0, "s
           "after_s": 3.0, "stock": 100000}
 
 
+def backend_step(b, kind, title, **fields):
+    """A step of lock backend b: its key and title, the stock optimistic,
+    two instances, b's service (the nodes' only in the full ladder)."""
+    return dict(key=f"{kind}-{b['lock']}", title=f"{b['lock']}: {title}", lock=b["lock"],
+                stock="optimistic", instances=2, service=b["service"],
+                full_only=b["service"] == "nodes", **fields)
+
+
 def storm_steps():
     """The single-user storm on each lock backend of another service."""
-    out = []
-    for b in LOCK_BACKENDS:
-        if b["storm"]:
-            out.append(dict(key=f"storm-{b['lock']}", title=f"{b['lock']}: one user",
-                            lock=b["lock"], stock="optimistic", instances=2,
-                            env=dict(LOCK_ENV, **{k: v for k, v in b["env"].items()
-                                                  if k == "LOCK_REDIS_NODES"}),
-                            load=STORM, service=b["service"], expect="exactly 1 order",
-                            story=f"the single-user storm with SECKILL_LOCK={b['lock']}",
-                            full_only=b["service"] == "nodes"))
-    return out
+    return [backend_step(b, "storm", "one user",
+                         env=dict(LOCK_ENV, **{k: v for k, v in b["env"].items()
+                                               if k == "LOCK_REDIS_NODES"}),
+                         load=STORM, expect="exactly 1 order",
+                         story=f"the single-user storm with SECKILL_LOCK={b['lock']}")
+            for b in LOCK_BACKENDS if b["storm"]]
 
 
 def crash_steps():
     """Per backend: the holder killed while it holds the user's lock."""
-    out = []
-    for b in LOCK_BACKENDS:
-        out.append(dict(key=f"crash-{b['lock']}", title=f"{b['lock']}: holder killed",
-                        lock=b["lock"], stock="optimistic", instances=2, backend=b,
-                        env=dict(b["env"], DEMO_PAUSE_MS=CRASH_PAUSE_MS),
-                        load={"kind": "crash", "stock": 100}, service=b["service"],
-                        full_only=b["service"] == "nodes",
-                        expect=f"free in {b['free_s'][0]:g}-{b['free_s'][1]:g} s, 1 order",
-                        story=f"instance 1 takes the user's lock and is killed (SIGKILL) while "
-                              f"it holds it; instance 2 asks every 25 ms: the lock is free when "
-                              f"the {b['frees']}"))
-    return out
+    return [backend_step(b, "crash", "holder killed", backend=b,
+                         env=dict(b["env"], DEMO_PAUSE_MS=CRASH_PAUSE_MS),
+                         load={"kind": "crash", "stock": 100},
+                         expect=f"free in {b['free_s'][0]:g}-{b['free_s'][1]:g} s, 1 order",
+                         story=f"instance 1 takes the user's lock and is killed (SIGKILL) while "
+                               f"it holds it; instance 2 asks every 25 ms: the lock is free "
+                               f"when the {b['frees']}")
+            for b in LOCK_BACKENDS]
 
 
 def outage_steps():
     """Per backend: its service stopped mid-sale."""
-    out = []
-    for b in LOCK_BACKENDS:
-        out.append(dict(key=f"outage-{b['lock']}", title=f"{b['lock']}: {b['service']} down",
-                        lock=b["lock"], stock="optimistic", instances=2, backend=b,
-                        env=dict(b["env"]), load=OUTAGE, service=b["service"],
-                        full_only=b["service"] == "nodes",
-                        expect="503 while down, no hang, no wrong order",
-                        story=f"distinct buyers for {OUTAGE['seconds']:g} s (and {OUTAGE['after_s']:g} s "
-                              f"at least once it is back); {b['service']} "
-                              f"stopped at {OUTAGE['stop_at']:g} s, started at "
-                              f"{OUTAGE['start_at']:g} s"))
-    return out
+    return [backend_step(b, "outage", f"{b['service']} down", backend=b, env=dict(b["env"]),
+                         load=OUTAGE, expect="503 while down, no hang, no wrong order",
+                         story=f"distinct buyers for {OUTAGE['seconds']:g} s (and "
+                               f"{OUTAGE['after_s']:g} s at least once it is back); "
+                               f"{b['service']} stopped at {OUTAGE['stop_at']:g} s, started at "
+                               f"{OUTAGE['start_at']:g} s")
+            for b in LOCK_BACKENDS]
+
+
+def node_step(key, lock, title, scenario, env, expect, story):
+    """A step of the locks over independent nodes: one node fails (load
+    "nodes", its scenario)."""
+    return dict(key=key, title=f"{lock}: {title}", lock=lock, stock="optimistic", instances=2,
+                service="nodes", env=env,
+                load={"kind": "nodes", "scenario": scenario, "stock": 100},
+                expect=expect, story=story)
 
 
 def node_steps():
-    """What the independent nodes do when one of them fails (load "nodes")."""
+    """What the independent nodes do when one of them fails."""
     # the holder keeps the lock 4 s between its "has this user an order?" and
     # its insert (DEMO_DELAY_MS; the nodes' signals take about 2 s), within
     # a 6 s lease, so two holders' transactions overlap
-    nodes_env = {"LOCK_LEASE_MS": 6000, "DEMO_DELAY_MS": 4000}
+    redlock_env = {"LOCK_LEASE_MS": 6000, "DEMO_DELAY_MS": 4000, "LOCK_REDIS_NODES": "@nodes5"}
     return [
-        dict(key="redlock-restart", title="redlock: node restarts empty", lock="redlock",
-             stock="optimistic", instances=2, service="nodes",
-             env=dict(nodes_env, LOCK_REDIS_NODES="@nodes5"),
-             load={"kind": "nodes", "scenario": "restart", "stock": 100},
-             expect="two holders, 2 orders (no fence)",
-             story="instance 1 holds nodes A, B, C (D, E paused); C is killed and started "
-                   "again at once without persistence; A, B paused: instance 2 takes C, D, E "
-                   "while instance 1 still holds its lease"),
-        dict(key="redlock-delayed", title="redlock: delayed restart", lock="redlock",
-             stock="optimistic", instances=2, service="nodes",
-             env=dict(nodes_env, LOCK_REDIS_NODES="@nodes5"),
-             load={"kind": "nodes", "scenario": "delayed", "stock": 100},
-             expect="one holder, 1 order",
-             story="the same, but C rejoins only after the longest lease: instance 2 reaches "
-                   "D and E only, no majority (503)"),
-        dict(key="multilock-node-down", title="multilock: a node down", lock="multilock",
-             stock="optimistic", instances=2, service="nodes",
-             env={"LOCK_REDIS_NODES": "@nodes3"},
-             load={"kind": "nodes", "scenario": "down", "stock": 100},
-             expect="no one buys (503), no oversell",
-             story="one of the three nodes killed; 40 distinct buyers through nginx"),
+        node_step("redlock-restart", "redlock", "node restarts empty", "restart", dict(redlock_env),
+                  expect="two holders, 2 orders (no fence)",
+                  story="instance 1 holds nodes A, B, C (D, E paused); C is killed and started "
+                        "again at once without persistence; A, B paused: instance 2 takes C, D, "
+                        "E while instance 1 still holds its lease"),
+        node_step("redlock-delayed", "redlock", "delayed restart", "delayed", dict(redlock_env),
+                  expect="one holder, 1 order",
+                  story="the same, but C rejoins only after the longest lease: instance 2 "
+                        "reaches D and E only, no majority (503)"),
+        node_step("multilock-node-down", "multilock", "a node down", "down",
+                  {"LOCK_REDIS_NODES": "@nodes3"}, expect="no one buys (503), no oversell",
+                  story="one of the three nodes killed; 40 distinct buyers through nginx"),
     ]
 
 
