@@ -9,48 +9,48 @@ from kit import dig, median_of, spread_of
 
 from .settings import BATCH_TARGETS, HALF, TARGETS
 
+# A load's figures: name suffix, and where in the load's record. RATE: a
+# rate of requests and its latencies; SALE: a sale's orders and wrk's.
+RATE = [("Rps", "rps"), ("P50Ms", "p50Ms"), ("P99Ms", "p99Ms")]
+SALE = [("OrdersPerSec", "ordersPerSec"), ("P50Ms", "wrk p50Ms"), ("P99Ms", "wrk p99Ms")]
+
+
+def load_figures(name, where, kinds):
+    """(name + suffix, where + path) of each of kinds: a load's figures."""
+    return [(name + suffix, f"{where} {p}") for suffix, p in kinds]
+
+
 # The figures: name, and where a round keeps it.
 FIGURES = [
     ("pgOneRowTps", "pgOneRow tps"), ("pgTxnTps", "pgTxn tps"),
     ("redisEvalshaOps", "redisEvalsha opsPerSec"),
-    ("nginxRps", "nginx rps"), ("nginxP50Ms", "nginx p50Ms"), ("nginxP99Ms", "nginx p99Ms"),
-    ("saleOrdersPerSec", "sale ordersPerSec"), ("saleP50Ms", "sale wrk p50Ms"),
-    ("saleP99Ms", "sale wrk p99Ms"),
-    ("soldOutRps", "soldOut rps"), ("soldOutP50Ms", "soldOut p50Ms"), ("soldOutP99Ms", "soldOut p99Ms"),
-    ("nginxPacedRps", "nginx paced rps"), ("nginxPacedP50Ms", "nginx paced p50Ms"),
-    ("nginxPacedP99Ms", "nginx paced p99Ms"),
-    ("soldOutPacedRps", "soldOut pacedHalf rps"), ("soldOutPacedP50Ms", "soldOut pacedHalf p50Ms"),
-    ("soldOutPacedP99Ms", "soldOut pacedHalf p99Ms"),
+    *load_figures("nginx", "nginx", RATE),
+    *load_figures("sale", "sale", SALE),
+    *load_figures("soldOut", "soldOut", RATE),
+    *load_figures("nginxPaced", "nginx paced", RATE),
+    *load_figures("soldOutPaced", "soldOut pacedHalf", RATE),
     ("soldOutSeckillCpuPct", "soldOut seckillCpuPct"),
     ("soldOutInstanceRequests", "soldOut instanceSoldOut"),
     ("soldOutEdgeHits", "soldOut edgeHits"), ("soldOutLogged", "soldOut logged"),
-    ("soldOutNoEdgeRps", "soldOutNoEdge rps"), ("soldOutNoEdgeP50Ms", "soldOutNoEdge p50Ms"),
-    ("soldOutNoEdgeP99Ms", "soldOutNoEdge p99Ms"),
+    *load_figures("soldOutNoEdge", "soldOutNoEdge", RATE),
     ("soldOutNoEdgeSeckillCpuPct", "soldOutNoEdge seckillCpuPct"),
-    ("nginxBareRps", "nginxBare rps"), ("nginxBareP50Ms", "nginxBare p50Ms"),
-    ("nginxBareP99Ms", "nginxBare p99Ms"),
-    ("nginxBarePacedRps", "nginxBare pacedHalf rps"), ("nginxBarePacedP50Ms", "nginxBare pacedHalf p50Ms"),
-    ("nginxBarePacedP99Ms", "nginxBare pacedHalf p99Ms"),
-    ("nginxProcRps", "nginxProc rps"), ("nginxProcP50Ms", "nginxProc p50Ms"),
-    ("nginxProcP99Ms", "nginxProc p99Ms"),
-    ("nginxProcPacedP50Ms", "nginxProc paced p50Ms"), ("nginxProcPacedP99Ms", "nginxProc paced p99Ms"),
+    *load_figures("nginxBare", "nginxBare", RATE),
+    *load_figures("nginxBarePaced", "nginxBare pacedHalf", RATE),
+    *load_figures("nginxProc", "nginxProc", RATE),
+    *load_figures("nginxProcPaced", "nginxProc paced", RATE[1:]),      # latencies only
     ("nginxPacedStealPct", "nginx paced stealPct"), ("nginxProcPacedStealPct", "nginxProc paced stealPct"),
     ("soldOutPacedStealPct", "soldOut pacedHalf stealPct"),
     ("nginxBarePacedStealPct", "nginxBare pacedHalf stealPct"),
     ("stormRps", "storm rps"),
-    ("saleLowOrdersPerSec", "saleLow ordersPerSec"), ("saleLowP50Ms", "saleLow wrk p50Ms"),
-    ("saleLowP99Ms", "saleLow wrk p99Ms"), ("saleLowIdlePct", "saleLow cpu idlePct"),
-    ("saleIdlePct", "sale cpu idlePct"),
-    ("redisOrdersPerSec", "redisSale ordersPerSec"), ("redisP50Ms", "redisSale wrk p50Ms"),
-    ("redisP99Ms", "redisSale wrk p99Ms"), ("redisDrainSeconds", "redisSale drainSeconds"),
-    ("redisLandedPerSec", "redisSale landedPerSec"),
-    ("redisWaitOrdersPerSec", "redisWaitSale ordersPerSec"), ("redisWaitP50Ms", "redisWaitSale wrk p50Ms"),
-    ("redisWaitP99Ms", "redisWaitSale wrk p99Ms"),
+    *load_figures("saleLow", "saleLow", SALE),
+    ("saleLowIdlePct", "saleLow cpu idlePct"), ("saleIdlePct", "sale cpu idlePct"),
+    *load_figures("redis", "redisSale", SALE),
+    ("redisDrainSeconds", "redisSale drainSeconds"), ("redisLandedPerSec", "redisSale landedPerSec"),
+    *load_figures("redisWait", "redisWaitSale", SALE),
     ("redisWaitDrainSeconds", "redisWaitSale drainSeconds"),
 ]
 # Each batched sale's figures: name after "batched<c>", and where in its record.
-BATCHED_FIGURES = [("OrdersPerSec", "ordersPerSec"), ("P50Ms", "wrk p50Ms"), ("P99Ms", "wrk p99Ms"),
-                   ("IdlePct", "cpu idlePct"), ("BuyersPerBatch", "buyersPerBatch")]
+BATCHED_FIGURES = SALE + [("IdlePct", "cpu idlePct"), ("BuyersPerBatch", "buyersPerBatch")]
 # The figures whose range over the rounds is kept too.
 RANGES = [("pgOneRowTps", "pgOneRow tps"), ("pgTxnTps", "pgTxn tps"),
           ("redisEvalshaOps", "redisEvalsha opsPerSec"), ("nginxRps", "nginx rps"),
