@@ -16,15 +16,12 @@ import os
 import subprocess
 import sys
 
-sys.dont_write_bytecode = True
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kit  # noqa: E402
 
-BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
-BIN = os.path.join(BUILD, "tests", "bench_ids")
-OUT = os.path.join(BUILD, "bench-ids")
+BIN = os.path.join(kit.BUILD, "tests", "bench_ids")
+OUT = os.path.join(kit.BUILD, "bench-ids")
 
 
 def main():
@@ -32,7 +29,7 @@ def main():
         print(f"bench-ids: {BIN} is missing", file=sys.stderr)
         return 2
     os.makedirs(OUT, exist_ok=True)
-    stack = kit.Stack(os.path.join(BUILD, "bench-ids-run"), scrub=("REDIS_URL", "PG_DSN"))
+    stack = kit.Stack(os.path.join(kit.BUILD, "bench-ids-run"), scrub=("REDIS_URL", "PG_DSN"))
     rc = 1
     try:
         stack.run("stop")

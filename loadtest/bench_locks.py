@@ -40,14 +40,12 @@ import subprocess
 import sys
 import time
 
-sys.dont_write_bytecode = True
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True          # no __pycache__ in loadtest/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kit  # noqa: E402
 
-BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
-BIN = os.path.join(BUILD, "tests", "bench_locks")
+ROOT = kit.ROOT
+BIN = os.path.join(kit.BUILD, "tests", "bench_locks")
 THREADS = int(os.environ.get("BENCH_LOCK_THREADS", "8"))
 SECONDS = float(os.environ.get("BENCH_LOCK_SECONDS", "5"))
 HANDOFFS = int(os.environ.get("BENCH_LOCK_HANDOFFS", "300"))
@@ -57,9 +55,9 @@ BACKENDS = os.environ.get("BENCH_LOCK_BACKENDS",
 # Postgres with fsync and synchronous commit on (the stack's PG_DURABLE=1), as ZooKeeper
 # syncs its log before it answers a write; 0: the stack's throwaway settings.
 PG_DURABLE = os.environ.get("BENCH_LOCK_PG_DURABLE", "1")
-OUT = os.path.abspath(os.environ.get("BENCH_LOCK_OUT", os.path.join(BUILD, "bench-lock")))
-RUN_DIR = os.path.join(BUILD, "bench-lock-run")
-NODES_DIR = os.path.join(BUILD, "bench-lock-nodes")
+OUT = os.path.abspath(os.environ.get("BENCH_LOCK_OUT", os.path.join(kit.BUILD, "bench-lock")))
+RUN_DIR = os.path.join(kit.BUILD, "bench-lock-run")
+NODES_DIR = os.path.join(kit.BUILD, "bench-lock-nodes")
 NODES_SH = os.path.join(ROOT, "scripts", "redis-nodes.sh")
 NODE_COUNT = {"multilock": 3, "redlock": 5}
 # What each backend is, for the table: its service and what frees a dead holder's lock.

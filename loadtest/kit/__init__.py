@@ -3,7 +3,7 @@ bench_ab.py), the ladder (loadtest/ladder), the load-test reports
 (report.py, check_invariants.py) and the tests (tests/seckill_server.py and
 the programs that import it). Each module is the only copy of what it does:
 
-  base     ROOT, KitError, HTTP_TIMEOUT
+  base     ROOT, BUILD, KitError, HTTP_TIMEOUT
   proc     run() a command (KitError on failure), free_ports(), wait_port(),
            wait_for() a condition, proc_status() / pid_alive() / wait_gone()
            from /proc, stop_pid(), stop_children(), with_settings() (an
@@ -34,7 +34,7 @@ Importable from anywhere: loadtest/ on sys.path (the tests insert it). Python 3
 standard library only.
 """
 
-from .base import HTTP_TIMEOUT, LOADTEST, ROOT, KitError  # noqa: F401
+from .base import BUILD, HTTP_TIMEOUT, LOADTEST, ROOT, KitError  # noqa: F401
 from .charts import (HTML_STYLE, bar_chart_head, esc, gnuplot, html_page,  # noqa: F401
                      svg_chart, timeline_html, verdict, write_html)
 from .cpu import IRQ_IN_PROCESS_TIME, CpuMeter, machine_cpu, steal_pct  # noqa: F401
