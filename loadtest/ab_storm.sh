@@ -12,8 +12,6 @@
 # LOADTEST_OUT, EXPECT_INSTANCES (see loadtest/lib.sh). Prints a table; exit 1
 # if an invariant is violated.
 set -euo pipefail
-LT_NAME=ab_storm  # used by lib.sh
-# shellcheck disable=SC2034
 # shellcheck source=loadtest/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -26,14 +24,6 @@ lt_setup "$@"
 lt_require ab
 voucher=$(lt_voucher "$STOCK" "ab storm")
 lt_begin "$voucher" ab-storm
-url="$BASE_URL/voucher/$voucher/seckill"
-lt_log "ab -l -r -n $REQUESTS -c $CONCURRENCY -m POST -H 'X-User-Id: $STORM_USER' $url"
-rc=0
-timeout 600 ab -l -r -s 30 -n "$REQUESTS" -c "$CONCURRENCY" -m POST -H "X-User-Id: $STORM_USER" "$url" \
-    >"$LT_RUN_DIR/ab.txt" 2>&1 || rc=$?
-if ((rc != 0)); then
-    tail -n 20 "$LT_RUN_DIR/ab.txt" >&2
-    lt_die "ab failed (exit $rc)"
-fi
+lt_ab "$BASE_URL/voucher/$voucher/seckill" "$STORM_USER"
 lt_report "ab storm" "user $STORM_USER x $REQUESTS, $CONCURRENCY concurrent, stock $STOCK: expect exactly 1 order" \
     ab "$LT_RUN_DIR/ab.txt" "$voucher" "$LT_RUN_DIR" --expect-orders 1

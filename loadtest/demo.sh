@@ -13,8 +13,6 @@
 # The target is the local stack by default (make stack); see loadtest/lib.sh.
 # Exit status 1 if any invariant is violated.
 set -euo pipefail
-LT_NAME=demo  # used by lib.sh
-# shellcheck disable=SC2034
 # shellcheck source=loadtest/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 

@@ -10,6 +10,8 @@
 
 LT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LT_ROOT="$(dirname "$LT_DIR")"
+# The messages' prefix: the script's name (ab_sale for loadtest/ab_sale.sh).
+LT_NAME=$(basename "$0" .sh)
 
 lt_log() { printf '%s: %s\n' "${LT_NAME:-loadtest}" "$*" >&2; }
 lt_die() { printf '%s: error: %s\n' "${LT_NAME:-loadtest}" "$*" >&2; exit 2; }
@@ -142,6 +144,27 @@ lt_report() {
     [[ -z "$NGINX_ACCESS_LOG" ]] || args+=(--access-log "$NGINX_ACCESS_LOG" --log-offset "$LT_LOG_OFFSET")
     [[ -z "$PG_DSN" ]] || args+=(--dsn "$PG_DSN")
     python3 "$LT_DIR/report.py" "${args[@]}" "$@"
+}
+
+# lt_ab URL [USER]: ab's POSTs to URL (REQUESTS, CONCURRENCY; every one as
+# USER, X-User-Id, when given) into $LT_RUN_DIR/ab.txt; exits when ab fails.
+# -l: success and sold-out bodies differ in length; without it ab counts every
+# answer whose length differs from the first one as "failed". -m POST without
+# -p sends a POST with no body, which is what the API wants.
+lt_ab() {
+    local url=$1 user=${2:-} shown="" rc=0
+    local -a as_user=()
+    if [[ -n "$user" ]]; then
+        as_user=(-H "X-User-Id: $user")
+        shown="-H 'X-User-Id: $user' "
+    fi
+    lt_log "ab -l -r -n $REQUESTS -c $CONCURRENCY -m POST $shown$url"
+    timeout 600 ab -l -r -s 30 -n "$REQUESTS" -c "$CONCURRENCY" -m POST "${as_user[@]}" "$url" \
+        >"$LT_RUN_DIR/ab.txt" 2>&1 || rc=$?
+    if ((rc != 0)); then
+        tail -n 20 "$LT_RUN_DIR/ab.txt" >&2
+        lt_die "ab failed (exit $rc)"
+    fi
 }
 
 # lt_begin VOUCHER SCENARIO: the run's directory (printed), stats and log offset.

@@ -12,8 +12,6 @@
 # EXPECT_INSTANCES (see loadtest/lib.sh). Prints a table; exit 1 if an
 # invariant is violated.
 set -euo pipefail
-LT_NAME=wrk_sale  # used by lib.sh
-# shellcheck disable=SC2034
 # shellcheck source=loadtest/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
