@@ -39,6 +39,8 @@
 #include <libpq-fe.h>
 
 #include "t.h"
+#define BC_TOOL "bench_ids"
+#include "bench_c.h"
 #include "order_id.h"
 #include "util.h"
 
@@ -73,10 +75,7 @@ static int64_t now_ms(void)
 /*---- the schemes ----*/
 
 typedef struct scheme scheme;
-typedef struct gen_ctx {
-    redisContext *redis;
-    PGconn *pg;
-} gen_ctx;
+typedef bc_conns gen_ctx;     /* a generator's connections */
 
 struct scheme {
     const char *name;
@@ -85,23 +84,6 @@ struct scheme {
     /* 0, or -1 when the scheme refuses (clock) or fails */
     int (*next)(gen_ctx *g, id128 *out);
 };
-
-static void quiet(void *arg, const char *msg)
-{
-    (void)arg;
-    (void)msg;
-}
-
-static PGconn *pg_connect(void)
-{
-    PGconn *pg = PQconnectdb(getenv("PG_DSN") != NULL ? getenv("PG_DSN") : "");
-    PQsetNoticeProcessor(pg, quiet, NULL);
-    if (PQstatus(pg) != CONNECTION_OK) {
-        fprintf(stderr, "bench_ids: PG_DSN: %s", PQerrorMessage(pg));
-        exit(2);
-    }
-    return pg;
-}
 
 static void pg_exec(PGconn *pg, const char *sql)
 {
@@ -281,20 +263,7 @@ static const scheme schemes[] = {
 
 static void ctx_open(const scheme *s, gen_ctx *g)
 {
-    memset(g, 0, sizeof *g);
-    if (s->needs_redis)
-        g->redis = t_redis();
-    if (s->needs_pg)
-        g->pg = pg_connect();
-}
-
-static void ctx_close(gen_ctx *g)
-{
-    if (g->redis != NULL)
-        redisFree(g->redis);
-    if (g->pg != NULL)
-        PQfinish(g->pg);
-    memset(g, 0, sizeof *g);
+    bc_conns_open(g, s->needs_redis, s->needs_pg);
 }
 
 /*---- the rate run ----*/
@@ -310,10 +279,7 @@ typedef struct worker {
     size_t n;
     uint64_t backwards;       /* lower than this thread's previous id */
     int failed;
-    pthread_t thread;
 } worker;
-
-static pthread_barrier_t start_line;
 
 static void *rate_main(void *p)
 {
@@ -321,7 +287,7 @@ static void *rate_main(void *p)
     gen_ctx g;
 
     ctx_open(w->s, &g);
-    pthread_barrier_wait(&start_line);
+    pthread_barrier_wait(&bc_start_line);
     double end = t_now_ms() + seconds * 1000.0;
     while (w->n < MAX_PER_THREAD && t_now_ms() < end) {
         for (int i = 0; i < 32 && w->n < MAX_PER_THREAD; i++) {
@@ -335,7 +301,7 @@ static void *rate_main(void *p)
         }
     }
 out:
-    ctx_close(&g);
+    bc_conns_close(&g);
     return NULL;
 }
 
@@ -361,17 +327,11 @@ static int rate(const scheme *s, result *r)
     size_t total = 0;
     int failed = 0;
 
-    pthread_barrier_init(&start_line, NULL, (unsigned)threads + 1);
     for (int i = 0; i < threads; i++) {
         w[i].s = s;
         w[i].ids = xmalloc(sizeof(id128) * MAX_PER_THREAD);
-        pthread_create(&w[i].thread, NULL, rate_main, &w[i]);
     }
-    pthread_barrier_wait(&start_line);
-    double t0 = t_now_ms();
-    for (int i = 0; i < threads; i++)
-        pthread_join(w[i].thread, NULL);
-    double dt = (t_now_ms() - t0) / 1000.0;
+    double dt = bc_run_threads(threads, rate_main, w, sizeof *w);
     for (int i = 0; i < threads; i++) {
         total += w[i].n;
         failed |= w[i].failed;
@@ -389,7 +349,6 @@ static int rate(const scheme *s, result *r)
     r->dups = duplicates(all, total);
     free(all);
     free(w);
-    pthread_barrier_destroy(&start_line);
     return failed ? -1 : 0;
 }
 
@@ -410,7 +369,7 @@ static void *order_main(void *p)
     uint64_t low = 0, n = 0;
 
     ctx_open(s, &g);
-    pthread_barrier_wait(&start_line);
+    pthread_barrier_wait(&bc_start_line);
     for (int i = 0; i < ORDER_PER_THREAD; i++) {
         pthread_mutex_lock(&order_mu);
         seen = order_max;
@@ -428,24 +387,15 @@ static void *order_main(void *p)
     order_low += low;
     order_n += n;
     pthread_mutex_unlock(&order_mu);
-    ctx_close(&g);
+    bc_conns_close(&g);
     return NULL;
 }
 
 static double cross_order(const scheme *s)
 {
-    pthread_t *t = xcalloc((size_t)threads, sizeof *t);
-
     order_max = (id128){ 0, 0 };
     order_low = order_n = 0;
-    pthread_barrier_init(&start_line, NULL, (unsigned)threads + 1);
-    for (int i = 0; i < threads; i++)
-        pthread_create(&t[i], NULL, order_main, (void *)s);
-    pthread_barrier_wait(&start_line);
-    for (int i = 0; i < threads; i++)
-        pthread_join(t[i], NULL);
-    free(t);
-    pthread_barrier_destroy(&start_line);
+    bc_run_threads(threads, order_main, (void *)s, 0);
     return order_n > 0 ? (double)order_low / (double)order_n : 0;
 }
 
@@ -604,7 +554,7 @@ static void scenarios(const scheme *s, result *r)
         snprintf(r->clock, sizeof r->clock, "no clock: nothing");
     } else {                                  /* seq, seq-cache: a new session */
         take_burst(s, &g, 10, 0, zero, &a);
-        ctx_close(&g);
+        bc_conns_close(&g);
         ctx_open(s, &g);
         take_burst(s, &g, 1, 0, zero, &b);
         snprintf(r->restart, sizeof r->restart,
@@ -612,7 +562,7 @@ static void scenarios(const scheme *s, result *r)
                  b.ids[0].lo, a.max.lo, b.ids[0].lo - a.max.lo - 1);
         snprintf(r->clock, sizeof r->clock, "no clock: nothing");
     }
-    ctx_close(&g);
+    bc_conns_close(&g);
 }
 
 /*---- main ----*/
@@ -630,20 +580,23 @@ static const char *order_text(const scheme *s, const result *r)
 int main(int argc, char **argv)
 {
     const char *json = NULL;
-    cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "schemes");
+    const bc_opt opts[] = {
+        { "--threads", .i = &threads },
+        { "--seconds", .d = &seconds },
+        { "--json", .s = &json },
+    };
+    cJSON *root, *arr;
     PGconn *pg;
     int rc = 0;
 
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--seconds") == 0) seconds = atof(argv[i + 1]);
-        else if (strcmp(argv[i], "--json") == 0) json = argv[i + 1];
-    }
-    if (threads < 1 || seconds <= 0) {
+    if (bc_parse_opts(argc, argv, opts, sizeof opts / sizeof opts[0]) != 0 || threads < 1 ||
+        seconds <= 0) {
         fprintf(stderr, "usage: bench_ids [--threads N] [--seconds S] [--json PATH]\n");
         return 2;
     }
-    pg = pg_connect();
+    root = cJSON_CreateObject();
+    arr = cJSON_AddArrayToObject(root, "schemes");
+    pg = bc_pg_connect();
     pg_exec(pg, "DROP SEQUENCE IF EXISTS bench_id_seq, bench_id_seq_cache");
     pg_exec(pg, "CREATE SEQUENCE bench_id_seq");
     pg_exec(pg, "CREATE SEQUENCE bench_id_seq_cache CACHE 100");

@@ -35,6 +35,8 @@
 #include <cJSON.h>
 
 #include "t.h"
+#define BC_TOOL "bench_lock"
+#include "bench_c.h"
 #include "t_lock.h"
 #include "lock.h"
 #include "lock_wait.h"
@@ -144,25 +146,15 @@ static void redis_stop(void)
 
 /*---- 1. uncontended pairs ----*/
 
-typedef struct pair_thread {
-    int id;
-    double seconds;
-    uint64_t pairs;
-    int failed;
-    pthread_t thread;
-} pair_thread;
-
-static pthread_barrier_t start_line;   /* every pair thread, and main */
-
 static void *pairs_main(void *p)
 {
-    pair_thread *t = p;
+    bc_pair_thread *t = p;
     redisContext *c = t_redis();
     char key[96], owner[96];
 
     snprintf(key, sizeof key, "bench:lock:%ld:u%d", (long)getpid(), t->id);
     tl_owner(owner, sizeof owner, t->id);
-    pthread_barrier_wait(&start_line);
+    pthread_barrier_wait(&bc_start_line);
     double end = t_now_ms() + t->seconds * 1000.0;
     while (t_now_ms() < end) {
         for (int i = 0; i < 64; i++) {
@@ -177,35 +169,6 @@ static void *pairs_main(void *p)
 cleanup:
     redisFree(c);
     return NULL;
-}
-
-static int bench_pairs(const bench_opts *o, double *per_s)
-{
-    pair_thread *t = xcalloc((size_t)o->threads, sizeof *t);
-    uint64_t total = 0;
-    int failed = 0, started = 0;
-
-    if (pthread_barrier_init(&start_line, NULL, (unsigned)o->threads + 1) != 0)
-        abort();
-    for (int i = 0; i < o->threads; i++) {
-        t[i].id = 1000 + i;
-        t[i].seconds = o->seconds;
-        if (pthread_create(&t[i].thread, NULL, pairs_main, &t[i]) != 0)
-            abort();                   /* the barrier would wait for it forever */
-        started++;
-    }
-    pthread_barrier_wait(&start_line);
-    double t0 = t_now_ms();
-    for (int i = 0; i < started; i++) {
-        pthread_join(t[i].thread, NULL);
-        total += t[i].pairs;
-        failed |= t[i].failed;
-    }
-    double dt = (t_now_ms() - t0) / 1000.0;
-    *per_s = (double)total / dt;
-    pthread_barrier_destroy(&start_line);
-    free(t);
-    return failed || started != o->threads ? -1 : 0;
 }
 
 /*---- 2. contended hand-off ----*/
@@ -379,32 +342,21 @@ static void cleanup_keys(redisContext *c, const bench_opts *o)
 
 static int parse_opts(int argc, char **argv, bench_opts *o)
 {
+    const bc_opt opts[] = {
+        { "--threads", .i = &o->threads },
+        { "--seconds", .d = &o->seconds },
+        { "--handoffs", .i = &o->handoffs },
+        { "--requests", .l = &o->requests },
+        { "--json", .s = &o->json },
+        { "--replicas", .i = &o->replicas },
+        { "--sync", .i = &o->sync },
+        { "--sync-timeout", .i = &o->sync_timeout_ms },
+    };
+
     *o = (bench_opts){ .threads = 4, .seconds = 3, .handoffs = 300, .requests = 100000,
                        .json = NULL, .sync_timeout_ms = 500 };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (v == NULL)
-            return -1;
-        if (strcmp(a, "--threads") == 0)
-            o->threads = atoi(v);
-        else if (strcmp(a, "--seconds") == 0)
-            o->seconds = atof(v);
-        else if (strcmp(a, "--handoffs") == 0)
-            o->handoffs = atoi(v);
-        else if (strcmp(a, "--requests") == 0)
-            o->requests = atol(v);
-        else if (strcmp(a, "--json") == 0)
-            o->json = v;
-        else if (strcmp(a, "--replicas") == 0)
-            o->replicas = atoi(v);
-        else if (strcmp(a, "--sync") == 0)
-            o->sync = atoi(v);
-        else if (strcmp(a, "--sync-timeout") == 0)
-            o->sync_timeout_ms = atoi(v);
-        else
-            return -1;
-        i++;
-    }
+    if (bc_parse_opts(argc, argv, opts, sizeof opts / sizeof opts[0]) != 0)
+        return -1;
     return o->threads > 0 && o->threads <= 256 && o->seconds > 0 && o->handoffs > 0 &&
                    o->requests > 0 && o->replicas >= 0 && o->replicas <= MAX_REPLICAS &&
                    o->sync >= 0 && o->sync_timeout_ms > 0 && o->sync_timeout_ms < 5000 ? 0 : -1;
@@ -487,7 +439,9 @@ int main(int argc, char **argv)
            "%ld CPUs\n", g_cfg.redis_url_text, o.replicas, o.sync, o.threads,
            sysconf(_SC_NPROCESSORS_ONLN));
 
-    if (bench_pairs(&o, &pairs_s) != 0) {
+    /* thread ids from 1000: cleanup_keys removes their keys' counters */
+    pairs_s = bc_pairs_run(o.threads, 1000, o.seconds, pairs_main);
+    if (pairs_s < 0) {
         fprintf(stderr, "bench_lock: uncontended run failed\n");
         goto cleanup;
     }

@@ -39,6 +39,8 @@
 #include <unistd.h>
 
 #include "t.h"
+#define BC_TOOL "bench_locks"
+#include "bench_c.h"
 #include "t_lock.h"
 #include "t_zk.h"
 #include "lock.h"
@@ -62,9 +64,8 @@ static zk_lock_client *zk;       /* the process's one session (zk) */
 /*---- the backends, behind one small table ----*/
 
 typedef struct client {
-    redisContext *redis;
-    PGconn *pg;
-    multi_lock_set *nodes;
+    bc_conns conn;             /* redis, pg-table, pg-advisory */
+    multi_lock_set *nodes;     /* multilock, redlock */
 } client;
 
 static int multi(void)
@@ -96,33 +97,15 @@ static multi_lock_set *nodes_open(void)
     return s;
 }
 
-static PGconn *pg_open(void)
-{
-    PGconn *pg = PQconnectdb(getenv("PG_DSN") != NULL ? getenv("PG_DSN") : "");
-    if (PQstatus(pg) != CONNECTION_OK) {
-        fprintf(stderr, "bench_locks: PG_DSN: %s", PQerrorMessage(pg));
-        exit(2);
-    }
-    return pg;
-}
-
 static void client_open(client *c)
 {
-    memset(c, 0, sizeof *c);
-    if (strcmp(o.backend, "redis") == 0)
-        c->redis = t_redis();
-    else if (strncmp(o.backend, "pg-", 3) == 0)
-        c->pg = pg_open();
-    else if (multi())
-        c->nodes = nodes_open();
+    bc_conns_open(&c->conn, strcmp(o.backend, "redis") == 0, strncmp(o.backend, "pg-", 3) == 0);
+    c->nodes = multi() ? nodes_open() : NULL;
 }
 
 static void client_close(client *c)
 {
-    if (c->redis != NULL)
-        redisFree(c->redis);
-    if (c->pg != NULL)
-        PQfinish(c->pg);
+    bc_conns_close(&c->conn);
     multi_lock_set_free(c->nodes);
 }
 
@@ -141,8 +124,9 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
     const char *b = o.backend;
 
     if (strcmp(b, "redis") == 0) {
-        lock_status st = wait_ms > 0 ? lock_try_lock(c->redis, key, owner, wait_ms, o.lease_ms, NULL)
-                                     : lock_try_acquire(c->redis, key, owner, o.lease_ms, NULL);
+        redisContext *r = c->conn.redis;
+        lock_status st = wait_ms > 0 ? lock_try_lock(r, key, owner, wait_ms, o.lease_ms, NULL)
+                                     : lock_try_acquire(r, key, owner, o.lease_ms, NULL);
         return st == LOCK_OK ? 1 : st == LOCK_BUSY ? 0 : -1;
     }
     if (strcmp(b, "zk") == 0) {
@@ -165,8 +149,8 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
     if (strcmp(b, "pg-table") == 0) {
         double end = t_now_ms() + (double)wait_ms;
         for (;;) {                          /* no wait in a table: try again every ms */
-            lock_status st = pg_lock_table_acquire(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL,
-                                              NULL);
+            lock_status st = pg_lock_table_acquire(c->conn.pg, PG_WAIT_MS, key, owner, o.lease_ms,
+                                               NULL, NULL);
             if (st != LOCK_BUSY)
                 return st == LOCK_OK ? 1 : -1;
             if (t_now_ms() >= end)
@@ -178,13 +162,13 @@ static int take(client *c, const char *key, const char *owner, long wait_ms)
         char k[24];
         const char *v[1] = { k };
         snprintf(k, sizeof k, "%" PRId64, adv_key(key));
-        PGresult *r = PQexecParams(c->pg, "SELECT pg_advisory_lock($1::bigint)", 1, NULL, v,
-                                   NULL, NULL, 0);
+        PGresult *r = PQexecParams(c->conn.pg, "SELECT pg_advisory_lock($1::bigint)", 1, NULL,
+                                   v, NULL, NULL, 0);
         int ok = PQresultStatus(r) == PGRES_TUPLES_OK;
         PQclear(r);
         return ok ? 1 : -1;
     }
-    lock_status st = pg_lock_advisory_try(c->pg, PG_WAIT_MS, adv_key(key));
+    lock_status st = pg_lock_advisory_try(c->conn.pg, PG_WAIT_MS, adv_key(key));
     return st == LOCK_OK ? 1 : st == LOCK_BUSY ? 0 : -1;
 }
 
@@ -193,16 +177,15 @@ static int give(client *c, const char *key, const char *owner)
     const char *b = o.backend;
 
     if (strcmp(b, "redis") == 0)
-        return lock_release(c->redis, key, owner, o.lease_ms, NULL) == LOCK_OK ? 0 : -1;
+        return lock_release(c->conn.redis, key, owner, o.lease_ms, NULL) == LOCK_OK ? 0 : -1;
     if (strcmp(b, "zk") == 0)
         return zk_lock_release(zk, key, owner, NULL) == LOCK_OK ? 0 : -1;
     if (multi())
         return multi_lock_release(c->nodes, key, owner, o.lease_ms, ~0u, 0, NULL) > 0 ? 0 : -1;
     if (strcmp(b, "pg-table") == 0)
-        return pg_lock_table_release(c->pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL) == LOCK_OK
-                   ? 0
-                   : -1;
-    return pg_lock_advisory_release(c->pg, PG_WAIT_MS, adv_key(key)) == LOCK_OK ? 0 : -1;
+        return pg_lock_table_release(c->conn.pg, PG_WAIT_MS, key, owner, o.lease_ms, NULL) ==
+                       LOCK_OK ? 0 : -1;
+    return pg_lock_advisory_release(c->conn.pg, PG_WAIT_MS, adv_key(key)) == LOCK_OK ? 0 : -1;
 }
 
 static void open_zk(void)
@@ -220,26 +203,17 @@ static void open_zk(void)
 
 /*---- 1. uncontended pairs ----*/
 
-static pthread_barrier_t start_line;
-
-typedef struct pair_thread {
-    int id;
-    uint64_t pairs;
-    int failed;
-    pthread_t thread;
-} pair_thread;
-
 static void *pairs_main(void *p)
 {
-    pair_thread *t = p;
+    bc_pair_thread *t = p;
     client c;
     char key[96], owner[64];
 
     client_open(&c);
     snprintf(key, sizeof key, "lock:bench:%ld%04d", (long)getpid() % 100000, t->id);
     snprintf(owner, sizeof owner, "bench:%d", t->id);
-    pthread_barrier_wait(&start_line);
-    double end = t_now_ms() + o.seconds * 1000.0;
+    pthread_barrier_wait(&bc_start_line);
+    double end = t_now_ms() + t->seconds * 1000.0;
     while (t_now_ms() < end) {
         for (int i = 0; i < 16; i++) {
             if (take(&c, key, owner, 0) != 1 || give(&c, key, owner) != 0) {
@@ -252,31 +226,6 @@ static void *pairs_main(void *p)
 out:
     client_close(&c);
     return NULL;
-}
-
-static double bench_pairs(void)
-{
-    pair_thread *t = xcalloc((size_t)o.threads, sizeof *t);
-    uint64_t total = 0;
-    int failed = 0;
-
-    pthread_barrier_init(&start_line, NULL, (unsigned)o.threads + 1);
-    for (int i = 0; i < o.threads; i++) {
-        t[i].id = i;
-        if (pthread_create(&t[i].thread, NULL, pairs_main, &t[i]) != 0)
-            abort();
-    }
-    pthread_barrier_wait(&start_line);
-    double t0 = t_now_ms();
-    for (int i = 0; i < o.threads; i++) {
-        pthread_join(t[i].thread, NULL);
-        total += t[i].pairs;
-        failed |= t[i].failed;
-    }
-    double dt = (t_now_ms() - t0) / 1000.0;
-    pthread_barrier_destroy(&start_line);
-    free(t);
-    return failed ? -1 : (double)total / dt;
 }
 
 /*---- 2. contended hand-off ----*/
@@ -429,11 +378,11 @@ static zhandle_t *zk_raw;
 static void *zk_ceiling_main(void *p)
 {
     char path[128];
-    int id = (int)(intptr_t)p;
+    int id = *(const int *)p;
     uint64_t n = 0;
 
     snprintf(path, sizeof path, "/seckill-bench/ceiling-%ld-%d", (long)getpid(), id);
-    pthread_barrier_wait(&start_line);
+    pthread_barrier_wait(&bc_start_line);
     double end = t_now_ms() + o.seconds * 1000.0;
     while (t_now_ms() < end) {
         if (zoo_create(zk_raw, path, NULL, -1, &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL, NULL, 0) != ZOK ||
@@ -447,23 +396,20 @@ static void *zk_ceiling_main(void *p)
 
 static double zk_ceiling(void)
 {
-    pthread_t *t = xcalloc((size_t)o.threads, sizeof *t);
+    int *ids = xcalloc((size_t)o.threads, sizeof *ids);   /* each thread's node name */
     const char *hosts = getenv("ZK_HOSTS");
 
     snprintf(t_zk_hosts, sizeof t_zk_hosts, "%s", hosts != NULL ? hosts : "");
-    if ((zk_raw = t_zk_raw(NULL)) == NULL)
+    if ((zk_raw = t_zk_raw(NULL)) == NULL) {
+        free(ids);
         return -1;
+    }
     zoo_create(zk_raw, "/seckill-bench", NULL, -1, &ZOO_OPEN_ACL_UNSAFE, 0, NULL, 0);
-    pthread_barrier_init(&start_line, NULL, (unsigned)o.threads + 1);
     for (int i = 0; i < o.threads; i++)
-        pthread_create(&t[i], NULL, zk_ceiling_main, (void *)(intptr_t)i);
-    pthread_barrier_wait(&start_line);
-    double t0 = t_now_ms();
-    for (int i = 0; i < o.threads; i++)
-        pthread_join(t[i], NULL);
-    double dt = (t_now_ms() - t0) / 1000.0;
+        ids[i] = i;
+    double dt = bc_run_threads(o.threads, zk_ceiling_main, ids, sizeof *ids);
     zookeeper_close(zk_raw);
-    free(t);
+    free(ids);
     return (double)atomic_load(&zk_ops) / dt;
 }
 
@@ -521,38 +467,28 @@ static int write_json(cJSON *j)
 
 int main(int argc, char **argv)
 {
-    const char *child = NULL, *scripts = NULL;
-    int child_exit = 0, ceiling = 0;
-    cJSON *j = cJSON_CreateObject();
+    const char *child = NULL, *child_exit = NULL, *scripts = NULL;
+    int ceiling = 0;
+    const bc_opt args[] = {
+        { "--backend", .s = &o.backend },
+        { "--threads", .i = &o.threads },
+        { "--seconds", .d = &o.seconds },
+        { "--handoffs", .i = &o.handoffs },
+        { "--lease-ms", .l = &o.lease_ms },
+        { "--json", .s = &o.json },
+        { "--zk-ceiling", .flag = &ceiling },
+        { "--pgbench-scripts", .s = &scripts },
+        { "--child", .s = &child },            /* bench_release_after's child */
+        { "--child-exit", .s = &child_exit },  /* the same, exiting at once */
+    };
+    cJSON *j;
     double pairs, p50 = 0, p99 = 0, max = 0, crash, clean;
 
     self_path = argv[0];
     signal(SIGPIPE, SIG_IGN);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--zk-ceiling") == 0) {
-            ceiling = 1;
-            continue;
-        }
-        if (v == NULL) {
-            fprintf(stderr, "bench_locks: %s needs a value\n", a);
-            return 2;
-        }
-        i++;
-        if (strcmp(a, "--backend") == 0) o.backend = v;
-        else if (strcmp(a, "--threads") == 0) o.threads = atoi(v);
-        else if (strcmp(a, "--seconds") == 0) o.seconds = atof(v);
-        else if (strcmp(a, "--handoffs") == 0) o.handoffs = atoi(v);
-        else if (strcmp(a, "--lease-ms") == 0) o.lease_ms = atol(v);
-        else if (strcmp(a, "--json") == 0) o.json = v;
-        else if (strcmp(a, "--child") == 0) child = v;
-        else if (strcmp(a, "--child-exit") == 0) child = v, child_exit = 1;
-        else if (strcmp(a, "--pgbench-scripts") == 0) scripts = v;
-        else {
-            fprintf(stderr, "bench_locks: unknown option %s\n", a);
-            return 2;
-        }
-    }
+    if (bc_parse_opts(argc, argv, args, sizeof args / sizeof args[0]) != 0)
+        return 2;
+    j = cJSON_CreateObject();
     if (scripts != NULL)
         return pgbench_scripts(scripts) == 0 ? 0 : 1;
     if (ceiling) {
@@ -571,13 +507,13 @@ int main(int argc, char **argv)
                         "[--seconds S] [--handoffs N] [--lease-ms L] [--json PATH]\n");
         return 2;
     }
-    if (child != NULL)
-        return child_main(child, child_exit);
+    if (child != NULL || child_exit != NULL)
+        return child_main(child != NULL ? child : child_exit, child_exit != NULL);
     if (strcmp(o.backend, "redis") == 0 || multi())
         tl_setup(argv[0]);
     if (strcmp(o.backend, "zk") == 0)
         open_zk();
-    pairs = bench_pairs();
+    pairs = bc_pairs_run(o.threads, 0, o.seconds, pairs_main);
     if (pairs < 0 || bench_handoff(&p50, &p99, &max) != 0) {
         fprintf(stderr, "bench_locks: %s: a lock call failed\n", o.backend);
         return 1;
