@@ -3,6 +3,7 @@ storm (keep-alive connections of its own) and the buyers through a lock
 service's outage."""
 
 import http.client
+import math
 import os
 import subprocess
 import threading
@@ -159,13 +160,16 @@ class Loads:
 
     def outage(self, step, load, url, step_dir):
         """Distinct buyers (DEMO_RANDOM_USER: no X-User-Id) on CONNECTIONS
-        keep-alive connections for SECONDS; the step's service is stopped at
-        STOP_AT and started again at START_AT. Every answer's start, status
+        keep-alive connections for SECONDS at least, and until the step's
+        service, stopped at STOP_AT and started again at START_AT, is back
+        (service_outage says how long that is). Every answer's start, status
         and time go to outage.tsv; the figures of the outage to self.extra."""
         u = urllib.parse.urlsplit(url)
         lines, lock = [], threading.Lock()
         t0 = time.monotonic()
-        deadline = [t0 + load["seconds"]]     # moved on once the service is back
+        # Set once the service is back (service_outage): the buyers must be
+        # buying when it comes back, however long its stop and start take.
+        deadline = [math.inf]
 
         def buyer():
             client = kit.Client(f"{u.scheme}://{u.netloc}", timeout=30)
@@ -192,6 +196,8 @@ class Loads:
         try:
             marks = self.service_outage(step, load, t0, deadline, back_since)
         finally:
+            if deadline[0] == math.inf:          # the outage failed: stop the buyers
+                deadline[0] = time.monotonic()
             for t in threads:
                 t.join(timeout=max(1.0, deadline[0] + 60 - time.monotonic()))
         if any(t.is_alive() for t in threads):
@@ -221,8 +227,8 @@ class Loads:
         time.sleep(max(0.0, t0 + load["start_at"] - time.monotonic()))
         self.service("start", step["service"])
         marks["started"] = time.monotonic() - t0
-        deadline[0] = max(deadline[0], time.monotonic() + OUTAGE_BACK_WAIT_S)
-        while time.monotonic() < deadline[0] and not back_since(marks["started"]):
+        wait_until = time.monotonic() + OUTAGE_BACK_WAIT_S
+        while time.monotonic() < wait_until and not back_since(marks["started"]):
             time.sleep(0.1)
         deadline[0] = max(t0 + load["seconds"], time.monotonic() + load["after_s"])
         return marks
