@@ -282,7 +282,11 @@ def free_ports_distinct_processes_from_proc_and_stop_pid():
         if p.poll() is not None:
             fail("stop_pid signalled a process whose command line did not match")
         threading.Thread(target=p.wait, daemon=True).start()      # reap it when it ends
-        eq(kit.stop_pid(p.pid, cmdline_has="sleep 31", timeout=5), True, "stopped")
+        before = (kit.cmdline(p.pid), p.poll())
+        got = kit.stop_pid(p.pid, cmdline_has="sleep 31", timeout=5)
+        if got is not True:
+            fail(f"stop_pid: {got}, want True; (command line, exit) before: {before!r}, "
+                 f"after: {(kit.cmdline(p.pid), p.poll())!r}")
     finally:
         if p.poll() is None:
             p.kill()
