@@ -54,7 +54,8 @@ DEB_PKGS  := build-essential pkg-config libmicrohttpd-dev libhiredis-dev libpq-d
              postgresql redis-server nginx libnginx-mod-http-lua apache2-utils wrk python3 curl \
              procps docker-compose \
              chromium nodejs gnuplot-nox clang libclang-rt-14-dev libtsan2 \
-             libzookeeper-mt-dev zookeeperd gcovr
+             libzookeeper-mt-dev zookeeperd gcovr \
+             postgresql-15-auto-failover pg-auto-failover-cli
 
 # The Debian package that ships each pkg-config name (for pkg-check's message).
 PKG_DEBS  := libmicrohttpd=libmicrohttpd-dev hiredis=libhiredis-dev libpq=libpq-dev \

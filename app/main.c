@@ -150,6 +150,8 @@ static int start_order(void)
 static int start_setup(void)
 {
     conn_set_pg_init(store_prepare);
+    if (g_cfg.pg_ha)
+        conn_set_pg_recheck(store_ha_check, 1000);
     {
         /* Every histogram has a bound at each timeout, so that calls cut by
          * one are told from slow ones; the request deadline too, when set. */

@@ -29,7 +29,7 @@
 
 BENCH_RUN_DIR ?= $(abspath $(BUILD))/bench-run
 
-.PHONY: bench stop-bench bench-ab bench-edge
+.PHONY: bench stop-bench bench-ab bench-edge bench-pg-ha
 
 bench: all $(BUILD)/upstream200 ## the performance benchmark on a private stack: ceilings, sales, table (~10 min)
 	@BENCH_RUN_DIR=$(BENCH_RUN_DIR) BENCH_JSON=$${BENCH_JSON:-$(abspath $(BUILD))/bench.json} \
@@ -55,3 +55,6 @@ bench-ab: all ## compare instance settings on one stack, interleaved: make bench
 bench-pollers: all ## buyers' p50/p99 through nginx with and without 20 clients polling /stats
 	@BENCH_RUN_DIR=$${BENCH_RUN_DIR:-$(abspath $(BUILD))/bench-pollers-run} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/bench_pollers.py
+
+bench-pg-ha: all ## a synchronous standby's cost (one Postgres vs pg_auto_failover: orders/s, p99) and a failover's time (~4 min)
+	@SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/pg_ha_cost.py

@@ -23,7 +23,9 @@
 #                 stop or start again one service of a running stack, on the
 #                 same port: postgres (fast shutdown; same data), redis (empty
 #                 again: it keeps no data), zk (same data: sessions survive a
-#                 restart shorter than their timeout). For outage tests.
+#                 restart shorter than their timeout); with PG_HA=1,
+#                 pg-node-N and pg-monitor (pg_autoctl and its postgres; a
+#                 restarted node rejoins). For outage tests.
 #
 # Environment:
 #   RUN_DIR            run directory (default: <repo>/.run)
@@ -57,6 +59,11 @@
 #   THREADS, IO_THREADS, DEMO_RANDOM_USER, SECKILL_*, MAX_BODY, ... passed to the instances as set
 #   SECKILL_BIN        server binary (default <repo>/build/seckill)
 #   PG_BIN             Postgres server binaries (default newest /usr/lib/postgresql/*/bin)
+#   PG_HA=1            Postgres under pg_auto_failover instead of one server:
+#                      a monitor and three data nodes (number_sync_standbys
+#                      1), each on a free loopback port under RUN_DIR/pg-ha;
+#                      PG_DSN lists every data node with
+#                      target_session_attrs=read-write (docs/failover.md)
 #   PG_DURABLE=1       keep fsync on (default off: a throwaway database)
 #   PG_MAX_CONNECTIONS Postgres max_connections (default INSTANCES*(THREADS+4)+40,
 #                      at least 100; raise it when instances will restart with
@@ -78,6 +85,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/lib/stack-fns.sh
 . "$ROOT/scripts/lib/stack-fns.sh"
+# shellcheck source=scripts/lib/pg-ha.sh
+. "$ROOT/scripts/lib/pg-ha.sh"
 RUN_DIR=${RUN_DIR:-$ROOT/.run}
 case "$RUN_DIR" in /*) ;; *) RUN_DIR="$PWD/$RUN_DIR" ;; esac
 RUN_DIR=${RUN_DIR%/}
@@ -87,6 +96,7 @@ APP_PORT_BASE=${APP_PORT_BASE:-8081}
 PG_PORT=${PG_PORT:-auto}
 REDIS_PORT=${REDIS_PORT:-auto}
 REDIS_HA=${REDIS_HA:-0}
+PG_HA=${PG_HA:-0}
 REDIS_MASTER_NAME=${REDIS_MASTER_NAME:-seckill}
 SENTINEL_DOWN_AFTER_MS=${SENTINEL_DOWN_AFTER_MS:-2000}
 SENTINEL_FAILOVER_TIMEOUT_MS=${SENTINEL_FAILOVER_TIMEOUT_MS:-3000}
@@ -164,6 +174,10 @@ pid_names() {
     done
     [[ -f "$PIDS/redis.pid" ]] && echo redis
     [[ -f "$PIDS/postgres.pid" ]] && echo postgres
+    for f in "$PIDS"/pg-node-*.pid; do
+        [[ -e "$f" ]] && basename "$f" .pid
+    done
+    [[ -f "$PIDS/pg-monitor.pid" ]] && echo pg-monitor
     return 0
 }
 
@@ -262,6 +276,11 @@ choose_ports() {
     [[ "$PG_PORT" == auto ]] || is_port "$PG_PORT" || die "PG_PORT must be a port or 'auto'"
     [[ "$REDIS_PORT" == auto ]] || is_port "$REDIS_PORT" || die "REDIS_PORT must be a port or 'auto'"
     [[ "$REDIS_HA" == 0 || "$REDIS_HA" == 1 ]] || die "REDIS_HA must be 0 or 1"
+    [[ "$PG_HA" == 0 || "$PG_HA" == 1 ]] || die "PG_HA must be 0 or 1"
+    if [[ "$PG_HA" == 1 ]]; then
+        [[ -z "$EXTERNAL_PG_DSN" ]] || die "PG_HA=1 starts its own Postgres servers: unset EXTERNAL_PG_DSN"
+        [[ "$PG_PORT" == auto ]] || die "PG_HA=1 picks free ports for its servers: unset PG_PORT"
+    fi
     if [[ "$REDIS_HA" == 1 ]]; then
         [[ -z "$EXTERNAL_REDIS_URL" ]] || die "REDIS_HA=1 starts its own Redis servers: unset EXTERNAL_REDIS_URL"
         [[ "$REDIS_MASTER_NAME" =~ ^[A-Za-z0-9._-]+$ ]] || die "REDIS_MASTER_NAME: letters, digits, '.', '_', '-'"
@@ -271,7 +290,8 @@ choose_ports() {
 
     [[ "$NGINX_PORT" == auto ]] && nfree=$((nfree + 1))
     [[ "$APP_PORT_BASE" == auto ]] && nfree=$((nfree + INSTANCES))
-    [[ -z "$EXTERNAL_PG_DSN" && "$PG_PORT" == auto ]] && nfree=$((nfree + 1))
+    [[ -z "$EXTERNAL_PG_DSN" && "$PG_PORT" == auto && "$PG_HA" == 0 ]] && nfree=$((nfree + 1))
+    [[ "$PG_HA" == 1 ]] && nfree=$((nfree + 1 + PGHA_NODES))
     [[ -z "$EXTERNAL_REDIS_URL" && "$REDIS_PORT" == auto && "$REDIS_HA" == 0 ]] && nfree=$((nfree + 1))
     [[ "$REDIS_HA" == 1 ]] && nfree=$((nfree + 2 * HA_NODES))
     [[ "$ZK_PORT" == auto ]] || is_port "$ZK_PORT" || die "ZK_PORT must be a port or 'auto'"
@@ -294,7 +314,11 @@ choose_ports() {
     done
     P_PG="" P_REDIS=""
     P_HA_REDIS=() P_HA_SENTINEL=()
-    if [[ -z "$EXTERNAL_PG_DSN" ]]; then
+    P_PG_MONITOR="" P_PG_NODES=()
+    if [[ "$PG_HA" == 1 ]]; then
+        next_free; P_PG_MONITOR=$FREE_PORT
+        for ((i = 0; i < PGHA_NODES; i++)); do next_free; P_PG_NODES+=("$FREE_PORT"); done
+    elif [[ -z "$EXTERNAL_PG_DSN" ]]; then
         if [[ "$PG_PORT" == auto ]]; then next_free; P_PG=$FREE_PORT; else P_PG=$PG_PORT; want+=("$P_PG"); names+=(postgres); vars+=(PG_PORT); fi
     fi
     if [[ "$REDIS_HA" == 1 ]]; then
@@ -308,7 +332,7 @@ choose_ports() {
         if [[ "$ZK_PORT" == auto ]]; then next_free; P_ZK=$FREE_PORT; else P_ZK=$ZK_PORT; want+=("$P_ZK"); names+=(zookeeper); vars+=(ZK_PORT); fi
     fi
     # Distinct, and free.
-    local all="$P_NGINX ${P_APP[*]} $P_PG $P_REDIS ${P_HA_REDIS[*]} ${P_HA_SENTINEL[*]} $P_ZK"
+    local all="$P_NGINX ${P_APP[*]} $P_PG $P_PG_MONITOR ${P_PG_NODES[*]} $P_REDIS ${P_HA_REDIS[*]} ${P_HA_SENTINEL[*]} $P_ZK"
     local dup
     dup=$(tr ' ' '\n' <<<"$all" | sed '/^$/d' | sort | uniq -d | head -n 1)
     [[ -z "$dup" ]] || die "port $dup is configured twice (NGINX_PORT, APP_PORT_BASE, PG_PORT, REDIS_PORT)"
@@ -484,6 +508,7 @@ instance_env() {
     printf 'BIND=%s\n' 127.0.0.1
     printf 'INSTANCE_ID=%s\n' "seckill-$i"
     printf 'PG_DSN=%s\n' "$STACK_PG_DSN"
+    if [[ "$PG_HA" == 1 ]]; then printf 'PG_HA=1\n'; fi
     printf 'REDIS_URL=%s\n' "$STACK_REDIS_URL"
     printf 'ADMIN_TOKEN=%s\n' "$ADMIN_TOKEN"
     printf 'LUA_DIR=%s\n' "$LUA_DIR_STACK"
@@ -597,6 +622,13 @@ write_env_file() {
             REDIS_PORT "$P_REDIS" \
             ZK_HOSTS "${STACK_ZK_HOSTS:-}" \
             ADMIN_TOKEN "$ADMIN_TOKEN"
+        if [[ "$PG_HA" == 1 ]]; then
+            printf "export %s='%s'\n" \
+                PG_HA 1 \
+                PG_HA_DIR "$RUN_DIR/pg-ha" \
+                PG_MONITOR_PORT "$P_PG_MONITOR" \
+                PG_NODE_PORTS "${P_PG_NODES[*]}"
+        fi
         if [[ "$REDIS_HA" == 1 ]]; then
             printf "export %s='%s'\n" \
                 REDIS_HA 1 \
@@ -616,7 +648,7 @@ write_env_file() {
 # is: the launcher's own, every server setting the binary knows (its --help)
 # and SECKILL_*, and the binary itself (rebuilt: restart).
 CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
-    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW NGINX_EDGE REDIS_HA
+    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW NGINX_EDGE REDIS_HA PG_HA
     SENTINEL_DOWN_AFTER_MS SENTINEL_FAILOVER_TIMEOUT_MS LOCK_SERVICES ZK_PORT)
 config_signature() {
     local v
@@ -648,7 +680,14 @@ healthy() {
     for ((i = 1; i <= n; i++)); do
         live_pid "app-$i" >/dev/null || { WHY="instance $i is not running"; return 1; }
     done
-    [[ -n "$(state_get EXTERNAL_PG_DSN)" ]] || live_pid postgres >/dev/null || { WHY="Postgres is not running"; return 1; }
+    if [[ "$(state_get PG_HA)" == 1 ]]; then
+        live_pid pg-monitor >/dev/null || { WHY="the pg_auto_failover monitor is not running"; return 1; }
+        for ((i = 1; i <= PGHA_NODES; i++)); do
+            live_pid "pg-node-$i" >/dev/null || { WHY="Postgres data node $i is not running"; return 1; }
+        done
+    else
+        [[ -n "$(state_get EXTERNAL_PG_DSN)" ]] || live_pid postgres >/dev/null || { WHY="Postgres is not running"; return 1; }
+    fi
     if [[ "$(state_get REDIS_HA)" == 1 ]]; then
         for ((i = 1; i <= HA_NODES; i++)); do
             live_pid "redis-$i" >/dev/null || { WHY="Redis $i is not running"; return 1; }
@@ -701,6 +740,8 @@ cmd_start() {
 
     if [[ -n "$EXTERNAL_PG_DSN" ]]; then
         STACK_PG_DSN=$EXTERNAL_PG_DSN
+    elif [[ "$PG_HA" == 1 ]]; then
+        STACK_PG_DSN=""    # pg_autoctl show uri, once the formation runs
     else
         STACK_PG_DSN="host=127.0.0.1 port=$P_PG dbname=$DB_NAME user=postgres"
     fi
@@ -723,6 +764,7 @@ cmd_start() {
         echo "EXTERNAL_PG_DSN=$EXTERNAL_PG_DSN"
         echo "EXTERNAL_REDIS_URL=$EXTERNAL_REDIS_URL"
         echo "REDIS_HA=$REDIS_HA"
+        echo "PG_HA=$PG_HA"
     } >"$STATE_FILE"
 
     STARTED_OK=0
@@ -730,7 +772,12 @@ cmd_start() {
     trap 'exit 130' INT
     trap 'exit 143' TERM
 
-    if [[ -z "$EXTERNAL_PG_DSN" ]]; then start_postgres "$P_PG"; fi
+    if [[ "$PG_HA" == 1 ]]; then
+        pgha_start "$P_PG_MONITOR" "${P_PG_NODES[@]}"
+        STACK_PG_DSN=$PGHA_URI
+    elif [[ -z "$EXTERNAL_PG_DSN" ]]; then
+        start_postgres "$P_PG"
+    fi
     load_schema "$STACK_PG_DSN"
     if [[ "$REDIS_HA" == 1 ]]; then
         start_redis_ha
@@ -771,6 +818,8 @@ load_running_instances() {
     STACK_SENTINELS=$(. "$ENV_FILE" && printf '%s' "${REDIS_SENTINELS:-}")
     [[ -z "$STACK_SENTINELS" ]] || REDIS_MASTER_NAME=$(. "$ENV_FILE" && printf '%s' "$REDIS_MASTER_NAME")
     ADMIN_TOKEN=$(cat "$RUN_DIR/admin_token")
+    PG_HA=$(state_get PG_HA)
+    PG_HA=${PG_HA:-0}
 }
 
 # Stops the instances of a running stack and starts them again with this
@@ -834,6 +883,8 @@ stop_all() {
                     stop_pid "$n" "$pid" TERM 10 ;;
                 zk) stop_pid zk "$pid" TERM 10 ;;
                 postgres) stop_pid postgres "$pid" INT 30 ;;   # fast shutdown
+                pg-node-*) pgha_stop "$n" "$pid" "$RUN_DIR/pg-ha/node${n#pg-node-}" ;;
+                pg-monitor) pgha_stop "$n" "$pid" "$RUN_DIR/pg-ha/monitor" ;;
             esac
             stopped+=("$n($pid)")
         else
@@ -842,6 +893,11 @@ stop_all() {
             if [[ "$pid" =~ ^[0-9]+$ ]] && pid_alive "$pid"; then
                 log "stale pid file $n.pid: pid $pid now runs '$(cmdline_of "$pid")', not '$pattern': left alone"
             fi
+            # A data node whose pg_autoctl was killed may have left its postgres running.
+            case "$n" in
+                pg-node-*) pgha_stop "$n" "" "$RUN_DIR/pg-ha/node${n#pg-node-}" ;;
+                pg-monitor) pgha_stop "$n" "" "$RUN_DIR/pg-ha/monitor" ;;
+            esac
         fi
         rm -f "$PIDS/$n.pid"
     done
@@ -960,7 +1016,20 @@ cmd_service() {
             else
                 live_pid zk >/dev/null || start_zk ""
             fi ;;
-        *) die "service-$what: unknown service '$name' (postgres, redis, zk)" ;;
+        pg-node-[0-9] | pg-monitor)
+            [[ "$(state_get PG_HA)" == 1 ]] || die "this stack runs no pg_auto_failover (PG_HA=1)"
+            data="$RUN_DIR/pg-ha/monitor"
+            [[ "$name" == pg-monitor ]] || data="$RUN_DIR/pg-ha/node${name#pg-node-}"
+            [[ -d "$data" ]] || die "no such node: $name"
+            if [[ "$what" == stop ]]; then
+                pgha_stop "$name" "$(live_pid "$name" || true)" "$data"
+                rm -f "$PIDS/$name.pid"
+            elif ! live_pid "$name" >/dev/null; then
+                # Its postgres may outlive a killed pg_autoctl: pg_autoctl
+                # takes a running one over.
+                pgha_run "$RUN_DIR/pg-ha" "$name" "$data"
+            fi ;;
+        *) die "service-$what: unknown service '$name' (postgres, redis, zk, pg-node-N, pg-monitor)" ;;
     esac
     if [[ "$what" == stop ]]; then log "$name stopped"; else log "$name started"; fi
 }

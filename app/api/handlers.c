@@ -132,6 +132,7 @@ static http_outcome h_ready(http_req *r, const char *arg, size_t arg_len)
     PGconn *pg = conn_pg(cs);
     redisContext *c = conn_redis(cs);
     int pg_ok = 0, redis_ok = 0;
+    char why[256];
     cJSON *o;
 
     (void)arg;
@@ -150,6 +151,11 @@ static http_outcome h_ready(http_req *r, const char *arg, size_t arg_len)
     }
     if (redis_ok && stock_keeps_vouchers())
         return redis_first_ready(r, pg_ok);
+    if (!pg_ok && store_ha_refusal(why, sizeof why)) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "postgres takes no order: %s", why);
+        return http_send_error(r, API_UNAVAILABLE, msg);
+    }
     if (!pg_ok || !redis_ok)
         return http_send_error(r, API_UNAVAILABLE,
                                !pg_ok && !redis_ok ? "postgres and redis unreachable"

@@ -106,6 +106,10 @@ static const config_setting settings[] = {
       "Postgres connect timeout (s)"),
     INT("PG_STATEMENT_TIMEOUT_MS", "pg-statement-timeout-ms", pg_statement_timeout_ms,
       10, 600000, "5000", "Postgres statement timeout (ms)"),
+    BOOL("PG_HA", "pg-ha", pg_ha, "0",
+      "Postgres has synchronous standbys (pg_auto_failover): a session whose synchronous_commit "
+      "is below 'on', or whose primary has no synchronous standby, takes no order (checked at "
+      "connect and every second; /ready says why)"),
     SECRET("ADMIN_TOKEN", "admin-token", admin_token, CONFIG_SHOW_SECRET, "",
       "bearer token of the admin API (empty: admin API answers 403)"),
     STR("ADMIN_TOKEN_FILE", "admin-token-file", admin_token_file, "",

@@ -61,6 +61,7 @@ typedef struct config {
     int redis_timeout_ms;       /* connect and command timeout */
     int pg_connect_timeout_s;
     int pg_statement_timeout_ms;
+    int pg_ha;                  /* orders only on sessions whose commits wait for a standby */
     char admin_token[256];      /* empty: admin API disabled (403) */
     char admin_token_file[1024]; /* ADMIN_TOKEN_FILE: admin_token read from it at start */
     int log_level;              /* enum log_level */

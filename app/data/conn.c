@@ -23,10 +23,28 @@ static pthread_once_t set_key_once = PTHREAD_ONCE_INIT;
 static _Thread_local conn_set *tls_set;
 /* Set once at start, before any connection is opened; read-only after. */
 static conn_pg_init_fn pg_init;
+static conn_pg_init_fn pg_recheck;
+static int64_t pg_recheck_us;
 
 void conn_set_pg_init(conn_pg_init_fn fn)
 {
     pg_init = fn;
+}
+
+void conn_set_pg_recheck(conn_pg_init_fn fn, int every_ms)
+{
+    pg_recheck = fn;
+    pg_recheck_us = (int64_t)every_ms * 1000;
+}
+
+int conn_pg_recheck(PGconn *pg, int64_t *checked_us)
+{
+    int64_t now = util_mono_us();
+
+    if (pg_recheck == NULL || now - *checked_us < pg_recheck_us)
+        return 0;
+    *checked_us = now;
+    return pg_recheck(pg) == 0 ? 0 : -1;
 }
 
 static void set_free(void *p)
@@ -343,7 +361,8 @@ PGconn *conn_pg_open(char *err, size_t errlen)
         goto out;
     }
     if (pg_init != NULL && pg_init(pg) != 0) {
-        snprintf(err, errlen, "prepare: %s", PQerrorMessage(pg));
+        snprintf(err, errlen, "session set-up refused: %s",
+                 PQerrorMessage(pg)[0] ? PQerrorMessage(pg) : "see the error above");
         goto out;
     }
     rc = 0;
@@ -366,12 +385,17 @@ PGconn *conn_pg(conn_set *cs)
     if (cs->pg != NULL) {
         /* A session left inside a transaction (it should never be) is not reused. */
         if (PQstatus(cs->pg) == CONNECTION_OK && PQtransactionStatus(cs->pg) == PQTRANS_IDLE &&
-            !socket_stale(PQsocket(cs->pg)))
-            return cs->pg;
-        log_info("postgres connection lost; reconnecting");
+            !socket_stale(PQsocket(cs->pg))) {
+            if (conn_pg_recheck(cs->pg, &cs->pg_checked_us) == 0)
+                return cs->pg;
+            log_info("postgres session failed its check; reconnecting");
+        } else {
+            log_info("postgres connection lost; reconnecting");
+        }
         conn_pg_broken(cs);
     }
     cs->pg = conn_pg_open(err, sizeof err);
+    cs->pg_checked_us = util_mono_us();
     if (cs->pg == NULL)
         log_warn("postgres unavailable: %s", err);
     return cs->pg;

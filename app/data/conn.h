@@ -12,6 +12,7 @@ typedef struct conn_set {
     redisContext *redis;   /* NULL until connected, or after conn_redis_broken */
     uint64_t redis_gen;    /* sentinel_generation() when 'redis' was opened */
     PGconn *pg;            /* NULL until connected, or after conn_pg_broken */
+    int64_t pg_checked_us; /* util_mono_us() of pg's last set-up or recheck */
     uint64_t thread_id;    /* process-unique, never reused (lock owner id) */
     char owner[128];       /* "<instance uuid>:<thread_id>", the lock hash field */
 } conn_set;
@@ -23,6 +24,18 @@ typedef int (*conn_pg_init_fn)(PGconn *pg);
 /* Installs the set-up every Postgres session gets before its first use
  * (conn_pg, conn_pg_open). Call once, before any thread connects. */
 void conn_set_pg_init(conn_pg_init_fn fn);
+
+/* Installs a check that conn_pg runs on a session it hands out when the
+ * last one (or the set-up) is 'every_ms' old: -1 closes the session and
+ * conn_pg opens a new one. For what can change under a live session (the
+ * primary losing its synchronous standby). Call once, before any thread
+ * connects. */
+void conn_set_pg_recheck(conn_pg_init_fn fn, int every_ms);
+
+/* For a session kept outside conn_pg (conn_pg_open's): runs the check when
+ * '*checked_us' (util_mono_us(), set by the caller at open) is a period
+ * old, and stamps it. 0: keep the session; -1: it failed, close it. */
+int conn_pg_recheck(PGconn *pg, int64_t *checked_us);
 
 /* This thread's set, created on first call; freed when the thread exits
  * (or by conn_close_thread). Never NULL. */

@@ -7,6 +7,7 @@
 #include "counters.h"
 #include "util.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,55 @@ static const store_statement statements[] = {
 #define NSTATEMENTS (sizeof statements / sizeof statements[0])
 
 /*---- round trips, each with the client's own bound ----*/
+
+/* A connection left in a state nobody can use: shut down, so that it reads
+ * as CONNECTION_BAD and is re-opened by its next user. */
+static void drop(PGconn *pg)
+{
+    if (PQsocket(pg) >= 0)
+        shutdown(PQsocket(pg), SHUT_RDWR);
+    PQconsumeInput(pg);
+}
+
+/* A commit waiting for its synchronous standby that is cancelled (by
+ * pg_cancel_backend, or a failover tool) still returns success, with only a
+ * WARNING: "canceling wait for synchronous replication ... The transaction
+ * has already committed locally, but might not have been replicated to the
+ * standby" (Postgres, src/backend/replication/syncrep.c). Such a commit can
+ * vanish when a standby is promoted, so it is never reported as done: the
+ * session that got the warning is shut down and the call fails as
+ * unavailable, like a connection lost during COMMIT (the buyer's retry
+ * meets the duplicate check). The warning has the generic SQLSTATE 01000
+ * (its text follows lc_messages); none of our statements raises another. */
+static _Thread_local const PGconn *doubted;
+
+static void on_notice(void *arg, const PGresult *res)
+{
+    const char *sev = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
+    if (sev != NULL && strcmp(sev, "WARNING") == 0 && state != NULL &&
+        strcmp(state, "01000") == 0) {
+        doubted = arg;
+        log_warn("store: postgres warned \"%s\": the commit may not be on a standby; "
+                 "answering 503", msg ? msg : "");
+    } else {
+        log_debug("store: postgres notice: %s", msg ? msg : "");
+    }
+}
+
+/* 'res' unless the session was warned (on_notice) while it was read: then
+ * NULL, and the session shut down. */
+static PGresult *undoubted(PGconn *pg, PGresult *res)
+{
+    if (doubted != pg)
+        return res;
+    doubted = NULL;
+    PQclear(res);
+    drop(pg);
+    return NULL;
+}
 
 /* statement_timeout (PG_STATEMENT_TIMEOUT_MS) ends a slow statement on the
  * server. A server that cannot answer at all - a stopped or hung process,
@@ -50,17 +100,96 @@ int store_round_trip_ms(void)
  * (tests/test_store_batch.c). */
 int store_session_setup(PGconn *pg)
 {
-    PGresult *res = PQsendQuery(pg, "SET plan_cache_mode = force_generic_plan")
-                        ? pg_wait_collect(pg, store_round_trip_ms())
-                        : NULL;
-    int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+    PGresult *res;
+    int ok;
 
+    PQsetNoticeReceiver(pg, on_notice, pg);
+    res = PQsendQuery(pg, "SET plan_cache_mode = force_generic_plan")
+              ? pg_wait_collect(pg, store_round_trip_ms())
+              : NULL;
+    ok = PQresultStatus(res) == PGRES_COMMAND_OK;
     if (!ok)
         log_error("store: plan_cache_mode: %s", PQerrorMessage(pg));
     PQclear(res);
-    if (!ok)
+    if (!ok || (g_cfg.pg_ha && store_ha_check(pg) != 0))
         return -1;
     return store_statements_prepare(pg, statements, NSTATEMENTS);
+}
+
+/*---- PG_HA: sessions whose commits wait for a standby ----*/
+
+static pthread_mutex_t ha_mu = PTHREAD_MUTEX_INITIALIZER;
+static char ha_why[256];    /* the last check's refusal; empty: none */
+
+static void ha_note(const char *why)
+{
+    int changed;
+
+    pthread_mutex_lock(&ha_mu);
+    changed = strcmp(ha_why, why) != 0;
+    snprintf(ha_why, sizeof ha_why, "%s", why);
+    pthread_mutex_unlock(&ha_mu);
+    if (changed && why[0] != '\0')
+        log_error("store: PG_HA=1 and %s: no order is taken on this session", why);
+    else if (changed)
+        log_info("store: PG_HA=1: the primary's commits wait for a standby again");
+}
+
+/* A commit is acknowledged by a standby only when the session's
+ * synchronous_commit is on (or remote_apply) and the primary names a
+ * synchronous standby: pg_auto_failover empties synchronous_standby_names
+ * when no standby can follow (a new primary before its standbys rejoin,
+ * the state it calls wait_primary), and its commits then return at once. */
+int store_ha_check(PGconn *pg)
+{
+    /* A standby that streams as synchronous: a primary that was replaced
+     * while its pg_autoctl was gone runs on, writable, with nobody following
+     * it, and its commits would wait forever. Without pg_read_all_stats the
+     * role sees the rows but not their state: those count as standbys. */
+    PGresult *res = store_timed_exec(
+        pg, "SELECT current_setting('synchronous_commit'),"
+            "       current_setting('synchronous_standby_names'), pg_is_in_recovery(),"
+            "       (SELECT count(*) FROM pg_stat_replication"
+            "         WHERE sync_state IS NULL OR sync_state IN ('sync', 'quorum'))");
+    char why[256] = "";
+    const char *sc;
+    int rc = -1;
+
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+        snprintf(why, sizeof why, "its settings cannot be read");
+        goto out;
+    }
+    sc = PQgetvalue(res, 0, 0);
+    if (PQgetvalue(res, 0, 2)[0] == 't')
+        snprintf(why, sizeof why, "the server is a standby (read-only)");
+    else if (strcmp(sc, "on") != 0 && strcmp(sc, "remote_apply") != 0)
+        snprintf(why, sizeof why,
+                 "synchronous_commit is '%.32s' for this role: a commit would not wait for a "
+                 "standby (ALTER ROLE ... SET synchronous_commit = on)", sc);
+    else if (PQgetvalue(res, 0, 1)[0] == '\0')
+        snprintf(why, sizeof why,
+                 "the primary has no synchronous standby (synchronous_standby_names is empty: "
+                 "a standby has yet to rejoin after a failover, or none is up)");
+    else if (strcmp(PQgetvalue(res, 0, 3), "0") == 0)
+        snprintf(why, sizeof why,
+                 "no synchronous standby streams from this primary (it may have been replaced)");
+    else
+        rc = 0;
+out:
+    PQclear(res);
+    ha_note(why);
+    return rc;
+}
+
+int store_ha_refusal(char *buf, size_t n)
+{
+    int refused;
+
+    pthread_mutex_lock(&ha_mu);
+    refused = ha_why[0] != '\0';
+    snprintf(buf, n, "%s", ha_why);
+    pthread_mutex_unlock(&ha_mu);
+    return refused;
 }
 
 int store_statements_prepare(PGconn *pg, const store_statement *set, size_t n)
@@ -95,6 +224,17 @@ store_status store_result_error(PGconn *pg, PGresult *res, const char *what)
 {
     const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 
+    /* A server that is no longer the primary (a demoted one answers
+     * read-only) or is shutting down: the session is dropped, and the next
+     * one goes through the DSN's hosts to the primary (with
+     * target_session_attrs=read-write). */
+    if (state != NULL && pg != NULL &&
+        (strcmp(state, "25006") == 0 || strncmp(state, "57P", 3) == 0)) {
+        log_warn("store: %s: the server is not the primary or is stopping (sqlstate %s); "
+                 "reconnecting", what, state);
+        drop(pg);
+        return STORE_UNAVAILABLE;
+    }
     if (state != NULL) {
         /* The order id is taken: Redis's id counter went back (a failover
          * to a replica that missed the last increments, or a restart), and
@@ -131,6 +271,7 @@ store_status store_rows(PGconn *pg, PGresult *res, const char *what, store_statu
  * metrics (pipelined calls count their round trip themselves). */
 static PGresult *observed(PGconn *pg, PGresult *res, int64_t t0)
 {
+    res = undoubted(pg, res);
     counters_backend(COUNTERS_PG, util_mono_us() - t0, res != NULL && PQstatus(pg) == CONNECTION_OK);
     return res;
 }
@@ -210,6 +351,10 @@ PGresult *store_segment_read_until(PGconn *pg, int64_t until_us, int *synced)
             kept = r;
         }
     }
+    if (doubted == pg) {
+        *synced = 0;
+        kept = undoubted(pg, kept);
+    }
     return kept;
 }
 
@@ -217,15 +362,6 @@ PGresult *store_segment_read(PGconn *pg, int *synced)
 {
     return store_segment_read_until(pg, util_mono_us() + (int64_t)store_round_trip_ms() * 1000,
                                     synced);
-}
-
-/* A connection left in a state nobody can use: shut down, so that it reads
- * as CONNECTION_BAD and is re-opened by its next user. */
-static void drop(PGconn *pg)
-{
-    if (PQsocket(pg) >= 0)
-        shutdown(PQsocket(pg), SHUT_RDWR);
-    PQconsumeInput(pg);
 }
 
 int store_leave_pipeline(PGconn *pg)

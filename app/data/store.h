@@ -46,6 +46,15 @@ typedef struct store_order {
 #define STORE_SLACK_MS 1000
 int store_round_trip_ms(void);
 
+/* PG_HA: 0 when the session's commits wait for a synchronous standby
+ * (synchronous_commit on or remote_apply, synchronous_standby_names set,
+ * not in recovery); else -1, the reason logged and kept for
+ * store_ha_refusal. Run on every new session when PG_HA is set. */
+int store_ha_check(PGconn *pg);
+
+/* 1 and the reason in 'buf' when the last store_ha_check refused; else 0. */
+int store_ha_refusal(char *buf, size_t n);
+
 /* SELECT 1 (readiness). */
 store_status store_ping(PGconn *pg);
 

@@ -40,6 +40,7 @@ typedef struct entry {
 typedef struct consumer {
     redisContext *c;
     PGconn *pg;
+    int64_t pg_checked_us;            /* pg opened or last checked (conn_pg_recheck) */
     char name[128];                   /* consumer name in the group */
     char cursor[48];                  /* XAUTOCLAIM's, between rounds */
     int own_pending;                  /* entries delivered to us and not settled */
@@ -314,10 +315,14 @@ static PGconn *pg_get(consumer *k)
 {
     char err[256];
 
-    if (k->pg != NULL && PQstatus(k->pg) != CONNECTION_OK)
+    if (k->pg != NULL && (PQstatus(k->pg) != CONNECTION_OK ||
+                          conn_pg_recheck(k->pg, &k->pg_checked_us) != 0))
         pg_drop(k);
-    if (k->pg == NULL && (k->pg = conn_pg_open(err, sizeof err)) == NULL)
-        log_warn("consumer: Postgres: %s", err);
+    if (k->pg == NULL) {
+        if ((k->pg = conn_pg_open(err, sizeof err)) == NULL)
+            log_warn("consumer: Postgres: %s", err);
+        k->pg_checked_us = util_mono_us();
+    }
     return k->pg;
 }
 

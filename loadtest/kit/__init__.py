@@ -47,8 +47,8 @@ from .load import WRK_LUA, ab_times, parse_ab, parse_wrk, run_wrk  # noqa: F401
 from .nginx import (ACCESS_RE, GEN_CONF, NGINX_EDGE, AccessEntry, access_log,  # noqa: F401
                     answered_by, start_nginx, stop_nginx)
 from .pg import psql, psql_value  # noqa: F401
-from .proc import (cmdline, free_ports, pid_alive, proc_status, run, stop_children,  # noqa: F401
-                   stop_pid, wait_for, wait_gone, wait_port, with_settings, write_atomic)
+from .proc import (cmdline, free_ports, pid_alive, proc_status, proc_tree, run,  # noqa: F401
+                   stop_children, stop_pid, wait_for, wait_gone, wait_port, with_settings, write_atomic)
 from .redis import (drain_stream, redis_cli, redis_info_count, redis_role,  # noqa: F401
                     set_aof, start_redis_server, stream_unsettled, wait_replica)
 from .stack import (STACK_SCRUB, STACK_SH, Stack, read_stack_env, stack_env,  # noqa: F401

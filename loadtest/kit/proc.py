@@ -136,6 +136,24 @@ def cmdline(pid):
         return None
 
 
+def proc_tree(pid):
+    """pid and every process under it (its children, theirs, ...), parents
+    first; [] when pid is gone."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        try:
+            kids = []
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+        out.append(p)
+        todo += kids
+    return out
+
+
 def stop_pid(pid, sig=signal.SIGTERM, timeout=10.0, cmdline_has=None):
     """Sends sig to pid (gone already is fine) and waits up to timeout seconds
     for it to end: True once it has, False if it still runs. With
