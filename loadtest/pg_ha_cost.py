@@ -55,7 +55,9 @@ def sale(st, strategy, user_base, tmp):
     ok = w["statuses"].get("200", 0)
     if strategy == "redis":
         kit.drain_stream(st.redis_cli, 300)     # the admitted orders, landed in Postgres
-    rc, lines, err = checker.verify(st.dsn, [v], w["idsFile"], None, ok, w["errors"])
+    # wrk stops with up to one request per connection in flight: ordered,
+    # never answered.
+    rc, lines, err = checker.verify(st.dsn, [v], w["idsFile"], None, ok, w["errors"] + 64)
     if rc != 0:
         raise kit.KitError(f"{strategy}: invariants:\n" + "\n".join(lines) + (err or ""))
     return {"ordersPerS": round(ok / w["seconds"], 1) if w["seconds"] else 0.0,
