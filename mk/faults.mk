@@ -8,7 +8,9 @@
 #                                  REDIS_HA=1), 1,000 slow clients, connection
 #                                  limits, RSS over a 60 s sale; every program
 #                                  whose name has "faults", and Redis-first
-#                                  under Postgres refusals (test_redisfirst_lands)
+#                                  under Postgres refusals (test_redisfirst_lands),
+#                                  and Postgres under pg_auto_failover: the primary
+#                                  killed and frozen mid-sale (test_pg_ha)
 #   FAULTS_SALE_S=60 FAULTS_OUTAGE_S=5 FAULTS_RATE=25   the knobs (make test: 12 s, 3 s)
 #
 # The figures are printed at the end and written to $(BUILD)/faults-figures.json.
@@ -30,9 +32,9 @@ GROWTH_HORIZON_MS   ?= 5000
 
 .PHONY: faults growth
 
-faults: $(BUILD)/seckill ## kill -9, Redis and Postgres outages, Redis failover (Sentinel), paused lock holders, slow clients under load (~6 min)
+faults: $(BUILD)/seckill ## kill -9, Redis and Postgres outages, Redis failover (Sentinel), Postgres failover (pg_auto_failover), paused lock holders, slow clients under load (~11 min)
 	FAULTS_SALE_S=$(FAULTS_SALE_S) FAULTS_OUTAGE_S=$(FAULTS_OUTAGE_S) FAULTS_RATE=$(FAULTS_RATE) \
-	FAULTS_FIGURES=$(abspath $(BUILD))/faults-figures.json BUILD=$(BUILD) tests/run.sh faults redisfirst_lands
+	FAULTS_FIGURES=$(abspath $(BUILD))/faults-figures.json BUILD=$(BUILD) tests/run.sh faults redisfirst_lands test_pg_ha
 
 growth: $(BUILD)/seckill ## fencing state (token counters, latches, tb_lock_fence) over a 60 s sale and after its lifetimes (~2 min)
 	GROWTH_SALE_S=$(GROWTH_SALE_S) GROWTH_TOKEN_TTL_MS=$(GROWTH_TOKEN_TTL_MS) \

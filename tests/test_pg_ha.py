@@ -58,7 +58,7 @@ STATEMENT_TIMEOUT_MS = 2000       # the instances' PG_STATEMENT_TIMEOUT_MS here
 ROUND_TRIP_MS = STATEMENT_TIMEOUT_MS + 1000   # store_round_trip_ms()
 CONNECT_TIMEOUT_S = 1             # PG_CONNECT_TIMEOUT_S
 FAILOVER_BOUND_S = 60.0           # kill -> first 200 (about 10 s on an idle machine)
-RUN_AFTER_S = 6.0                 # load after the first 200 that follows a fault
+RUN_AFTER_S = 4.0                 # load after the first 200 that follows a fault
 FIG = {}
 _SCRUB = ("LOCK_LEASE_MS", "DEMO_PAUSE_MS", "DEMO_DELAY_MS", "PG_STATEMENT_TIMEOUT_MS",
           "PG_CONNECT_TIMEOUT_S", "SECKILL_STOCK", "RUN_DIR", "PG_HA")
@@ -308,7 +308,7 @@ def a_session_below_synchronous_commit_on_takes_no_order_and_ready_says_why():
     try:
         ss.psql("ALTER ROLE postgres SET synchronous_commit = local", dsn=st.dsn)
         try:
-            st.restart_instances({}, timeout=60)
+            st.command("restart-instances", 120, STACK_TIMEOUT=5)
             fail("the instances became ready with synchronous_commit = local")
         except kit.KitError:
             pass
