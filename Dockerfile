@@ -30,6 +30,17 @@ EXPOSE 8080
 STOPSIGNAL SIGQUIT
 CMD ["nginx", "-c", "/etc/nginx/nginx.conf", "-g", "daemon off;"]
 
+# pg_auto_failover for docker-compose.ha.yml (target 'pgaf'): Debian's
+# packages, as 'make deps' installs them; pg_autoctl runs as postgres.
+FROM debian:bookworm-slim AS pgaf
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        postgresql-15-auto-failover pg-auto-failover-cli \
+ && rm -rf /var/lib/apt/lists/*
+ENV PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config PGDATA=/var/lib/postgresql/data/pgaf
+USER postgres
+WORKDIR /var/lib/postgresql
+
 # The server's runtime: the last stage, what 'docker build .' makes.
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -648,7 +648,8 @@ def compose_ha():
 def ha_override_is_valid_and_complete():
     svcs = compose_ha().get("services") or {}
     want = {"redis", "redis-replica-1", "redis-replica-2", "sentinel-1", "sentinel-2",
-            "sentinel-3", "app", "nginx", "postgres", "schema"}
+            "sentinel-3", "app", "nginx", "postgres", "schema",
+            "pg-monitor", "postgres-2", "postgres-3"}
     if set(svcs) != want:
         fail(f"services with the HA override: {sorted(svcs)}, want {sorted(want)}")
     for r in ("redis-replica-1", "redis-replica-2"):
@@ -689,6 +690,34 @@ def ha_override_is_valid_and_complete():
     known = server_env_names()
     if known is not None and not set(env) <= known:
         fail(f"app: names unknown to seckill --help: {sorted(set(env) - known)}")
+    # Postgres under pg_auto_failover: a monitor, three data nodes of the
+    # Dockerfile's 'pgaf' stage, each registered with the monitor, and the
+    # instances and the schema on a read-write multi-host URI.
+    mcmd = " ".join(str(x) for x in svcs["pg-monitor"].get("command") or [])
+    if not mcmd.startswith("pg_autoctl create monitor") or "--run" not in mcmd:
+        fail(f"pg-monitor: {mcmd}")
+    for n in ("postgres", "postgres-2", "postgres-3"):
+        build = svcs[n].get("build") or {}
+        if not isinstance(build, dict) or build.get("target") != "pgaf":
+            fail(f"{n}: not built from the Dockerfile's pgaf stage: {build}")
+        cmd = " ".join(str(x) for x in svcs[n].get("command") or [])
+        if not cmd.startswith("pg_autoctl create postgres") or f"--hostname {n}" not in cmd or \
+                "--monitor postgres://autoctl_node@pg-monitor:5432/pg_auto_failover" not in cmd or \
+                "--dbname seckill" not in cmd or "--run" not in cmd:
+            fail(f"{n} is not a pg_auto_failover data node of pg-monitor: {cmd}")
+    uri = "postgres:5432,postgres-2:5432,postgres-3:5432/seckill?target_session_attrs=read-write"
+    if uri not in str(env.get("PG_DSN", "")) or str(env.get("PG_HA")) != "1":
+        fail(f"app: PG_DSN {env.get('PG_DSN')!r}, PG_HA {env.get('PG_HA')!r}")
+    if uri not in " ".join(str(x) for x in svcs["schema"].get("command") or []):
+        fail(f"schema does not load through the multi-host URI: {svcs['schema'].get('command')}")
+    if "pgaf" not in stage_names(open(os.path.join(ROOT, "Dockerfile")).read()) or \
+            "postgresql-15-auto-failover" not in stage_packages(
+                open(os.path.join(ROOT, "Dockerfile")).read(), "pgaf"):
+        fail("the Dockerfile has no stage 'pgaf' installing postgresql-15-auto-failover")
+
+
+def stage_names(df):
+    return re.findall(r"^FROM \S+ AS (\S+)", df, flags=re.M)
 
 
 @test

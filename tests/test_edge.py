@@ -343,6 +343,51 @@ def reset_through_nginx_clears_the_edge_at_once():
 
 
 @test
+def a_reset_answers_once_every_instance_dropped_its_sold_out_flag():
+    """A reset's 200 waits until every instance has dropped what it knew of
+    the voucher (each acknowledges the notice): with the second instance
+    frozen, the reset on the first is not answered until it thaws, and the
+    second's next buyer is sold to, not refused from a stale sold-out flag."""
+    a, b = (ss.Server(f"reset-ack-{i}", {"ADMIN_TOKEN": TOKEN, "REDIS_TIMEOUT_MS": 5000})
+            for i in (1, 2))
+    try:
+        v = ss.new_voucher(a, TOKEN, 1, "reset ack")
+        if ss.request(a.port, "POST", f"/voucher/{v}/seckill", {"X-User-Id": str(user())}).status != 200:
+            fail("the sale on the first instance")
+        for _ in range(2):        # the second instance learns the voucher is sold out
+            r = ss.request(b.port, "POST", f"/voucher/{v}/seckill", {"X-User-Id": str(user())})
+            if r.status != 409:
+                fail(f"the second instance after the sale: {r.status} {r.raw[:200]!r}")
+        answer = {}
+
+        def reset():
+            answer["r"] = ss.request(a.port, "POST", f"/admin/vouchers/{v}/reset", ADMIN,
+                                     {"stock": 1}, timeout=15)
+            answer["t"] = time.monotonic()
+
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        try:
+            t = threading.Thread(target=reset, daemon=True)
+            t.start()
+            time.sleep(0.5)
+            early = "r" in answer
+        finally:
+            t_cont = time.monotonic()
+            os.kill(b.proc.pid, signal.SIGCONT)
+        t.join(15)
+        if early:
+            fail("the reset was answered while an instance had not dropped its sold-out flag")
+        if answer.get("r") is None or answer["r"].status != 200 or answer["t"] < t_cont:
+            fail(f"the reset: {answer}")
+        r = ss.request(b.port, "POST", f"/voucher/{v}/seckill", {"X-User-Id": str(user())})
+        if r.status != 200:
+            fail(f"the second instance's first buyer after the reset: {r.status} {r.raw[:200]!r}")
+    finally:
+        a.stop()
+        b.stop()
+
+
+@test
 def a_refused_reset_through_nginx_leaves_the_edge():
     """A reset with a wrong token (401: nothing was reset) does not clear
     the edge: it still holds the voucher and answers the next buyer itself;

@@ -389,7 +389,16 @@ def sale_through_a_fault(st, strategy, label, fault, heal, heal_first=False):
         recs = load.stop()
         if not healed:
             heal(old)
+    if strategy == "redis":
+        # Admitted orders land through the consumers: all of them, once
+        # Postgres takes orders again.
+        try:
+            figs_drain = round(kit.drain_stream(st.redis_cli, 120), 2)
+        except kit.KitError as e:
+            fail(f"{label}: the admitted orders did not land: {e}")
     figs = failover_figures(st, v, recs, t_begin, t_fault, t_promoted, label)
+    if strategy == "redis":
+        figs["drainedAfterSaleS"] = figs_drain
     figs["newPrimary"] = new
     st.wait_settled()
     return figs, recs

@@ -433,6 +433,7 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
     store_status st;
     store_voucher v;
     int64_t id;
+    long long receivers = 0, acked = 0;
 
     if (admin_denied(r))                        /* first: nothing is told to a stranger */
         return HTTP_ANSWERED;
@@ -457,12 +458,17 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
     /* Every instance drops what it cached about vouchers (sold-out flags):
      * a stale flag would undersell. Without Redis the others catch up when
      * their entries expire (VOUCHER_CACHE_TTL_MS). */
-    if ((c = conn_redis(cs)) == NULL || broadcast_voucher_reset(c, id) != 0) {
+    if ((c = conn_redis(cs)) == NULL ||
+        broadcast_voucher_reset(c, id, g_cfg.redis_timeout_ms, &receivers, &acked) != 0) {
         if (c != NULL && c->err)
             conn_redis_broken(cs);
         voucher_cache_invalidate_all();
         log_warn("admin: reset of voucher %" PRId64 " not broadcast (redis down); other "
                  "instances notice within %d ms", id, VOUCHER_CACHE_TTL_MS);
+    } else if (acked < receivers) {
+        log_warn("admin: reset of voucher %" PRId64 ": %lld of %lld instances confirmed within "
+                 "%d ms; the others notice within %d ms", id, acked, receivers,
+                 g_cfg.redis_timeout_ms, VOUCHER_CACHE_TTL_MS);
     }
     stats_touch();
     log_info("admin: voucher %" PRId64 " reset to stock %" PRId64, id, in.stock);

@@ -17,7 +17,10 @@ int broadcast_start(void);
 void broadcast_stop(void);
 
 /* Announces a reset of 'voucher_id' to every instance (this one included)
- * on the caller's connection. Returns 0, or -1 when Redis failed. */
-int broadcast_voucher_reset(redisContext *c, int64_t voucher_id);
+ * on the caller's connection, and waits up to 'wait_ms' until every
+ * receiver has dropped its cache ('*acked' of '*receivers', PUBLISH's
+ * count). Returns 0, or -1 when Redis failed. */
+int broadcast_voucher_reset(redisContext *c, int64_t voucher_id, int wait_ms,
+                            long long *receivers, long long *acked);
 
 #endif
