@@ -489,7 +489,13 @@ def postgres_stopped_and_started_mid_sale():
     tail = [r for r in recs if r.t0 >= recs[-1].t0 - 2.0]
     if any(r.status != 200 for r in tail):
         fail(f"the last 2 s of the run are not all 200: {tally(tail)}")
-    figs.update(check_invariants(st, v, recs, "postgres"))
+    # A request in flight while Postgres stopped may have committed and lost
+    # its answer with the connection (the fast shutdown ends a backend after
+    # its commit, before the result is sent; or between an early-released
+    # order's commit and its wait for the flush): its 503 is of unknown
+    # outcome, and the buyer's retry would meet the order.
+    cut = sum(1 for r in recs if r.status == 503 and r.t0 < t_down and r.t1 >= t_fault)
+    figs.update(check_invariants(st, v, recs, "postgres", unknown_extra=cut))
     figs.update(check_lock_leases(st, "postgres"))
     show("postgres_restart", figs)
 
