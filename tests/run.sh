@@ -81,6 +81,15 @@ skipped() {
 }
 die() { log "error: $*"; exit 2; }
 
+# The start time of PID (field 22 of /proc/PID/stat, after the command name,
+# which may hold spaces); empty when it is gone.
+pid_start_time() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+    stat=${stat##*) }
+    awk '{print $20}' <<<"$stat"
+}
+
 cleanup() {
     local rc=$? f
     trap - EXIT INT TERM
@@ -90,6 +99,9 @@ cleanup() {
     if [[ -n "$TMP" && -d "$TMP/pids" ]]; then
         for f in "$TMP"/pids/*; do
             [[ -e "$f" ]] || continue
+            # Only the process registered: its pid may belong to another one
+            # by now (another run's, on a busy machine).
+            [[ "$(pid_start_time "$(basename "$f")")" == "$(cat "$f")" ]] || continue
             stop_pid "a test's process" "$(basename "$f")" TERM 5
         done
     fi

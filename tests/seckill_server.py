@@ -95,11 +95,28 @@ _children = []            # Popen objects to kill at exit
 _children_lock = threading.Lock()
 
 
-def register_pid(pid):
-    """Lets tests/run.sh kill process pid if this test dies: an empty file
-    named pid in PIDS_DIR."""
+def start_time(pid):
+    """The start time of process pid (field 22 of /proc/pid/stat, in clock
+    ticks since boot): with the pid, it names one process, since a pid is
+    reused once its process is gone. None when gone."""
     try:
-        open(os.path.join(PIDS_DIR, str(pid)), "w").close()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def register_pid(pid):
+    """Lets tests/run.sh kill process pid if this test dies: a file named
+    pid in PIDS_DIR holding its start time, so that a process that took the
+    pid over after it ended is never killed."""
+    t = start_time(pid)
+    if t is None:
+        return
+    try:
+        with open(os.path.join(PIDS_DIR, str(pid)), "w") as f:
+            f.write(t + "\n")
     except OSError:
         pass
 
