@@ -105,6 +105,19 @@ def pct(values, p):
     return kit.percentile(values, p) if values else 0.0
 
 
+def start_stack(st, what, timeout=120):
+    """scripts/stack.sh start for the fault tests' stack st (what names it in
+    the failure): stopped again and a test failure when it does not start;
+    its env file read and its processes registered with tests/run.sh."""
+    p = st.run("start", timeout)
+    if p.returncode != 0:
+        st.run("stop")
+        fail(f"stack.sh start{what}: exit {p.returncode}\n{p.stderr}")
+    st.read_env()
+    ss.register_stack_pids(st.run_dir)
+    return st
+
+
 def check_invariants(st, voucher, recs, label, extra_ids=(), unknown_extra=0):
     """loadtest/check_invariants.py over the load's answers (and the order
     ids of 200s the test got outside the load)."""

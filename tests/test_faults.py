@@ -152,13 +152,7 @@ _state = {}
 
 def the_stack():
     if "stack" not in _state:
-        st = Stack()
-        p = st.run("start")
-        if p.returncode != 0:
-            st.run("stop")
-            fail(f"stack.sh start: exit {p.returncode}\n{p.stderr}")
-        st.read_env()
-        ss.register_stack_pids(RUN_DIR)
+        st = load_kit.start_stack(Stack(), "")
         st.images = {f"app-{i + 1}": snapshot(st.pid(f"app-{i + 1}")) for i in range(2)}
         _state["stack"] = st
     return _state["stack"]
@@ -703,14 +697,7 @@ class HAStack(Stack):
 
 def the_ha_stack():
     if "ha" not in _state:
-        st = HAStack()
-        p = st.run("start", 180)
-        if p.returncode != 0:
-            st.run("stop")
-            fail(f"stack.sh start (REDIS_HA=1): exit {p.returncode}\n{p.stderr}")
-        st.read_env()
-        ss.register_stack_pids(HA_RUN_DIR)
-        _state["ha"] = st
+        _state["ha"] = load_kit.start_stack(HAStack(), " (REDIS_HA=1)", 180)
     return _state["ha"]
 
 

@@ -156,14 +156,7 @@ class Stack(kit.Stack):
 
 def the_stack():
     if "stack" not in _state:
-        st = Stack()
-        p = st.run("start", 240)
-        if p.returncode != 0:
-            st.run("stop")
-            fail(f"stack.sh start (PG_HA=1): exit {p.returncode}\n{p.stderr}")
-        st.read_env()
-        ss.register_stack_pids(RUN_DIR)
-        _state["stack"] = st
+        _state["stack"] = load_kit.start_stack(Stack(), " (PG_HA=1)", 240)
     st = _state["stack"]
     st.wait_settled()
     return st

@@ -39,9 +39,12 @@ void conn_set_pg_recheck(conn_pg_init_fn fn, int every_ms)
 
 int conn_pg_recheck(PGconn *pg, int64_t *checked_us)
 {
-    int64_t now = util_mono_us();
+    int64_t now;
 
-    if (pg_recheck == NULL || now - *checked_us < pg_recheck_us)
+    if (pg_recheck == NULL)          /* PG_HA off: nothing to check, no clock read */
+        return 0;
+    now = util_mono_us();
+    if (now - *checked_us < pg_recheck_us)
         return 0;
     *checked_us = now;
     return pg_recheck(pg) == 0 ? 0 : -1;
