@@ -90,21 +90,26 @@ pid_start_time() {
     awk '{print $20}' <<<"$stat"
 }
 
+# Stops the processes registered in DIR (a file per pid, holding its start
+# time): only the process registered, since its pid may belong to another one
+# by now (another run's, on a busy machine).
+stop_registered() {
+    local f
+    [[ -n "$1" && -d "$1" ]] || return 0
+    for f in "$1"/*; do
+        [[ -e "$f" ]] || continue
+        [[ "$(pid_start_time "$(basename "$f")")" == "$(cat "$f")" ]] || continue
+        stop_pid "a test's process" "$(basename "$f")" TERM 5
+    done
+}
+
 cleanup() {
-    local rc=$? f
+    local rc=$?
     trap - EXIT INT TERM
     set +e
     stop_pid test "$TEST_PID" TERM 10
     stop_pid tail "$TAIL_PID" TERM 2
-    if [[ -n "$TMP" && -d "$TMP/pids" ]]; then
-        for f in "$TMP"/pids/*; do
-            [[ -e "$f" ]] || continue
-            # Only the process registered: its pid may belong to another one
-            # by now (another run's, on a busy machine).
-            [[ "$(pid_start_time "$(basename "$f")")" == "$(cat "$f")" ]] || continue
-            stop_pid "a test's process" "$(basename "$f")" TERM 5
-        done
-    fi
+    [[ -n "$TMP" ]] && stop_registered "$TMP/pids"
     stop_pid Redis "$REDIS_PID" TERM 10
     # SIGINT is Postgres' "fast" shutdown: roll back open sessions and exit.
     # A test may have restarted it (pg_ctl): its postmaster.pid names the
@@ -275,4 +280,7 @@ main() {
     ((FAILED == 0))
 }
 
-main "$@"
+# Sourced (tests/test_kit.py tries stop_registered), it defines only.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    main "$@"
+fi

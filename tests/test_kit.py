@@ -293,6 +293,40 @@ def free_ports_distinct_processes_from_proc_and_stop_pid():
             p.wait()
 
 
+@test
+def run_sh_stops_a_registered_process_only_while_it_is_that_process():
+    # tests/run.sh's stop_registered, sourced: one child registered with its
+    # own start time (stopped), one whose file holds another start time, as
+    # when its pid was taken over by another run's process (left alone).
+    d = os.path.join(ss.TEST_TMP or "/tmp", f"pids-{os.getpid()}")
+    os.makedirs(d, exist_ok=True)
+    mine = subprocess.Popen(["sleep", "32"])
+    other = subprocess.Popen(["sleep", "33"])
+    try:
+        with open(os.path.join(d, str(mine.pid)), "w") as f:
+            f.write(ss.start_time(mine.pid) + "\n")
+        with open(os.path.join(d, str(other.pid)), "w") as f:
+            f.write(str(int(ss.start_time(other.pid)) - 1) + "\n")
+        r = subprocess.run(["bash", "-c", 'source tests/run.sh && stop_registered "$1"', "-", d],
+                           cwd=ss.ROOT, capture_output=True, text=True, timeout=30)
+        eq(r.returncode, 0, f"stop_registered's exit status ({r.stderr.strip()})")
+        try:
+            mine.wait(10)
+        except subprocess.TimeoutExpired:
+            fail("the registered process still runs after stop_registered")
+        if other.poll() is not None:
+            fail(f"a process whose start time differs from the registered one was stopped "
+                 f"(exit {other.returncode})")
+    finally:
+        for p in (mine, other):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in os.listdir(d):
+            os.unlink(os.path.join(d, f))
+        os.rmdir(d)
+
+
 # ---------------------------------------------------------------- HTTP
 
 class _Handler(http.server.BaseHTTPRequestHandler):
