@@ -670,6 +670,68 @@ def stopped_backend_case(name, env, uid):
         fail(f"{name}: after the resume: orders {orders}, stock {stock_of(vid)}")
 
 
+def client_backends(app):
+    return [int(p[0]) for p in psql(f"SELECT pid FROM pg_stat_activity WHERE application_name = "
+                                    f"'{app}' AND backend_type = 'client backend'")]
+
+
+def admin_sql(sql):
+    """A statement on a session that is never read-only."""
+    p = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", ss.PG_DSN, "-c", sql],
+                       capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, PGOPTIONS="-c default_transaction_read_only=off"))
+    if p.returncode != 0:
+        fail(f"psql {sql!r}: {p.stderr.strip()}")
+
+
+@test
+def a_read_only_answer_closes_the_session_for_a_new_one():
+    """Postgres answers read-only (SQLSTATE 25006, what a demoted primary
+    says; here default_transaction_read_only): the buyer gets 503 and the
+    worker's session is closed, so that its next request opens a new one,
+    through the DSN's hosts to whichever is the primary by then, instead of
+    asking the same server again."""
+    name = "readonly-pg"
+    srv = server(name, THREADS=1)
+    uid = 8_700_000
+    try:
+        vid = voucher(srv, 50)
+        if srv.seckill(vid, uid).status != 200:
+            fail("the first sale failed")
+        before = client_backends(name)
+        if len(before) != 1:
+            fail(f"expected the one worker's backend, found {before}")
+        admin_sql("ALTER SYSTEM SET default_transaction_read_only = on")
+        admin_sql("SELECT pg_reload_conf()")
+        refused = None
+        try:
+            # An idle backend applies the reload when its next message
+            # arrives; the first buyer may still be written.
+            for k in range(1, 6):
+                r = srv.seckill(vid, uid + k)
+                if r.status == 503:
+                    refused = uid + k
+                    break
+                if r.status != 200:
+                    fail(f"buyer {k} on a read-only Postgres: {answer(r)}")
+            if refused is None:
+                fail("5 buyers on a read-only Postgres and no 503")
+            wait_for("the read-only session closed", lambda: before[0] not in client_backends(name))
+        finally:
+            admin_sql("ALTER SYSTEM RESET default_transaction_read_only")
+            admin_sql("SELECT pg_reload_conf()")
+        r = srv.seckill(vid, refused)
+        if r.status != 200:
+            fail(f"the refused buyer's retry once writable: {answer(r)}")
+        after = client_backends(name)
+        if len(after) != 1 or after[0] in before:
+            fail(f"the worker's backend: {before} before, {after} after")
+        if orders_of(vid, refused) != 1:
+            fail(f"user {refused} has {orders_of(vid, refused)} orders, want 1")
+    finally:
+        srv.stop_ok()
+
+
 # ---------------------------------------------------------------- 4. the fencing gap
 
 @test
