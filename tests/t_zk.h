@@ -32,6 +32,33 @@ static inline void t_zk_script(char *out, size_t n)
         snprintf(out, n, "scripts/zk.sh");
 }
 
+/* Process pid's start time, field 22 of /proc/pid/stat (after the command
+ * name, which may hold spaces); 0, or -1 when it is gone. */
+static inline int t_zk_start_time(long pid, char *out, size_t n)
+{
+    char path[64], buf[1024], *p;
+    size_t len;
+    FILE *f;
+    int field;
+
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    if ((f = fopen(path, "r")) == NULL)
+        return -1;
+    len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    if ((p = strrchr(buf, ')')) == NULL)
+        return -1;
+    p++;
+    for (field = 2; field < 21 && p != NULL; field++)
+        p = strchr(p + 1, ' ');
+    if (p == NULL)
+        return -1;
+    p++;
+    snprintf(out, n, "%.*s", (int)strcspn(p, " \n"), p);
+    return out[0] != '\0' ? 0 : -1;
+}
+
 static inline const char *t_zk_start(const char *name)
 {
     const char *env = getenv("ZK_HOSTS");
@@ -68,10 +95,17 @@ static inline const char *t_zk_start(const char *name)
         snprintf(pidf, sizeof pidf, "%s/zk.pid", t_zk_dir);
         if ((f = fopen(pidf, "r")) != NULL) {
             if (fscanf(f, "%ld", &pid) == 1 && pid > 0) {
+                /* its start time beside the pid: run.sh stops that process
+                 * only, never one that took the pid over */
+                char start[32];
                 snprintf(reg, sizeof reg, "%s/pids/%ld", tmp, pid);
-                FILE *r = fopen(reg, "w");
-                if (r != NULL)
-                    fclose(r);
+                if (t_zk_start_time(pid, start, sizeof start) == 0) {
+                    FILE *r = fopen(reg, "w");
+                    if (r != NULL) {
+                        fprintf(r, "%s\n", start);
+                        fclose(r);
+                    }
+                }
             }
             fclose(f);
         }

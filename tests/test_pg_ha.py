@@ -15,9 +15,14 @@ $TEST_TMP/pg-ha-stack on free ports, with the failover timeouts of a test.
                            thaw the same buyer holds at most one order
   a cancelled wait         the commit waiting for its standby is cancelled
                            (pg_cancel_backend): Postgres reports success with
-                           a WARNING; the buyer gets 503, not 200
+                           a WARNING; the buyer gets 503, not 200 (one-statement
+                           order, batch); Redis-first: the stream entry stays
+                           unsettled, its retry waits for the standby too
   synchronous_commit       ALTER ROLE ... SET synchronous_commit = local: a new
-                           session takes no order and /ready says why
+                           session takes no order and /ready says why;
+                           ALTER SYSTEM ... local under running instances: the
+                           sessions in use, checked again once a second, take
+                           none either, and the consumers land none, until on
   primary SIGKILLed        pg_autoctl and every postgres process of the primary,
                            mid-sale through nginx, for optimistic, batched and
                            Redis-first: no acknowledged order missing on the new
@@ -256,13 +261,32 @@ def no_standby_no_200_the_buyer_gets_503_within_the_round_trip_bound():
 
 @test
 def a_cancelled_synchronous_wait_is_503_not_200():
+    """For the one-statement order and for a batch (its leader's pipelined
+    statement): a commit whose wait for its standby is cancelled is 503."""
+    for k, strategy in enumerate(("optimistic", "batched")):
+        cancelled_wait_case(strategy, user_base() + 1 + 20 * k)
+
+
+def cancel_sync_waits(st, p, until):
+    """pg_cancel_backend of node p's backends waiting for their standby
+    (wait_event SyncRep), until one was or 'until' (monotonic) passed."""
+    cancelled = "0"
+    while time.monotonic() < until and cancelled == "0":
+        cancelled = st.node_sql(p, "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity"
+                                   " WHERE wait_event = 'SyncRep'")
+        time.sleep(0.05)
+    return cancelled != "0"
+
+
+def cancelled_wait_case(strategy, user):
     st = the_stack()
-    st.use("optimistic")
+    st.use(strategy)
     v = st.new_voucher()
     port = st.app_ports[0]
-    user = user_base() + 1
     p = st.primary()
     answer = {}
+    log = os.path.join(RUN_DIR, "logs", "app-1.log")
+    log_at = os.path.getsize(log)
 
     def buy():
         answer["r"], answer["took"] = st.buy(port, v, user)
@@ -270,28 +294,92 @@ def a_cancelled_synchronous_wait_is_503_not_200():
     with Frozen(st):
         t = threading.Thread(target=buy, daemon=True)
         t.start()
-        deadline = time.monotonic() + ROUND_TRIP_MS / 1000
-        cancelled = "0"
-        while time.monotonic() < deadline and cancelled == "0":
-            cancelled = st.node_sql(p, "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity"
-                                       " WHERE wait_event = 'SyncRep'")
-            time.sleep(0.05)
+        cancelled = cancel_sync_waits(st, p, time.monotonic() + ROUND_TRIP_MS / 1000)
         t.join(30)
-    if cancelled == "0":
-        fail("no backend was seen waiting for its standby (wait_event SyncRep)")
+    if not cancelled:
+        fail(f"{strategy}: no backend was seen waiting for its standby (wait_event SyncRep)")
     r = answer.get("r")
     if r is None or r.status != 503:
-        fail(f"a commit whose synchronous wait was cancelled -> "
+        fail(f"{strategy}: a commit whose synchronous wait was cancelled -> "
              f"{r.status if r else None} {r.body if r else ''}, want 503")
     st.wait_settled()
     # It did commit on the primary: the buyer's retry meets it.
     r2, _ = st.buy(port, v, user)
     if r2.status != 409 or orders_of(st, v, user) != 1:
-        fail(f"retry after the cancelled wait: {r2.status} {r2.body}, "
+        fail(f"{strategy}: retry after the cancelled wait: {r2.status} {r2.body}, "
              f"{orders_of(st, v, user)} orders (want 409 and 1)")
-    logs = open(os.path.join(RUN_DIR, "logs", "app-1.log")).read()
-    if "may not be on a standby" not in logs:
-        fail("the instance did not log the warning it acted on")
+    with open(log) as f:
+        f.seek(log_at)
+        if "may not be on a standby" not in f.read():
+            fail(f"{strategy}: the instance did not log the warning it acted on")
+    print(f"    {strategy}: cancelled wait -> 503; retry -> 409", flush=True)
+
+
+@test
+def a_cancelled_synchronous_wait_leaves_the_redis_first_entry_pending():
+    """Redis-first: the consumer's commit waits for the standby and that
+    wait is cancelled. The buyer had its 200 from Redis; the stream entry
+    stays unsettled (the consumer acknowledges an entry only after a
+    commit a standby confirmed) until the standbys are back, then lands
+    once."""
+    st = the_stack()
+    st.use("redis")
+    v = st.new_voucher(1000)
+    port = st.app_ports[0]
+    user = user_base() + 60
+    p = st.primary()
+    log = os.path.join(RUN_DIR, "logs", "app-1.log")
+    log_at = os.path.getsize(log)
+    with Frozen(st):
+        r, _ = st.buy(port, v, user)
+        if r.status != 200:
+            fail(f"Redis-first admission with the standbys frozen: {r.status} {r.body}")
+        if not cancel_sync_waits(st, p, time.monotonic() + 20):
+            fail("no consumer commit was seen waiting for its standby (wait_event SyncRep)")
+        deadline = time.monotonic() + 20
+        while True:
+            with open(log) as f:
+                f.seek(log_at)
+                if "may not be on a standby" in f.read():
+                    break
+            if time.monotonic() > deadline:
+                fail("the consumer did not log the warning of its cancelled wait")
+            time.sleep(0.1)
+        # Acknowledged right after that commit, the entry would be settled
+        # by now; it is kept until a commit is confirmed.
+        time.sleep(1.0)
+        backlog = backlog_of(st)
+        if backlog < 1:
+            fail(f"the stream entry was settled after a cancelled synchronous wait "
+                 f"(backlog {backlog})")
+        # Its retry finds the rows there and writes nothing new, yet its
+        # commit (the voucher row's lock) waits for the standby as well:
+        # acknowledging the entry then confirms the earlier commit.
+        wait(lambda: st.node_sql(p, "SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE wait_event = 'SyncRep'") != "0",
+             20, "the consumer's retry waiting for the standby")
+    st.wait_settled()
+    wait(lambda: backlog_of(st) == 0, 60, "the stream drained after the thaw")
+    if orders_of(st, v, user) != 1:
+        fail(f"user {user} has {orders_of(st, v, user)} orders after the drain, want 1")
+    print(f"    redis-first: cancelled wait -> entry kept ({backlog} unsettled), lands after the thaw",
+          flush=True)
+
+
+def backlog_of(st):
+    """Unsettled Redis-first orders, as the first instance's /stats has them."""
+    r = ss.request(st.app_ports[0], "GET", "/stats", timeout=10)
+    if r.status != 200:
+        fail(f"/stats -> {r.status} {r.body}")
+    return r.body["redisFirst"]["backlog"]
+
+
+def wait(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            fail(f"timed out after {timeout} s: {what}")
+        time.sleep(0.2)
 
 
 @test
@@ -319,6 +407,121 @@ def a_session_below_synchronous_commit_on_takes_no_order_and_ready_says_why():
         st.restart_instances({}, timeout=120)
     except kit.KitError as e:
         fail(str(e))
+
+
+
+def primary_sql(st, sql):
+    p = st.primary()
+    port = st.info["PG_NODE_PORTS"].split()[p - 1]
+    ss.psql(sql, dsn=f"host=127.0.0.1 port={port} user=postgres dbname=seckill")
+
+
+RECHECK_S = 1.0                 # sessions in use are checked again once a second
+
+
+@test
+def a_session_in_use_stops_taking_orders_once_its_commits_no_longer_wait():
+    """synchronous_commit turned to local on the primary (ALTER SYSTEM and a
+    reload) under sessions that passed their check when they opened: they
+    are checked again once a second, and once checked none takes an order,
+    with no restart; sales resume once it is back to on."""
+    st = the_stack()
+    st.use("optimistic")
+    v = st.new_voucher()
+    base = user_base() + 100
+    warm = [ss.request(st.nginx_port, "POST", f"/voucher/{v}/seckill",
+                       {"X-User-Id": str(base + i)}, timeout=10).status for i in range(8)]
+    if warm != [200] * 8:
+        fail(f"before the change: {warm}")
+    primary_sql(st, "ALTER SYSTEM SET synchronous_commit = local")
+    primary_sql(st, "SELECT pg_reload_conf()")
+    n = 8
+    try:
+        first_503 = None
+        deadline = time.monotonic() + 15
+        while first_503 is None and time.monotonic() < deadline:
+            r = ss.request(st.nginx_port, "POST", f"/voucher/{v}/seckill",
+                           {"X-User-Id": str(base + n)}, timeout=10)
+            n += 1
+            if r.status == 503:
+                first_503 = time.monotonic()
+            elif r.status != 200:
+                fail(f"a buyer after the change: {r.status} {r.body}")
+        if first_503 is None:
+            fail("sessions took orders for 15 s after synchronous_commit became local")
+        # Every session's last check is now older than the period: each
+        # is checked at its next use.
+        time.sleep(RECHECK_S + 0.2)
+        after = []
+        for _ in range(12):
+            r = ss.request(st.nginx_port, "POST", f"/voucher/{v}/seckill",
+                           {"X-User-Id": str(base + n)}, timeout=10)
+            n += 1
+            after.append(r.status)
+        if after != [503] * 12:
+            fail(f"answers once every session was due for its check: {after}")
+        for port in st.app_ports:
+            r = ss.request(port, "GET", "/ready", timeout=5)
+            msg = r.body.get("message", "") if isinstance(r.body, dict) else ""
+            if r.status != 503 or "synchronous_commit is 'local'" not in msg:
+                fail(f"/ready of port {port} -> {r.status} {r.body}")
+    finally:
+        primary_sql(st, "ALTER SYSTEM RESET synchronous_commit")
+        primary_sql(st, "SELECT pg_reload_conf()")
+    wait(lambda: ss.request(st.nginx_port, "POST", f"/voucher/{v}/seckill",
+                            {"X-User-Id": str(base + 999)}, timeout=10).status == 200,
+         30, "a sale once synchronous_commit is on again")
+    print(f"    synchronous_commit local in use: first 503 after {n - 8 - 12} buyer(s); "
+          f"then 12 x 503", flush=True)
+
+
+@test
+def the_redis_first_consumer_lands_nothing_while_commits_do_not_wait():
+    """The same change under the Redis-first consumers: buyers are still
+    admitted (200 from Redis), and the consumers, their sessions checked
+    again, land none of those orders until synchronous_commit is on again;
+    then every one lands once."""
+    st = the_stack()
+    st.use("redis")
+    v = st.new_voucher(1000)
+    base = user_base() + 300
+    for i in range(4):
+        ss.request(st.nginx_port, "POST", f"/voucher/{v}/seckill",
+                   {"X-User-Id": str(base + i)}, timeout=10)
+    wait(lambda: backlog_of(st) == 0, 30, "the first orders landed")
+    retries = lambda: sum(metric(port, "seckill_stream_retries_total")  # noqa: E731
+                          for port in st.app_ports)
+    primary_sql(st, "ALTER SYSTEM SET synchronous_commit = local")
+    primary_sql(st, "SELECT pg_reload_conf()")
+    users = [base + 10 + i for i in range(6)]
+    try:
+        time.sleep(RECHECK_S + 0.2)
+        r0 = retries()
+        got = [ss.request(st.nginx_port, "POST", f"/voucher/{v}/seckill",
+                          {"X-User-Id": str(u)}, timeout=10).status for u in users]
+        if got != [200] * len(users):
+            fail(f"Redis-first admission while the consumers cannot land: {got}")
+        wait(lambda: retries() >= r0 + 2, 30, "the consumers refusing to land (stream retries)")
+        landed = [u for u in users if orders_of(st, v, u)]
+        if landed:
+            fail(f"orders landed while synchronous_commit was local: users {landed}")
+    finally:
+        primary_sql(st, "ALTER SYSTEM RESET synchronous_commit")
+        primary_sql(st, "SELECT pg_reload_conf()")
+    wait(lambda: backlog_of(st) == 0, 60, "the stream drained once synchronous_commit is on")
+    counts = [orders_of(st, v, u) for u in users]
+    if counts != [1] * len(users):
+        fail(f"orders per user after the drain: {counts}")
+    print(f"    redis-first: {len(users)} admitted, none landed while local, all once after",
+          flush=True)
+
+
+def metric(port, name):
+    r = ss.request(port, "GET", "/metrics", timeout=10)
+    for line in r.body.splitlines() if isinstance(r.body, str) else []:
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    fail(f"{name} not in /metrics of port {port}")
 
 
 # ---------------------------------------------------------------- failover under load
