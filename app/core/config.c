@@ -109,7 +109,8 @@ static const config_setting settings[] = {
     BOOL("PG_HA", "pg-ha", pg_ha, "0",
       "Postgres has synchronous standbys (pg_auto_failover): a session whose synchronous_commit "
       "is below 'on', or whose primary has no synchronous standby, takes no order (checked at "
-      "connect and every second; /ready says why)"),
+      "connect and every second; /ready says why), and each commit is answered only once a "
+      "synchronous standby reports it flushed (needs pg_read_all_stats)"),
     SECRET("ADMIN_TOKEN", "admin-token", admin_token, CONFIG_SHOW_SECRET, "",
       "bearer token of the admin API (empty: admin API answers 403)"),
     STR("ADMIN_TOKEN_FILE", "admin-token-file", admin_token_file, "",

@@ -60,6 +60,8 @@ static void set_free(void *p)
         redisFree(cs->redis);
     if (cs->pg != NULL)
         PQfinish(cs->pg);
+    if (cs->pg_aside != NULL)
+        PQfinish(cs->pg_aside);
     free(cs);
 }
 
@@ -381,27 +383,39 @@ out:
     return pg;
 }
 
-PGconn *conn_pg(conn_set *cs)
+/* The session in '*slot', re-opened when it is gone or failed its check. */
+static PGconn *session(PGconn **slot, int64_t *checked_us)
 {
     char err[512];
 
-    if (cs->pg != NULL) {
+    if (*slot != NULL) {
         /* A session left inside a transaction (it should never be) is not reused. */
-        if (PQstatus(cs->pg) == CONNECTION_OK && PQtransactionStatus(cs->pg) == PQTRANS_IDLE &&
-            !socket_stale(PQsocket(cs->pg))) {
-            if (conn_pg_recheck(cs->pg, &cs->pg_checked_us) == 0)
-                return cs->pg;
+        if (PQstatus(*slot) == CONNECTION_OK && PQtransactionStatus(*slot) == PQTRANS_IDLE &&
+            !socket_stale(PQsocket(*slot))) {
+            if (conn_pg_recheck(*slot, checked_us) == 0)
+                return *slot;
             log_info("postgres session failed its check; reconnecting");
         } else {
             log_info("postgres connection lost; reconnecting");
         }
-        conn_pg_broken(cs);
+        PQfinish(*slot);
+        *slot = NULL;
     }
-    cs->pg = conn_pg_open(err, sizeof err);
-    cs->pg_checked_us = util_mono_us();
-    if (cs->pg == NULL)
+    *slot = conn_pg_open(err, sizeof err);
+    *checked_us = util_mono_us();
+    if (*slot == NULL)
         log_warn("postgres unavailable: %s", err);
-    return cs->pg;
+    return *slot;
+}
+
+PGconn *conn_pg(conn_set *cs)
+{
+    return session(&cs->pg, &cs->pg_checked_us);
+}
+
+PGconn *conn_pg_aside(conn_set *cs)
+{
+    return session(&cs->pg_aside, &cs->pg_aside_checked_us);
 }
 
 void conn_pg_broken(conn_set *cs)

@@ -13,6 +13,8 @@ typedef struct conn_set {
     uint64_t redis_gen;    /* sentinel_generation() when 'redis' was opened */
     PGconn *pg;            /* NULL until connected, or after conn_pg_broken */
     int64_t pg_checked_us; /* util_mono_us() of pg's last set-up or recheck */
+    PGconn *pg_aside;      /* conn_pg_aside's session; NULL until first used */
+    int64_t pg_aside_checked_us;
     uint64_t thread_id;    /* process-unique, never reused (lock owner id) */
     char owner[128];       /* "<instance uuid>:<thread_id>", the lock hash field */
 } conn_set;
@@ -61,6 +63,11 @@ void conn_redis_broken(conn_set *cs);
 /* A connected Postgres session, set up by the conn_set_pg_init hook, or NULL when
  * Postgres is unreachable. Borrowed: do not free. */
 PGconn *conn_pg(conn_set *cs);
+
+/* A second session of this thread, as conn_pg's, for a short statement
+ * while the first may be busy (a batch leader's pipeline): PG_HA's
+ * confirmation of commits. Borrowed; NULL when Postgres is unreachable. */
+PGconn *conn_pg_aside(conn_set *cs);
 
 /* Call when a PG call failed at the connection level: the connection is
  * closed and re-opened (and re-prepared) by the next conn_pg. */

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 /* The voucher row locked first, by a statement of its own, in the
  * transaction of store_locked_exec: the statement behind it starts after
@@ -19,6 +20,16 @@
  * holder committed (store_orders_persist, store_voucher_reset). */
 static const store_statement statements[] = {
     { "orders_lock", 1, "SELECT 1 FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE" },
+    /* PG_HA (store_ha_confirm): the primary's WAL insert position now, and
+     * whether a synchronous standby has reported it flushed; then the same
+     * question for a position read before. */
+    { "ha_position", 0,
+      "SELECT l::text, EXISTS (SELECT 1 FROM pg_stat_replication WHERE flush_lsn >= l"
+      "                          AND sync_state IN ('sync', 'quorum'))"
+      "  FROM pg_current_wal_insert_lsn() AS l" },
+    { "ha_flushed", 1,
+      "SELECT EXISTS (SELECT 1 FROM pg_stat_replication WHERE flush_lsn >= $1::pg_lsn"
+      "                 AND sync_state IN ('sync', 'quorum'))" },
 };
 
 #define NSTATEMENTS (sizeof statements / sizeof statements[0])
@@ -145,12 +156,14 @@ int store_ha_check(PGconn *pg)
     /* A standby that streams as synchronous: a primary that was replaced
      * while its pg_autoctl was gone runs on, writable, with nobody following
      * it, and its commits would wait forever. Without pg_read_all_stats the
-     * role sees the rows but not their state: those count as standbys. */
+     * role sees the rows but not their state and positions, which
+     * store_ha_confirm reads: refused. */
     PGresult *res = store_timed_exec(
         pg, "SELECT current_setting('synchronous_commit'),"
             "       current_setting('synchronous_standby_names'), pg_is_in_recovery(),"
             "       (SELECT count(*) FROM pg_stat_replication"
-            "         WHERE sync_state IS NULL OR sync_state IN ('sync', 'quorum'))");
+            "         WHERE sync_state IN ('sync', 'quorum')),"
+            "       (SELECT count(*) FROM pg_stat_replication WHERE state IS NULL)");
     char why[256] = "";
     const char *sc;
     int rc = -1;
@@ -160,7 +173,11 @@ int store_ha_check(PGconn *pg)
         goto out;
     }
     sc = PQgetvalue(res, 0, 0);
-    if (PQgetvalue(res, 0, 2)[0] == 't')
+    if (strcmp(PQgetvalue(res, 0, 4), "0") != 0)
+        snprintf(why, sizeof why,
+                 "this role cannot read the standbys' positions in pg_stat_replication, which "
+                 "confirm each commit (GRANT pg_read_all_stats TO the role)");
+    else if (PQgetvalue(res, 0, 2)[0] == 't')
         snprintf(why, sizeof why, "the server is a standby (read-only)");
     else if (strcmp(sc, "on") != 0 && strcmp(sc, "remote_apply") != 0)
         snprintf(why, sizeof why,
@@ -179,6 +196,52 @@ out:
     PQclear(res);
     ha_note(why);
     return rc;
+}
+
+/* A commit waits for a standby only once the checkpointer has applied the
+ * standby list (WalSndCtl->sync_standbys_defined, set by
+ * SyncRepUpdateSyncStandbysDefined, "called by checkpointer", in Postgres's
+ * src/backend/replication/syncrep.c); until then SHOW and
+ * pg_stat_replication already name the standbys, store_ha_check passes,
+ * and commits return with no standby. So the commit is confirmed here,
+ * after it returned: the insert position read now is past its commit
+ * record, and a synchronous standby that reports that position flushed
+ * has the commit. Polled (1 ms apart) while the standby catches up, for at
+ * most PG_STATEMENT_TIMEOUT_MS. */
+store_status store_ha_confirm(PGconn *pg)
+{
+    int64_t until = util_mono_us() + (int64_t)g_cfg.pg_statement_timeout_ms * 1000;
+    char lsn[32];
+    const char *vals[1] = { lsn };
+    PGresult *res = store_exec(pg, "ha_position", 0, NULL);
+    store_status st = STORE_UNAVAILABLE;
+
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+        st = store_result_error(pg, res, "ha_position");
+        goto out;
+    }
+    snprintf(lsn, sizeof lsn, "%s", PQgetvalue(res, 0, 0));
+    while (PQgetvalue(res, 0, PQnfields(res) - 1)[0] != 't') {
+        struct timespec ms = { 0, 1000000L };
+
+        if (util_mono_us() >= until) {
+            log_warn("store: no synchronous standby reported WAL position %s flushed within "
+                     "%d ms: the commit before it may be on the primary only; answering 503",
+                     lsn, g_cfg.pg_statement_timeout_ms);
+            goto out;
+        }
+        nanosleep(&ms, NULL);
+        PQclear(res);
+        res = store_exec(pg, "ha_flushed", 1, vals);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+            st = store_result_error(pg, res, "ha_flushed");
+            goto out;
+        }
+    }
+    st = STORE_OK;
+out:
+    PQclear(res);
+    return st;
 }
 
 int store_ha_refusal(char *buf, size_t n)

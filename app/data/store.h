@@ -52,6 +52,14 @@ int store_round_trip_ms(void);
  * store_ha_refusal. Run on every new session when PG_HA is set. */
 int store_ha_check(PGconn *pg);
 
+/* PG_HA: STORE_OK once a synchronous standby has every commit made on this
+ * primary before the call (by any session), STORE_UNAVAILABLE when none
+ * reports it within PG_STATEMENT_TIMEOUT_MS or the call fails. Run after a
+ * commit reported success, before it is answered as done: a commit can
+ * return without a standby while the checks of store_ha_check pass. Needs
+ * the positions of pg_stat_replication (superuser or pg_read_all_stats). */
+store_status store_ha_confirm(PGconn *pg);
+
 /* 1 and the reason in 'buf' when the last store_ha_check refused; else 0. */
 int store_ha_refusal(char *buf, size_t n);
 

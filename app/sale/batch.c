@@ -261,6 +261,26 @@ static void read_batch(conn_set *cs, scratch *s)
     }
 }
 
+/* PG_HA: the batch's orders are answered as done only once a synchronous
+ * standby has their commit (store_ha_confirm, once for the batch, on this
+ * thread's second session: the first may carry the next batch already). */
+static void confirm_batch(conn_set *cs, scratch *s)
+{
+    store_status st;
+    PGconn *pg;
+    int any = 0;
+
+    for (int i = 0; i < s->n && !any; i++)
+        any = s->results[i] == STORE_OK;
+    if (!g_cfg.pg_ha || !any)
+        return;
+    pg = conn_pg_aside(cs);
+    st = pg == NULL ? STORE_UNAVAILABLE : store_ha_confirm(pg);
+    for (int i = 0; st != STORE_OK && i < s->n; i++)
+        if (s->results[i] == STORE_OK)
+            s->results[i] = STORE_UNAVAILABLE;
+}
+
 /* Releases the batch's user locks in one round trip, after its commit and
  * before anyone is answered (a failed release is retried by its owner),
  * then answers every buyer of the batch and every one refused. */
@@ -270,6 +290,7 @@ static void release_and_answer(conn_set *cs, scratch *s)
         for (int i = 0; i < s->n; i++)
             s->holds[i] = s->batch[i]->b->hold;
         user_lock_release_many(cs, s->holds, (size_t)s->n);
+        confirm_batch(cs, s);
     }
     for (int i = 0; i < s->n; i++) {
         s->batch[i]->done(cs, s->batch[i]->arg, s->results[i]);

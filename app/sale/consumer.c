@@ -406,6 +406,9 @@ static int persist(consumer *k, int64_t voucher_id, int64_t gen, const int *idx,
                                       .user_id = e->user_id };
     }
     st = store_orders_persist(pg, voucher_id, gen, k->orders, (size_t)n, &inserted, &pg_sale);
+    /* PG_HA: settled only once a synchronous standby has the commit. */
+    if (st == STORE_OK && g_cfg.pg_ha && store_ha_confirm(pg) != STORE_OK)
+        return refused_for_now(k, pg);
     if (st == STORE_OK) {
         if (settle(k, idx, n, voucher_id, n, NULL) != 0)
             return -1;
@@ -423,6 +426,8 @@ static int persist(consumer *k, int64_t voucher_id, int64_t gen, const int *idx,
     for (int i = 0; i < n; i++) {
         const char *why;
         st = store_orders_persist(pg, voucher_id, gen, &k->orders[i], 1, &inserted, &pg_sale);
+        if (st == STORE_OK && g_cfg.pg_ha && store_ha_confirm(pg) != STORE_OK)
+            return refused_for_now(k, pg);
         if (st == STORE_OK) {
             if (settle(k, &idx[i], 1, voucher_id, 1, NULL) != 0)
                 return -1;

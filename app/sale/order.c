@@ -217,6 +217,20 @@ static void learn(order_job *j, store_status st)
     }
 }
 
+/* PG_HA: a commit is answered as done only once a synchronous standby has
+ * it (store_ha_confirm: Postgres may return it without one). A batch's
+ * leader confirmed its batch before answering it; Redis-first's orders are
+ * confirmed by the consumer that lands them. */
+static store_status confirmed(conn_set *cs, store_status st)
+{
+    PGconn *pg;
+
+    if (st != STORE_OK || !g_cfg.pg_ha || stock_alone() || order_joinable())
+        return st;
+    pg = conn_pg(cs);
+    return pg == NULL ? STORE_UNAVAILABLE : store_ha_confirm(pg);
+}
+
 /* The end of every order, refused or settled, on whichever worker holds it
  * then. */
 static void settled(conn_set *cs, void *arg, store_status st)
@@ -230,6 +244,7 @@ static void settled(conn_set *cs, void *arg, store_status st)
     user_lock_release(cs, &j->hold);
     if (err == API_OK) {
         leader_refusal(j);
+        st = confirmed(cs, st);
         learn(j, st);
         err = order_store_error(st);
     }
