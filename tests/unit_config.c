@@ -195,6 +195,11 @@ static void test_refusals_name_the_setting(void)
     refuses(((const char *const[]){ "LOCK_SYNC_REPLICAS=1", "LOCK_SYNC_TIMEOUT_MS=1000", NULL }),
             NULL, "LOCK_SYNC_TIMEOUT_MS");
     refuses(ENV1("REDIS_ORDER_DURABILITY=sometimes"), NULL, "REDIS_ORDER_DURABILITY");
+    /* A WAIT longer than the command timeout breaks the connection (and
+     * opens the circuit breaker) instead of answering too few. */
+    refuses(((const char *const[]){ "REDIS_ORDER_DURABILITY=wait", "REDIS_ORDER_WAIT_MS=1000",
+                                    NULL }),
+            NULL, "REDIS_ORDER_WAIT_MS");
     refuses(ENV1("ZK_HOSTS=127.0.0.1:2181,"), NULL, "trailing comma");
 
     /* A text longer than its setting holds is refused, not cut. */

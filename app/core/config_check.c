@@ -62,6 +62,13 @@ int config_check(const config *c)
                   c->lock_sync_timeout_ms, c->redis_timeout_ms);
         return -1;
     }
+    if (c->redis_order_durability == DURABILITY_WAIT &&
+        c->redis_order_wait_ms >= c->redis_timeout_ms) {
+        log_error("REDIS_ORDER_WAIT_MS (%d) must be below REDIS_TIMEOUT_MS (%d): the answer "
+                  "to WAIT has to arrive within the command timeout",
+                  c->redis_order_wait_ms, c->redis_timeout_ms);
+        return -1;
+    }
     if (c->admin_token_file[0] != '\0' && c->admin_token[0] != '\0') {
         log_error("ADMIN_TOKEN and ADMIN_TOKEN_FILE are both set: set one of them");
         return -1;
