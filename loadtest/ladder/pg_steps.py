@@ -98,11 +98,13 @@ class PgSteps:
             statuses = {}
             signal_all(receivers, signal.SIGSTOP)
             try:
-                # A frozen walreceiver's kernel would still buffer what the
-                # walsender sends and hand it over on SIGCONT: the primary's
-                # walsenders end too (a frozen receiver cannot reconnect).
-                kit.psql(self.pg_node_dsn(primary), "SELECT pg_terminate_backend(pid) "
-                                                    "FROM pg_stat_replication")
+                if step["cut_walsenders"]:
+                    # A frozen walreceiver's kernel would still buffer what
+                    # the walsender sends and hand it over on SIGCONT: the
+                    # primary's walsenders end too (a frozen receiver cannot
+                    # reconnect).
+                    kit.psql(self.pg_node_dsn(primary), "SELECT pg_terminate_backend(pid) "
+                                                        "FROM pg_stat_replication")
                 t0 = time.monotonic()
                 acked, times, errors = buy_all(self.base_url, f"/voucher/{self.voucher}/seckill",
                                                users, load["concurrency"], statuses)
@@ -133,7 +135,7 @@ class PgSteps:
         self.extra = {"pgFailover": {
             "acked": len(acked), "unavailable": statuses.get(503, 0),
             "clientStatuses": {str(k): v for k, v in sorted(statuses.items())},
-            "missing": len(missing), "missingIds": missing[:10], "killedNode": primary,
+            "missing": len(missing), "missingIds": missing[:10], "ordersOnNewPrimary": len(rows), "killedNode": primary,
             "promotedNode": new, "killToPromotedS": round(promoted_s, 2),
             "synchronousCommit": step["synchronous_commit"]},
             "measured": f"{len(acked)} x 200, {statuses.get(503, 0)} x 503, {len(missing)} acked "

@@ -243,9 +243,10 @@ STEPS += lock_steps(len(STEPS) + 1)
 
 # The Postgres failover steps (a stack with PG_HA=1: pg_auto_failover, a
 # monitor and three data nodes, number_sync_standbys 1). The walreceiver of
-# both standbys is frozen (SIGSTOP) and the primary's walsenders ended, so the
-# burst's WAL reaches no standby; the primary is then SIGKILLed (its whole
-# process tree) and a standby promoted. What the burst's 200s promised and the
+# both standbys is frozen (SIGSTOP), so no standby flushes the burst's WAL
+# (pg-async: the primary's walsenders are ended too, so none receives it);
+# the primary is then SIGKILLed (its whole process tree), the walreceivers
+# resumed and a standby promoted. What the burst's 200s promised and the
 # new primary has: synchronous_commit = local acknowledges a commit once the
 # primary alone has flushed it, on waits for a standby's flush as well
 # (https://www.postgresql.org/docs/current/warm-standby.html#SYNCHRONOUS-REPLICATION).
@@ -253,25 +254,29 @@ PG_BURST = {"kind": "pg-failover", "requests": 100, "concurrency": 10, "stock": 
 PG_SYNC_TIMEOUT_MS = 1000    # a commit waiting for its standby is cancelled: 503
 
 
-def pg_step(key, title, commit, env, expect, story):
-    """A Postgres failover step: the burst with the standbys' WAL cut off,
-    the primary killed; commit: the role's synchronous_commit."""
+def pg_step(key, title, commit, cut, env, expect, story):
+    """A Postgres failover step: the burst with the standbys' walreceivers
+    frozen, the primary killed; commit: the role's synchronous_commit; cut:
+    the primary's walsenders ended as well."""
     return dict(key=key, title=title, lock="reentrant", stock="optimistic", instances=2,
-                env=dict(env, PG_HA=1), synchronous_commit=commit, load=PG_BURST,
-                pg_failover=True, expect=expect, story=story)
+                env=dict(env, PG_HA=1), synchronous_commit=commit, cut_walsenders=cut,
+                load=PG_BURST, pg_failover=True, expect=expect, story=story)
 
 
 def pg_steps(first):
     """The Postgres failover steps, numbered from 'first'."""
     out = [
-        pg_step("pg-async", "PG failover, async standby", "local",
+        pg_step("pg-async", "PG failover, async standby", "local", True,
                 {"INSTANCE_ENV_1": "PG_HA=0", "INSTANCE_ENV_2": "PG_HA=0"},
                 expect="acked orders lost",
                 story="ALTER ROLE ... SET synchronous_commit = local (instances with PG_HA=0, "
                       "which accept it): 100 buyers (10 concurrent) answered 200 once the "
                       "primary alone has the commit; the standbys' walreceivers frozen, the "
                       "primary SIGKILLed, a standby promoted without the burst"),
-        pg_step("pg-sync", "PG failover, sync standby", "on",
+        # The walsenders stay: with none left, the primary's pg_autoctl reports
+        # no standby streaming and the monitor assigns it wait_primary, whose
+        # commits no longer wait for a standby (a first try saw 200s, lost).
+        pg_step("pg-sync", "PG failover, sync standby", "on", False,
                 {"PG_STATEMENT_TIMEOUT_MS": PG_SYNC_TIMEOUT_MS},
                 expect="no 200 while frozen, none lost",
                 story="the same with synchronous_commit = on (PG_HA=1 instances): each commit "
