@@ -243,10 +243,10 @@ STEPS += lock_steps(len(STEPS) + 1)
 
 # The Postgres failover steps (a stack with PG_HA=1: pg_auto_failover, a
 # monitor and three data nodes, number_sync_standbys 1). The walreceiver of
-# both standbys is frozen (SIGSTOP), so no standby flushes the burst's WAL
-# (pg-async: the primary's walsenders are ended too, so none receives it);
-# the primary is then SIGKILLed (its whole process tree), the walreceivers
-# resumed and a standby promoted. What the burst's 200s promised and the
+# both standbys is frozen (SIGSTOP), and the monitor with them, so no standby
+# flushes the burst's WAL (pg-async: the primary's walsenders are ended too,
+# so none receives it); the primary is then SIGKILLed (its whole process
+# tree), the rest resumed and a standby promoted. What the burst's 200s promised and the
 # new primary has: synchronous_commit = local acknowledges a commit once the
 # primary alone has flushed it, on waits for a standby's flush as well
 # (https://www.postgresql.org/docs/current/warm-standby.html#SYNCHRONOUS-REPLICATION).
@@ -273,9 +273,6 @@ def pg_steps(first):
                       "which accept it): 100 buyers (10 concurrent) answered 200 once the "
                       "primary alone has the commit; the standbys' walreceivers frozen, the "
                       "primary SIGKILLed, a standby promoted without the burst"),
-        # The walsenders stay: with none left, the primary's pg_autoctl reports
-        # no standby streaming and the monitor assigns it wait_primary, whose
-        # commits no longer wait for a standby (a first try saw 200s, lost).
         pg_step("pg-sync", "PG failover, sync standby", "on", False,
                 {"PG_STATEMENT_TIMEOUT_MS": PG_SYNC_TIMEOUT_MS},
                 expect="no 200 while frozen, none lost",
