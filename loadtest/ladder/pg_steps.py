@@ -96,11 +96,16 @@ class PgSteps:
                                      "both standbys' walreceivers")
             users = range(self.user_base + 700_000, self.user_base + 700_000 + load["requests"])
             statuses = {}
-            # The monitor frozen too, until the kill: with the standbys
-            # flushing nothing, it lets the primary commit alone after some
-            # seconds (a burst of 100 blocked commits at 10 concurrent, about
-            # 20 s, saw its last dozen answered 200).
+            # The standbys' pg_autoctl processes and the monitor frozen too,
+            # until the kill: otherwise, some 15 s into the burst, a standby's
+            # pg_autoctl restarts its postgres, whose new walreceiver streams
+            # again (a burst of 100 blocked commits at 10 concurrent, about
+            # 20 s, saw its last dozen answered 200). Their postmasters run,
+            # so the monitor's health checks would still pass.
             frozen = receivers + kit.proc_tree(self.stack.pid("pg-monitor"))
+            for n in standbys:
+                frozen += [p for p in kit.proc_tree(self.stack.pid(f"pg-node-{n}"))
+                           if (kit.cmdline(p) or "").startswith("pg_autoctl")]
             signal_all(frozen, signal.SIGSTOP)
             try:
                 if step["cut_walsenders"]:

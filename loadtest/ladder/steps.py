@@ -273,6 +273,8 @@ def pg_steps(first):
                       "which accept it): 100 buyers (10 concurrent) answered 200 once the "
                       "primary alone has the commit; the standbys' walreceivers frozen, the "
                       "primary SIGKILLed, a standby promoted without the burst"),
+        # The walsenders may stay: a commit waits for a standby's flush, which
+        # a frozen walreceiver never reports.
         pg_step("pg-sync", "PG failover, sync standby", "on", False,
                 {"PG_STATEMENT_TIMEOUT_MS": PG_SYNC_TIMEOUT_MS},
                 expect="no 200 while frozen, none lost",
