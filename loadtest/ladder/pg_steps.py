@@ -75,6 +75,15 @@ class PgSteps:
                 return pid
         return None
 
+    def pg_both_stream(self, primary):
+        """Does the primary list a synchronous standby and have both standbys
+        streaming as candidates for it?"""
+        dsn = self.pg_node_dsn(primary)
+        names = kit.psql_value(dsn, "SHOW synchronous_standby_names")
+        rows = kit.psql(dsn, "SELECT state, sync_state FROM pg_stat_replication")
+        return names.startswith("ANY 1 (") and len(rows) == NODES - 1 and \
+            all(r == ["streaming", "quorum"] for r in rows)
+
     def walreceivers(self, nodes):
         """The walreceivers of nodes, or None while one has none."""
         pids = [self.walreceiver(n) for n in nodes]
@@ -92,6 +101,11 @@ class PgSteps:
             self.pg_wait(self.pg_settled, SETTLE_TIMEOUT_S, "one primary and two secondaries")
             primary = self.pg_primary()
             standbys = [n for n in range(1, NODES + 1) if n != primary]
+            # Settled is not enough: a node that has just rejoined may not
+            # stream yet, or the primary not list it yet (a burst then saw
+            # 63 commits confirmed by a standby that was not frozen).
+            self.pg_wait(lambda: self.pg_both_stream(primary), 60,
+                         "both standbys streaming, the primary's synchronous_standby_names set")
             receivers = self.pg_wait(lambda: self.walreceivers(standbys), 30,
                                      "both standbys' walreceivers")
             users = range(self.user_base + 700_000, self.user_base + 700_000 + load["requests"])
@@ -108,6 +122,8 @@ class PgSteps:
                            if (kit.cmdline(p) or "").startswith("pg_autoctl")]
             signal_all(frozen, signal.SIGSTOP)
             try:
+                self.pg_wait(lambda: all((kit.proc_status(p) or {}).get("State") == "T"
+                                         for p in receivers), 10, "the walreceivers stopped")
                 if step["cut_walsenders"]:
                     # A frozen walreceiver's kernel would still buffer what
                     # the walsender sends and hand it over on SIGCONT: the
