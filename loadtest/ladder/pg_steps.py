@@ -17,14 +17,6 @@ PROMOTE_TIMEOUT_S = 90       # kill -> a standby promoted (about 10 s on an idle
 SETTLE_TIMEOUT_S = 240       # a killed node back as a standby (pg_rewind or a new clone)
 
 
-def signal_all(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 class PgSteps:
     """The Postgres failover steps (a mixin of Ladder)."""
 
@@ -102,8 +94,7 @@ class PgSteps:
             primary = self.pg_primary()
             standbys = [n for n in range(1, NODES + 1) if n != primary]
             # Settled is not enough: a node that has just rejoined may not
-            # stream yet, or the primary not list it yet (a burst then saw
-            # 63 commits confirmed by a standby that was not frozen).
+            # stream yet, or the primary not list it yet.
             self.pg_wait(lambda: self.pg_both_stream(primary), 60,
                          "both standbys streaming, the primary's synchronous_standby_names set")
             receivers = self.pg_wait(lambda: self.walreceivers(standbys), 30,
@@ -111,16 +102,13 @@ class PgSteps:
             users = range(self.user_base + 700_000, self.user_base + 700_000 + load["requests"])
             statuses = {}
             # The standbys' pg_autoctl processes and the monitor frozen too,
-            # until the kill: otherwise, some 15 s into the burst, a standby's
-            # pg_autoctl restarts its postgres, whose new walreceiver streams
-            # again (a burst of 100 blocked commits at 10 concurrent, about
-            # 20 s, saw its last dozen answered 200). Their postmasters run,
-            # so the monitor's health checks would still pass.
+            # until the kill, so that nothing restarts or reconfigures a
+            # standby meanwhile. Their postmasters run on.
             frozen = receivers + kit.proc_tree(self.stack.pid("pg-monitor"))
             for n in standbys:
                 frozen += [p for p in kit.proc_tree(self.stack.pid(f"pg-node-{n}"))
                            if (kit.cmdline(p) or "").startswith("pg_autoctl")]
-            signal_all(frozen, signal.SIGSTOP)
+            kit.signal_all(frozen, signal.SIGSTOP)
             try:
                 self.pg_wait(lambda: all((kit.proc_status(p) or {}).get("State") == "T"
                                          for p in receivers), 10, "the walreceivers stopped")
@@ -136,11 +124,11 @@ class PgSteps:
                                                users, load["concurrency"], statuses)
                 seconds = time.monotonic() - t0
                 tree = kit.proc_tree(self.stack.pid(f"pg-node-{primary}"))
-                signal_all(tree, signal.SIGSTOP)     # nothing restarts what is killed next
-                signal_all(tree, signal.SIGKILL)
+                kit.signal_all(tree, signal.SIGSTOP)     # nothing restarts what is killed next
+                kit.signal_all(tree, signal.SIGKILL)
                 t_kill = time.monotonic()
             finally:
-                signal_all(frozen, signal.SIGCONT)
+                kit.signal_all(frozen, signal.SIGCONT)
             new = self.pg_wait(lambda: self.pg_primary(other_than=primary), PROMOTE_TIMEOUT_S,
                                f"a standby promoted in place of node {primary}")
             promoted_s = time.monotonic() - t_kill
