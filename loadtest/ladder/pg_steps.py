@@ -3,8 +3,10 @@
 standby receives the primary's WAL, the primary killed, a standby promoted,
 then which acknowledged orders the new primary lacks."""
 
+import json
 import os
 import signal
+import subprocess
 import time
 
 import kit
@@ -61,11 +63,43 @@ class PgSteps:
                  f"ALTER ROLE postgres SET synchronous_commit = {commit}")
 
     def walreceiver(self, n):
-        """The walreceiver process of data node n (a descendant of its pg_autoctl)."""
-        for pid in kit.proc_tree(self.stack.pid(f"pg-node-{n}")):
-            if "walreceiver" in (kit.cmdline(pid) or ""):
-                return pid
-        return None
+        """The walreceiver process of data node n, as the node itself names
+        it (pg_stat_wal_receiver); None while it has none streaming."""
+        v = kit.psql_value(self.pg_node_dsn(n), "SELECT pid FROM pg_stat_wal_receiver"
+                                                " WHERE status = 'streaming'")
+        return int(v) if v else None
+
+    def pg_commit_waits(self, primary, timeout=1.5):
+        """Does a commit on the primary wait for a standby now (with the
+        standbys frozen)? A probe transaction (a transactional logical
+        message) in a psql of its own: still waiting after 'timeout' s, it
+        does (the probe is cancelled then: its commit stays local, and
+        nobody was told of it)."""
+        dsn = self.pg_node_dsn(primary)
+        p = subprocess.Popen(["psql", "-X", "-q", "-d", dsn, "-c",
+                              "SELECT pg_logical_emit_message(true, 'ladder.probe', '')"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            p.wait(timeout)
+            return False
+        except subprocess.TimeoutExpired:
+            kit.psql(dsn, "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                          "WHERE query LIKE '%ladder.probe%' AND pid <> pg_backend_pid()")
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            return True
+
+    def replication(self, primary):
+        """The primary's view of its standbys: (application_name, pid, state,
+        sync_state, flush_lsn, reply_time) each, and its current WAL position."""
+        dsn = self.pg_node_dsn(primary)
+        rows = kit.psql(dsn, "SELECT application_name, pid, state, sync_state, flush_lsn, "
+                             "reply_time FROM pg_stat_replication ORDER BY 1")
+        return {"standbys": rows, "walLsn": kit.psql_value(dsn, "SELECT pg_current_wal_lsn()"),
+                "names": kit.psql_value(dsn, "SHOW synchronous_standby_names")}
 
     def pg_both_stream(self, primary):
         """Does the primary list a synchronous standby and have both standbys
@@ -119,10 +153,20 @@ class PgSteps:
                     # reconnect).
                     kit.psql(self.pg_node_dsn(primary), "SELECT pg_terminate_backend(pid) "
                                                         "FROM pg_stat_replication")
+                before = self.replication(primary)
+                probe = self.pg_commit_waits(primary) if not step["cut_walsenders"] else None
+                log(f"pg failover: before the burst, a probe commit {'waited' if probe else 'did not wait' if probe is False else 'was not tried'}; "
+                    f"standbys {before['standbys']}, names {before['names']!r}")
                 t0 = time.monotonic()
                 acked, times, errors = buy_all(self.base_url, f"/voucher/{self.voucher}/seckill",
                                                users, load["concurrency"], statuses)
                 seconds = time.monotonic() - t0
+                after = self.replication(primary)
+                with open(os.path.join(step_dir, "replication.json"), "w") as f:
+                    json.dump({"primary": primary, "walreceivers": dict(zip(standbys, receivers)),
+                               "frozen": {p: kit.cmdline(p) for p in frozen},
+                               "before": before, "after": after, "probeWaited": probe},
+                              f, indent=1, default=str)
                 tree = kit.proc_tree(self.stack.pid(f"pg-node-{primary}"))
                 kit.signal_all(tree, signal.SIGSTOP)     # nothing restarts what is killed next
                 kit.signal_all(tree, signal.SIGKILL)
