@@ -48,12 +48,12 @@ ones -- is asserted: the exit status is 1 when one does not reproduce.
                step 17 runs appendfsync always: none is lost
   pg steps     last, pg-async and pg-sync (a stack with PG_HA=1, pg_auto_failover:
                a monitor, three data nodes): both standbys' walreceivers frozen
-               (with their pg_autoctl and the monitor), 100 buyers (10
-               concurrent) through nginx, the primary's process tree SIGKILLed,
-               a standby promoted; the 200s compared with its tb_voucher_order.
-               synchronous_commit = local: every 200 missing there; on (the
-               default): 503 while no standby flushes, nothing missing. The
-               killed node is started again as a standby
+               (with their pg_autoctl and the monitor), 100 buyers (30 in
+               pg-sync; 10 concurrent) through nginx, the primary's process
+               tree SIGKILLed, a standby promoted; the 200s compared with its
+               tb_voucher_order. synchronous_commit = local: every 200 missing
+               there; on (the default): 503 while no standby confirms, nothing
+               missing. The killed node is started again as a standby
 
 It runs a stack of its own (scripts/stack.sh, RUN_DIR default .run/ladder, free
 ports), without the unique constraint uq_voucher_order_user_voucher (it would
