@@ -72,6 +72,29 @@ atexit.register(cleanup)
 
 
 @test
+def the_postgres_failover_steps_come_last_and_only_without_no_failover():
+    # Their definitions only: each needs a PG_HA=1 stack (make ladder runs them).
+    sys.path.insert(0, os.path.join(ROOT, "loadtest"))
+    from ladder.cli import parse_args, select_steps
+    from ladder.steps import STEPS
+    last = STEPS[-2:]
+    got = [(s["key"], s["num"], s["env"].get("PG_HA"), s["synchronous_commit"]) for s in last]
+    want = [("pg-async", len(STEPS) - 1, 1, "local"), ("pg-sync", len(STEPS), 1, "on")]
+    if got != want:
+        fail(f"the last steps are {got}, want {want}")
+    if "PG_HA=0" not in last[0]["env"].get("INSTANCE_ENV_1", "") or \
+            "PG_STATEMENT_TIMEOUT_MS" not in last[1]["env"]:
+        fail(f"pg-async's instances must accept synchronous_commit = local (PG_HA=0), pg-sync's "
+             f"answer a blocked commit within PG_STATEMENT_TIMEOUT_MS: {[s['env'] for s in last]}")
+    keys = {s["key"] for s in select_steps(parse_args(["--quick", "--no-failover"]))}
+    if keys & {"pg-async", "pg-sync"}:
+        fail("--no-failover (this test's ladder) still selects the Postgres failover steps")
+    picked = select_steps(parse_args(["--steps", f"{last[0]['num']},{last[1]['num']}"]))
+    if [s["key"] for s in picked] != ["pg-async", "pg-sync"]:
+        fail(f"--steps {last[0]['num']},{last[1]['num']} selects {[s['key'] for s in picked]}")
+
+
+@test
 def ladder_runs_and_every_step_shows_its_outcome():
     # The failover steps (12-15: a stack with Redis under Sentinel, two minutes
     # more) are left to make ladder; the failover itself is in CI through

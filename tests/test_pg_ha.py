@@ -176,12 +176,7 @@ def orders_of(st, v, user):
                              f" AND user_id = {user}", dsn=st.dsn))
 
 
-def signal_all(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+signal_all = kit.signal_all
 
 
 class Frozen:

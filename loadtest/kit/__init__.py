@@ -6,7 +6,7 @@ the programs that import it). Each module is the only copy of what it does:
   base     ROOT, BUILD, KitError, HTTP_TIMEOUT
   proc     run() a command (KitError on failure), free_ports(), wait_port(),
            wait_for() a condition, proc_status() / pid_alive() / wait_gone()
-           from /proc, stop_pid(), stop_children(), with_settings() (an
+           from /proc, signal_all(), stop_pid(), stop_children(), with_settings() (an
            environment), write_atomic() (a file)
   cpu      machine_cpu() and CpuMeter: CPU seconds per group of processes
   stack    Stack: scripts/stack.sh in a RUN_DIR of its own (start, stop,
@@ -48,7 +48,7 @@ from .nginx import (ACCESS_RE, GEN_CONF, NGINX_EDGE, AccessEntry, access_log,  #
                     answered_by, start_nginx, stop_nginx)
 from .pg import psql, psql_value  # noqa: F401
 from .proc import (cmdline, free_ports, pid_alive, proc_status, proc_tree, run,  # noqa: F401
-                   stop_children, stop_pid, wait_for, wait_gone, wait_port, with_settings, write_atomic)
+                   signal_all, stop_children, stop_pid, wait_for, wait_gone, wait_port, with_settings, write_atomic)
 from .redis import (drain_stream, redis_cli, redis_info_count, redis_role,  # noqa: F401
                     set_aof, start_redis_server, stream_unsettled, wait_replica)
 from .stack import (STACK_SCRUB, STACK_SH, Stack, read_stack_env, stack_env,  # noqa: F401

@@ -154,6 +154,15 @@ def proc_tree(pid):
     return out
 
 
+def signal_all(pids, sig):
+    """Sends sig to each of pids; one that is gone already is passed over."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def stop_pid(pid, sig=signal.SIGTERM, timeout=10.0, cmdline_has=None):
     """Sends sig to pid (gone already is fine) and waits up to timeout seconds
     for it to end: True once it has, False if it still runs. With

@@ -73,6 +73,24 @@ def check_redis_first(step, r, results):
     return out
 
 
+def check_pg_failover(step, r, results):
+    """pg-async: acknowledged orders missing on the promoted standby; pg-sync:
+    no 200 while no standby received, nothing missing."""
+    f = r["pgFailover"]
+    ids = ", ".join(map(str, f["missingIds"])) or "-"
+    if step["key"] == "pg-async":
+        out = [(0 < f["missing"] <= f["acked"],
+                f"acknowledged orders missing on the new primary {f['missing']} > 0 "
+                f"(of {f['acked']} x 200; ids {ids})")]
+    else:
+        out = [(f["acked"] == 0 and f["unavailable"] >= 1,
+                f"200s while no standby received: {f['acked']} = 0 "
+                f"({f['unavailable']} x 503)"),
+               (f["missing"] == 0, f"acknowledged orders missing on the new primary "
+                                   f"{f['missing']} = 0")]
+    return out + [strategies_seen(step, r)]
+
+
 def check_reentrant(step, r, results):
     return [one_order(r), (r["renewals"] >= 1, f"watchdog renewals {r['renewals']} >= 1")]
 
@@ -165,7 +183,8 @@ CHECKS = {"naive": check_naive, "cas": check_stock, "optimistic": check_stock,
           "owner": check_owner, "redis-lost": check_redis_first, "redis-durable": check_redis_first,
           "reentrant": check_reentrant}
 OWN_CHECKS = {"redlock-restart": check_redlock_restart, "redlock-delayed": check_redlock_delayed,
-              "multilock-node-down": check_multilock_down}
+              "multilock-node-down": check_multilock_down, "pg-async": check_pg_failover,
+              "pg-sync": check_pg_failover}
 PREFIX_CHECKS = (("storm-", check_one_order, True), ("crash-", check_crash, False),
                  ("outage-", check_outage, False))
 

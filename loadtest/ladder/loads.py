@@ -97,6 +97,8 @@ class Loads:
             return self.sale(load, url, step_dir)
         if load["kind"] == "redis-crash":
             return self.burst_then_kill(step, step_dir)
+        if load["kind"] == "pg-failover":
+            return self.pg_burst_then_kill(step, step_dir)
         if load["kind"] == "outage":
             return self.outage(step, load, url, step_dir)
         return self.storm(load, url, user, step_dir)

@@ -12,9 +12,10 @@ import kit
 from .stack import LadderError, log
 
 
-def buy_all(base_url, path, users, concurrency):
+def buy_all(base_url, path, users, concurrency, statuses=None):
     """Each of users buys once through base_url, concurrency at a time:
-    (acknowledged order ids, per-request ms, transport errors)."""
+    (acknowledged order ids, per-request ms, transport errors); statuses,
+    when given, counts the answers by status."""
     acked, times, errors, lock = [], [], [0], threading.Lock()
     users = iter(users)
 
@@ -33,6 +34,8 @@ def buy_all(base_url, path, users, concurrency):
                 continue
             with lock:
                 times.append((time.monotonic() - t0) * 1000.0)
+                if statuses is not None:
+                    statuses[r.status] = statuses.get(r.status, 0) + 1
                 if r.status == 200:
                     acked.append(int(r.body["orderId"]))
 

@@ -16,6 +16,7 @@ from .checks import check_step
 from .failover import Failover
 from .faults import Faults
 from .loads import Loads
+from .pg_steps import PgSteps
 from .record import outcome, strategies, sum_lock
 from .redis_steps import RedisSteps
 from .stack import LadderError, Stack, log
@@ -24,7 +25,7 @@ from .steps import NODES, STORM_BUCKET, UNIQUE
 ROOT = kit.ROOT
 
 
-class Ladder(RedisSteps, Loads, Faults, Failover):
+class Ladder(RedisSteps, PgSteps, Loads, Faults, Failover):
     """The ladder's state across its steps: the stack, the Redis nodes, the
     vouchers, the users."""
 
@@ -191,6 +192,8 @@ class Ladder(RedisSteps, Loads, Faults, Failover):
             return f"buyers {load['connections']}x{load['seconds']:g}s"
         if load["kind"] == "failover":
             return f"sale {self.sale_size()}x{load['concurrency']}, failover"
+        if load["kind"] == "pg-failover":
+            return f"burst {load['requests']}x{load['concurrency']}, PG primary killed"
         if load["kind"] == "redis-crash":
             return f"burst {load['requests']}x{load['concurrency']}, kill"
         return f"storm {load['connections']}x{load['seconds']:g}s"
@@ -219,7 +222,7 @@ class Ladder(RedisSteps, Loads, Faults, Failover):
             return r
         if step.get("redis_aof"):
             self.redis_persistence("no")
-        if "lost" not in r and r["ok"] != r["orders"]:
+        if "lost" not in r and "pgFailover" not in r and r["ok"] != r["orders"]:
             log(f"note: step {step['num']}: {r['ok']} answers 200 but {r['orders']} orders in Postgres")
         return r
 

@@ -25,6 +25,7 @@ class Stack(kit.Stack):
         self.instances = None
         self.services = services             # LOCK_SERVICES: the steps' lock services
         self.ha = None
+        self.pg_ha = None
 
     def configure(self, instances, step_env):
         """The instances run with step_env. True when the database is new
@@ -34,13 +35,16 @@ class Stack(kit.Stack):
                          "LOCK_SERVICES": self.services})
         settings.update(step_env)
         ha = str(step_env.get("REDIS_HA", 0)) == "1"
-        fresh = not (self.started and self.instances == instances and self.ha == ha)
-        # First start, another instance count, or Redis with(out) Sentinel:
-        # the whole stack (a new database: the caller drops the constraint
-        # and makes the voucher).
-        self.command("start" if fresh else "restart-instances", 180, **settings)
+        pg_ha = str(step_env.get("PG_HA", 0)) == "1"
+        fresh = not (self.started and self.instances == instances and self.ha == ha
+                     and self.pg_ha == pg_ha)
+        # First start, another instance count, Redis with(out) Sentinel or
+        # Postgres with(out) pg_auto_failover: the whole stack (a new
+        # database: the caller drops the constraint and makes the voucher).
+        self.command("start" if fresh else "restart-instances", 300 if pg_ha else 180, **settings)
         self.instances = instances
         self.ha = ha
+        self.pg_ha = pg_ha
         return fresh
 
     def stop(self):

@@ -9,7 +9,8 @@ STEP_VARS = ("SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS",
              "LOCK_LEASE_MS", "WATCHDOG_TIMEOUT_MS", "DEMO_RANDOM_USER", "INSTANCES",
              "LOG_LEVEL", "FENCING", "LOCK_SYNC_REPLICAS", "LOCK_SYNC_TIMEOUT_MS", "REDIS_HA",
              "INSTANCE_ENV_1", "INSTANCE_ENV_2", "REDIS_ORDER_DURABILITY", "CONSUMERS",
-             "ZK_SESSION_TIMEOUT_MS", "LOCK_PG_SWEEP_MS", "LOCK_REDIS_NODES")
+             "ZK_SESSION_TIMEOUT_MS", "LOCK_PG_SWEEP_MS", "LOCK_REDIS_NODES", "PG_HA",
+             "PG_STATEMENT_TIMEOUT_MS")
 # The caller's variables that must not leak into the stack or the loads.
 SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
                      "LOADTEST_OUT", "ADMIN_TOKEN", "REDIS_SENTINELS", "REDIS_MASTER_NAME",
@@ -238,3 +239,59 @@ def lock_steps(first):
 
 
 STEPS += lock_steps(len(STEPS) + 1)
+
+
+# The Postgres failover steps (a stack with PG_HA=1: pg_auto_failover, a
+# monitor and three data nodes, number_sync_standbys 1). The walreceiver of
+# both standbys is frozen (SIGSTOP), and the monitor with them, so no standby
+# flushes the burst's WAL (pg-async: the primary's walsenders are ended too,
+# so none receives it); the primary is then SIGKILLed (its whole process
+# tree), the rest resumed and a standby promoted. What the burst's 200s promised and the
+# new primary has: synchronous_commit = local acknowledges a commit once the
+# primary alone has flushed it, on waits for a standby's flush as well
+# (https://www.postgresql.org/docs/current/warm-standby.html#SYNCHRONOUS-REPLICATION).
+PG_BURST = {"kind": "pg-failover", "requests": 100, "concurrency": 10, "stock": 1000}
+# pg-sync: each buyer's session is cut after its wait and its backend stays
+# waiting for the standby (a client gone is not noticed there): fewer
+# buyers, so that the primary keeps connections for the check after it.
+PG_BURST_SYNC = dict(PG_BURST, requests=30)
+PG_SYNC_TIMEOUT_MS = 1000    # a commit waiting for its standby is cancelled: 503
+
+
+def pg_step(key, title, commit, cut, env, expect, story, load=PG_BURST):
+    """A Postgres failover step: the burst with the standbys' walreceivers
+    frozen, the primary killed; commit: the role's synchronous_commit; cut:
+    the primary's walsenders ended as well."""
+    return dict(key=key, title=title, lock="reentrant", stock="optimistic", instances=2,
+                env=dict(env, PG_HA=1), synchronous_commit=commit, cut_walsenders=cut,
+                load=load, pg_failover=True, expect=expect, story=story)
+
+
+def pg_steps(first):
+    """The Postgres failover steps, numbered from 'first'."""
+    out = [
+        pg_step("pg-async", "PG failover, async standby", "local", True,
+                {"INSTANCE_ENV_1": "PG_HA=0", "INSTANCE_ENV_2": "PG_HA=0"},
+                expect="acked orders lost",
+                story="ALTER ROLE ... SET synchronous_commit = local (instances with PG_HA=0, "
+                      "which accept it): 100 buyers (10 concurrent) answered 200 once the "
+                      "primary alone has the commit; the standbys' walreceivers frozen, the "
+                      "primary SIGKILLed, a standby promoted without the burst"),
+        # The walsenders may stay: a commit waits for a standby's flush, which
+        # a frozen walreceiver never reports.
+        pg_step("pg-sync", "PG failover, sync standby", "on", False,
+                {"PG_STATEMENT_TIMEOUT_MS": PG_SYNC_TIMEOUT_MS},
+                expect="no 200 while frozen, none lost",
+                story="the same with synchronous_commit = on (PG_HA=1 instances): each commit "
+                      "waits for a standby that receives nothing, or, where Postgres has not "
+                      "applied the standby list yet, returns and is not confirmed by any "
+                      "standby's flush position; after PG_STATEMENT_TIMEOUT_MS="
+                      f"{PG_SYNC_TIMEOUT_MS} (+1 s for a cut round trip) the buyer gets 503; "
+                      "nothing acknowledged, nothing lost", load=PG_BURST_SYNC),
+    ]
+    for i, st in enumerate(out):
+        st["num"] = first + i
+    return out
+
+
+STEPS += pg_steps(len(STEPS) + 1)
