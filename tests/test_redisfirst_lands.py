@@ -513,7 +513,7 @@ def a_redis_that_refuses_config_is_not_taken_as_durable():
         if "CONFIG" not in a.log_tail(50):
             fail("the log does not say why orders are refused")
         w = server("rl-noconfig-wait", rs, REDIS_ORDER_DURABILITY="wait",
-                   REDIS_ORDER_WAIT_REPLICAS=1, REDIS_ORDER_WAIT_MS=2000)
+                   REDIS_ORDER_WAIT_REPLICAS=1, REDIS_ORDER_WAIT_MS=2000, REDIS_TIMEOUT_MS=4000)
         vid = ss.new_voucher(w, TOKEN, 10)
         wait_for(lambda: "master_link_status:up" in replica.cli("INFO", "replication"),
                  10, "the replica's link")
@@ -590,6 +590,7 @@ def the_consumer_follows_a_sentinel_failover():
         a = ss.Server("rl-sentinel", {"ADMIN_TOKEN": TOKEN, "SECKILL_STOCK": "redis",
                                       "LOG_LEVEL": "info", "REDIS_ORDER_DURABILITY": "wait",
                                       "REDIS_ORDER_WAIT_REPLICAS": 1, "REDIS_ORDER_WAIT_MS": 2000,
+                                      "REDIS_TIMEOUT_MS": 4000,
                                       **ha.sentinels_env()})
         vid = ss.new_voucher(a, TOKEN, 100)
         acked, _ = buy_all([a], vid, users(5), workers=2)

@@ -387,6 +387,21 @@ static int refused_for_now(consumer *k, PGconn *pg)
     return -1;
 }
 
+/* store_orders_persist; with PG_HA its commit confirmed by a synchronous
+ * standby too (store_ha_confirm), else STORE_UNAVAILABLE: refused for now,
+ * the entries kept pending and persisted again later (a no-op but for the
+ * row lock, whose commit is confirmed in turn). */
+static store_status persist_confirmed(PGconn *pg, int64_t voucher_id, int64_t gen,
+                                      const store_order *orders, size_t n, int64_t *inserted,
+                                      int64_t *pg_sale)
+{
+    store_status st = store_orders_persist(pg, voucher_id, gen, orders, n, inserted, pg_sale);
+
+    if (st == STORE_OK && g_cfg.pg_ha)
+        st = store_ha_confirm(pg);
+    return st;
+}
+
 /* Persists the entries idx[0..n-1] of one voucher and one sale. 0 when
  * each is settled (landed, dropped as stale, or dead-lettered), -1 when
  * Postgres refused for now or Redis failed: the rest stay pending to us. */
@@ -405,10 +420,7 @@ static int persist(consumer *k, int64_t voucher_id, int64_t gen, const int *idx,
         k->orders[i] = (store_order){ .order_id = e->order_id, .voucher_id = voucher_id,
                                       .user_id = e->user_id };
     }
-    st = store_orders_persist(pg, voucher_id, gen, k->orders, (size_t)n, &inserted, &pg_sale);
-    /* PG_HA: settled only once a synchronous standby has the commit. */
-    if (st == STORE_OK && g_cfg.pg_ha && store_ha_confirm(pg) != STORE_OK)
-        return refused_for_now(k, pg);
+    st = persist_confirmed(pg, voucher_id, gen, k->orders, (size_t)n, &inserted, &pg_sale);
     if (st == STORE_OK) {
         if (settle(k, idx, n, voucher_id, n, NULL) != 0)
             return -1;
@@ -425,9 +437,7 @@ static int persist(consumer *k, int64_t voucher_id, int64_t gen, const int *idx,
              voucher_id, (int)st);
     for (int i = 0; i < n; i++) {
         const char *why;
-        st = store_orders_persist(pg, voucher_id, gen, &k->orders[i], 1, &inserted, &pg_sale);
-        if (st == STORE_OK && g_cfg.pg_ha && store_ha_confirm(pg) != STORE_OK)
-            return refused_for_now(k, pg);
+        st = persist_confirmed(pg, voucher_id, gen, &k->orders[i], 1, &inserted, &pg_sale);
         if (st == STORE_OK) {
             if (settle(k, &idx[i], 1, voucher_id, 1, NULL) != 0)
                 return -1;
