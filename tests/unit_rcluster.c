@@ -105,6 +105,8 @@ static void test_other_replies_are_answers(void)
         "NOSCRIPT No matching script. Please use EVAL.",
         "ERR unknown command",
         "MOVED",                         /* no slot */
+        "MOVED ",
+        "ASK",
         "MOVED 16384 127.0.0.1:1",       /* no such slot */
         "MOVED -1 127.0.0.1:1",
         "MOVED 1 127.0.0.1",             /* no port */

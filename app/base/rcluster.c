@@ -90,6 +90,8 @@ rcluster_kind rcluster_redirect_parse(const redisReply *r, rcluster_redirect *ou
         return out->kind = RCLUSTER_CLUSTERDOWN;
     if (!(ask = prefix(s, len, "ASK")) && !prefix(s, len, "MOVED"))
         return RCLUSTER_NONE;
+    if (len <= (size_t)(ask ? 4 : 6))         /* the word alone: no slot, no address */
+        return RCLUSTER_NONE;
     s += ask ? 4 : 6;
     len -= ask ? 4 : 6;
     if ((sp = memchr(s, ' ', len)) == NULL ||
