@@ -20,16 +20,13 @@
  * holder committed (store_orders_persist, store_voucher_reset). */
 static const store_statement statements[] = {
     { "orders_lock", 1, "SELECT 1 FROM tb_voucher WHERE voucher_id = $1 FOR UPDATE" },
-    /* PG_HA (store_ha_confirm): the primary's WAL insert position now, and
-     * whether a synchronous standby has reported it flushed; then the same
-     * question for a position read before. */
-    { "ha_position", 0,
+    /* PG_HA (store_ha_confirm): a WAL position ($1, or the primary's insert
+     * position now when NULL), and whether a synchronous standby has
+     * reported it flushed. */
+    { "ha_flushed", 1,
       "SELECT l::text, EXISTS (SELECT 1 FROM pg_stat_replication WHERE flush_lsn >= l"
       "                          AND sync_state IN ('sync', 'quorum'))"
-      "  FROM pg_current_wal_insert_lsn() AS l" },
-    { "ha_flushed", 1,
-      "SELECT EXISTS (SELECT 1 FROM pg_stat_replication WHERE flush_lsn >= $1::pg_lsn"
-      "                 AND sync_state IN ('sync', 'quorum'))" },
+      "  FROM COALESCE($1::pg_lsn, pg_current_wal_insert_lsn()) AS l" },
 };
 
 #define NSTATEMENTS (sizeof statements / sizeof statements[0])
@@ -212,18 +209,24 @@ store_status store_ha_confirm(PGconn *pg)
 {
     int64_t until = util_mono_us() + (int64_t)g_cfg.pg_statement_timeout_ms * 1000;
     char lsn[32];
-    const char *vals[1] = { lsn };
-    PGresult *res = store_exec(pg, "ha_position", 0, NULL);
-    store_status st = STORE_UNAVAILABLE;
+    const char *vals[1] = { NULL };         /* the first round reads the position */
+    PGresult *res = NULL;
+    store_status st;
 
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-        st = store_result_error(pg, res, "ha_position");
-        goto out;
-    }
-    snprintf(lsn, sizeof lsn, "%s", PQgetvalue(res, 0, 0));
-    while (PQgetvalue(res, 0, PQnfields(res) - 1)[0] != 't') {
+    for (;;) {
         struct timespec ms = { 0, 1000000L };
 
+        PQclear(res);
+        res = store_exec(pg, "ha_flushed", 1, vals);
+        if ((st = store_rows(pg, res, "ha_flushed", STORE_UNAVAILABLE)) != STORE_OK)
+            goto out;
+        if (vals[0] == NULL) {
+            snprintf(lsn, sizeof lsn, "%s", PQgetvalue(res, 0, 0));
+            vals[0] = lsn;
+        }
+        if (PQgetvalue(res, 0, 1)[0] == 't')
+            goto out;
+        st = STORE_UNAVAILABLE;
         if (util_mono_us() >= until) {
             log_warn("store: no synchronous standby reported WAL position %s flushed within "
                      "%d ms: the commit before it may be on the primary only; answering 503",
@@ -231,14 +234,7 @@ store_status store_ha_confirm(PGconn *pg)
             goto out;
         }
         nanosleep(&ms, NULL);
-        PQclear(res);
-        res = store_exec(pg, "ha_flushed", 1, vals);
-        if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-            st = store_result_error(pg, res, "ha_flushed");
-            goto out;
-        }
     }
-    st = STORE_OK;
 out:
     PQclear(res);
     return st;
