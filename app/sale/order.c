@@ -218,14 +218,14 @@ static void learn(order_job *j, store_status st)
 }
 
 /* PG_HA: a commit is answered as done only once a synchronous standby has
- * it (store_ha_confirm: Postgres may return it without one). A batch's
- * leader confirmed its batch before answering it; Redis-first's orders are
- * confirmed by the consumer that lands them. */
+ * it (store_ha_confirm: Postgres may return it without one). A deferred
+ * strategy confirms its own commits: a batch's leader before answering
+ * the batch, Redis-first's consumer before acknowledging its entries. */
 static store_status confirmed(conn_set *cs, store_status st)
 {
     PGconn *pg;
 
-    if (st != STORE_OK || !g_cfg.pg_ha || stock_alone() || order_joinable())
+    if (st != STORE_OK || !g_cfg.pg_ha || stock_deferred())
         return st;
     pg = conn_pg(cs);
     return pg == NULL ? STORE_UNAVAILABLE : store_ha_confirm(pg);
