@@ -169,7 +169,6 @@ rcluster *rcluster_new(const char *seeds, const rcluster_opts *opts, char *errbu
         snprintf(errbuf, n, "no seed node (host:port,...)");
         goto fail;
     }
-    rc->nseeds = rc->nnodes;
     return rc;
 fail:
     rcluster_free(rc);

@@ -89,8 +89,7 @@ typedef struct rcluster {
     rcluster_opts opts;     /* the strings are copies owned by the handle */
     char *username, *password;
     rcluster_node nodes[RCLUSTER_MAX_NODES];
-    int nnodes;
-    int nseeds;             /* nodes[0..nseeds-1] are the seeds */
+    int nnodes;             /* the seeds first, then the nodes the map named */
     uint8_t slot[RCLUSTER_SLOTS]; /* master of each slot: node index + 1; 0 unknown */
     int stale;              /* the map must be read again before use */
     uint64_t refreshes;     /* slot maps read (for tests and metrics) */
