@@ -22,71 +22,21 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "t_proc.h"
+
 static char t_cluster_nodes[1024];
 static char t_cluster_dir[512];
-
-/* The repository's scripts/redis-cluster.sh: $SQL_DIR/../scripts, or ./scripts. */
-static inline void t_cluster_script(char *out, size_t n)
-{
-    const char *sql = getenv("SQL_DIR");
-    if (sql != NULL && sql[0] != '\0')
-        snprintf(out, n, "%s/../scripts/redis-cluster.sh", sql);
-    else
-        snprintf(out, n, "scripts/redis-cluster.sh");
-}
-
-/* Process pid's start time, field 22 of /proc/pid/stat (after the command
- * name, which may hold spaces); 0, or -1 when it is gone. */
-static inline int t_cluster_start_time(long pid, char *out, size_t n)
-{
-    char path[64], buf[1024], *p;
-    size_t len;
-    FILE *f;
-    int field;
-
-    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    if ((f = fopen(path, "r")) == NULL)
-        return -1;
-    len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = '\0';
-    if ((p = strrchr(buf, ')')) == NULL)
-        return -1;
-    p++;
-    for (field = 2; field < 21 && p != NULL; field++)
-        p = strchr(p + 1, ' ');
-    if (p == NULL)
-        return -1;
-    p++;
-    snprintf(out, n, "%.*s", (int)strcspn(p, " \n"), p);
-    return out[0] != '\0' ? 0 : -1;
-}
 
 /* Registers node i (its pid file's process) in $TEST_TMP/pids: run.sh kills
  * it if this program dies first. */
 static inline void t_cluster_register(int i)
 {
-    const char *tmp = getenv("TEST_TMP");
-    char pidf[600], reg[800], start[32];
-    FILE *f, *r;
-    long pid = 0;
+    char pidf[600];
 
-    if (tmp == NULL || tmp[0] == '\0' || t_cluster_dir[0] == '\0')
+    if (t_cluster_dir[0] == '\0')
         return;
     snprintf(pidf, sizeof pidf, "%s/node-%d/redis.pid", t_cluster_dir, i);
-    if ((f = fopen(pidf, "r")) == NULL)
-        return;
-    if (fscanf(f, "%ld", &pid) == 1 && pid > 0 &&
-        t_cluster_start_time(pid, start, sizeof start) == 0) {
-        /* its start time beside the pid: run.sh stops that process only,
-         * never one that took the pid over */
-        snprintf(reg, sizeof reg, "%s/pids/%ld", tmp, pid);
-        if ((r = fopen(reg, "w")) != NULL) {
-            fprintf(r, "%s\n", start);
-            fclose(r);
-        }
-    }
-    fclose(f);
+    t_proc_register(pidf);
 }
 
 static inline const char *t_cluster_start(const char *name)
@@ -104,7 +54,7 @@ static inline const char *t_cluster_start(const char *name)
     }
     if (t_cluster_nodes[0] != '\0')
         return t_cluster_nodes;
-    t_cluster_script(script, sizeof script);
+    t_proc_script("redis-cluster.sh", script, sizeof script);
     snprintf(t_cluster_dir, sizeof t_cluster_dir, "%s/cluster-%s-%d",
              tmp != NULL && tmp[0] ? tmp : "/tmp", name, (int)getpid());
     snprintf(cmd, sizeof cmd, "%s start '%s'", script, t_cluster_dir);
@@ -142,7 +92,7 @@ static inline int t_cluster_cmd(const char *what, char *out, size_t n)
         return -1;
     while (*rest == ' ')
         rest++;
-    t_cluster_script(script, sizeof script);
+    t_proc_script("redis-cluster.sh", script, sizeof script);
     snprintf(out, n, "%s %.*s '%s' %s", script, (int)verb, what, t_cluster_dir, rest);
     return 0;
 }

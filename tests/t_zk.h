@@ -19,45 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "t_proc.h"
+
 static char t_zk_hosts[256];
 static char t_zk_dir[512];
-
-/* The repository's scripts/zk.sh: $SQL_DIR/../scripts, or ./scripts. */
-static inline void t_zk_script(char *out, size_t n)
-{
-    const char *sql = getenv("SQL_DIR");
-    if (sql != NULL && sql[0] != '\0')
-        snprintf(out, n, "%s/../scripts/zk.sh", sql);
-    else
-        snprintf(out, n, "scripts/zk.sh");
-}
-
-/* Process pid's start time, field 22 of /proc/pid/stat (after the command
- * name, which may hold spaces); 0, or -1 when it is gone. */
-static inline int t_zk_start_time(long pid, char *out, size_t n)
-{
-    char path[64], buf[1024], *p;
-    size_t len;
-    FILE *f;
-    int field;
-
-    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    if ((f = fopen(path, "r")) == NULL)
-        return -1;
-    len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = '\0';
-    if ((p = strrchr(buf, ')')) == NULL)
-        return -1;
-    p++;
-    for (field = 2; field < 21 && p != NULL; field++)
-        p = strchr(p + 1, ' ');
-    if (p == NULL)
-        return -1;
-    p++;
-    snprintf(out, n, "%.*s", (int)strcspn(p, " \n"), p);
-    return out[0] != '\0' ? 0 : -1;
-}
 
 static inline const char *t_zk_start(const char *name)
 {
@@ -70,7 +35,7 @@ static inline const char *t_zk_start(const char *name)
         snprintf(t_zk_hosts, sizeof t_zk_hosts, "%s", env);
         return t_zk_hosts;
     }
-    t_zk_script(script, sizeof script);
+    t_proc_script("zk.sh", script, sizeof script);
     snprintf(t_zk_dir, sizeof t_zk_dir, "%s/zk-%s-%d", tmp != NULL && tmp[0] ? tmp : "/tmp",
              name, (int)getpid());
     snprintf(cmd, sizeof cmd, "%s start '%s'", script, t_zk_dir);
@@ -88,27 +53,10 @@ static inline const char *t_zk_start(const char *name)
         exit(2);
     }
     /* run.sh kills what is registered here if this program dies first */
-    if (tmp != NULL && tmp[0] != '\0') {
-        char pidf[600], reg[800];
-        FILE *f;
-        long pid = 0;
+    {
+        char pidf[600];
         snprintf(pidf, sizeof pidf, "%s/zk.pid", t_zk_dir);
-        if ((f = fopen(pidf, "r")) != NULL) {
-            if (fscanf(f, "%ld", &pid) == 1 && pid > 0) {
-                /* its start time beside the pid: run.sh stops that process
-                 * only, never one that took the pid over */
-                char start[32];
-                snprintf(reg, sizeof reg, "%s/pids/%ld", tmp, pid);
-                if (t_zk_start_time(pid, start, sizeof start) == 0) {
-                    FILE *r = fopen(reg, "w");
-                    if (r != NULL) {
-                        fprintf(r, "%s\n", start);
-                        fclose(r);
-                    }
-                }
-            }
-            fclose(f);
-        }
+        t_proc_register(pidf);
     }
     return t_zk_hosts;
 }
@@ -120,7 +68,7 @@ static inline int t_zk_ctl(const char *what)
     char script[600], cmd[1400];
     if (t_zk_dir[0] == '\0')
         return -1;
-    t_zk_script(script, sizeof script);
+    t_proc_script("zk.sh", script, sizeof script);
     snprintf(cmd, sizeof cmd, "%s %s '%s' >/dev/null", script, what, t_zk_dir);
     return system(cmd) == 0 ? 0 : -1;
 }
