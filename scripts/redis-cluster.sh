@@ -55,13 +55,11 @@ die() { echo "redis-cluster.sh: error: $*" >&2; exit 1; }
 
 [[ "$TIMEOUT" =~ ^[0-9]+$ && "$TIMEOUT" -ge 1 ]] || die "REDIS_CLUSTER_TIMEOUT must be a number of seconds"
 
-# True while PID $1 runs. A zombie (exited, not reaped yet: the daemonized
-# nodes' parent is init, which may reap late or never) has ended.
-running() {
-    local state
-    state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null || true)
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
+# The stack's shell functions: pid_alive (true while a PID runs; a zombie,
+# which the daemonized nodes' parent init may reap late or never, has
+# ended) and free_ports.
+# shellcheck source=scripts/lib/stack-fns.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/stack-fns.sh"
 
 # Microseconds now (bash 5's EPOCHREALTIME, no fork).
 now_us() { local t=${EPOCHREALTIME/[.,]/}; echo "$t"; }
@@ -72,7 +70,7 @@ wait_gone() {
     shift
     while :; do
         left=0
-        for pid in "$@"; do running "$pid" && left=1; done
+        for pid in "$@"; do pid_alive "$pid" && left=1; done
         ((left)) || return 0
         (($(now_us) < end)) || return 1
         sleep 0.05
@@ -81,15 +79,6 @@ wait_gone() {
 
 # True when PID $1 is stopped (SIGSTOP: it cannot answer).
 stopped() { grep -q '^State:[[:space:]]*T' "/proc/$1/status" 2>/dev/null; }
-
-free_ports() {
-    python3 -c '
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print("\n".join(str(s.getsockname()[1]) for s in socks))' "$1"
-}
 
 # redis-cli against node port $1, bounded in time.
 cli() {
@@ -106,7 +95,7 @@ live_pid() {
     [[ -f "$nd/redis.pid" && -f "$nd/port" ]] || return 1
     pid=$(cat "$nd/redis.pid" 2>/dev/null || true)
     port=$(cat "$nd/port")
-    [[ "$pid" =~ ^[0-9]+$ ]] && running "$pid" || return 1
+    [[ "$pid" =~ ^[0-9]+$ ]] && pid_alive "$pid" || return 1
     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "redis-server.*:$port" || return 1
     echo "$pid"
 }
@@ -179,7 +168,7 @@ stop_nodes() {
     done
     ((${#pids[@]} == 0)) || wait_gone 5 "${pids[@]}" || true
     for i in "${!pids[@]}"; do
-        if running "${pids[$i]}"; then
+        if pid_alive "${pids[$i]}"; then
             kill -KILL "${pids[$i]}" 2>/dev/null || true
             wait_gone 5 "${pids[$i]}" || echo "redis-cluster.sh: node $i (pid ${pids[$i]}) outlived SIGKILL" >&2
         fi
