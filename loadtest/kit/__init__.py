@@ -46,7 +46,7 @@ from .http import (Client, Response, _address, call, encode_body, make_response,
 from .load import WRK_LUA, ab_times, parse_ab, parse_wrk, run_wrk  # noqa: F401
 from .nginx import (ACCESS_RE, GEN_CONF, NGINX_EDGE, AccessEntry, access_log,  # noqa: F401
                     answered_by, start_nginx, stop_nginx)
-from .pg import psql, psql_value  # noqa: F401
+from .pg import commit_waits, psql, psql_value  # noqa: F401
 from .proc import (cmdline, free_ports, pid_alive, proc_status, proc_tree, run,  # noqa: F401
                    signal_all, stop_children, stop_pid, wait_for, wait_gone, wait_port, with_settings, write_atomic)
 from .redis import (drain_stream, redis_cli, redis_info_count, redis_role,  # noqa: F401

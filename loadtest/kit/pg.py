@@ -29,3 +29,26 @@ def psql_value(dsn, sql, timeout=60):
     if len(rows) != 1 or len(rows[0]) != 1:
         raise KitError(f"expected one value from {sql!r}, got {rows!r}")
     return rows[0][0]
+
+
+def commit_waits(dsn, timeout=1.5):
+    """Does a commit on dsn's server wait for a synchronous standby now? A
+    probe transaction (a transactional logical message, no table touched)
+    in a psql of its own: still waiting after 'timeout' s, it does. The
+    probe is then cancelled (its commit stays local; nobody was told of
+    it). For checks where the standbys are stopped on purpose."""
+    p = subprocess.Popen(["psql", "-X", "-q", "-d", dsn, "-c",
+                          "SELECT pg_logical_emit_message(true, 'kit.probe', '')"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        p.wait(timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        psql(dsn, "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                  "WHERE query LIKE '%kit.probe%' AND pid <> pg_backend_pid()")
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        return True

@@ -6,7 +6,6 @@ then which acknowledged orders the new primary lacks."""
 import json
 import os
 import signal
-import subprocess
 import time
 
 import kit
@@ -68,29 +67,6 @@ class PgSteps:
         v = kit.psql_value(self.pg_node_dsn(n), "SELECT pid FROM pg_stat_wal_receiver"
                                                 " WHERE status = 'streaming'")
         return int(v) if v else None
-
-    def pg_commit_waits(self, primary, timeout=1.5):
-        """Does a commit on the primary wait for a standby now (with the
-        standbys frozen)? A probe transaction (a transactional logical
-        message) in a psql of its own: still waiting after 'timeout' s, it
-        does (the probe is cancelled then: its commit stays local, and
-        nobody was told of it)."""
-        dsn = self.pg_node_dsn(primary)
-        p = subprocess.Popen(["psql", "-X", "-q", "-d", dsn, "-c",
-                              "SELECT pg_logical_emit_message(true, 'ladder.probe', '')"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            p.wait(timeout)
-            return False
-        except subprocess.TimeoutExpired:
-            kit.psql(dsn, "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
-                          "WHERE query LIKE '%ladder.probe%' AND pid <> pg_backend_pid()")
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            return True
 
     def replication(self, primary):
         """The primary's view of its standbys: (application_name, pid, state,
@@ -154,7 +130,7 @@ class PgSteps:
                     kit.psql(self.pg_node_dsn(primary), "SELECT pg_terminate_backend(pid) "
                                                         "FROM pg_stat_replication")
                 before = self.replication(primary)
-                probe = self.pg_commit_waits(primary) if not step["cut_walsenders"] else None
+                probe = kit.commit_waits(self.pg_node_dsn(primary)) if not step["cut_walsenders"] else None
                 log(f"pg failover: before the burst, a probe commit {'waited' if probe else 'did not wait' if probe is False else 'was not tried'}; "
                     f"standbys {before['standbys']}, names {before['names']!r}")
                 t0 = time.monotonic()
