@@ -182,6 +182,16 @@ static int migrate_key(migration *m, const char *key)
     return ok ? 0 : -1;
 }
 
+/* Closes the migration's two connections (idempotent). */
+static void migration_close(migration *m)
+{
+    if (m->src != NULL)
+        redisFree(m->src);
+    if (m->dst != NULL)
+        redisFree(m->dst);
+    m->src = m->dst = NULL;
+}
+
 /* Every key left of the slot migrated, then the slot given to the target
  * (the target first, as redis-cli --cluster does). */
 static int migration_end(migration *m)
@@ -209,9 +219,7 @@ static int migration_end(migration *m)
 out:
     if (r != NULL)
         freeReplyObject(r);
-    redisFree(m->src);
-    redisFree(m->dst);
-    m->src = m->dst = NULL;
+    migration_close(m);
     return rc;
 }
 
@@ -220,7 +228,7 @@ static void test_a_moved_slot_is_followed_and_remembered(void)
     rcluster *rc = client(2000);
     const char *key = "{moved}:k";
     int slot = rcluster_keyslot(key, strlen(key)), before;
-    migration m;
+    migration m = { 0 };
     uint64_t redirects;
 
     if (!T_ASSERT(rc != NULL))
@@ -239,6 +247,7 @@ static void test_a_moved_slot_is_followed_and_remembered(void)
     T_ASSERT(reply_is(cmd(rc, "GET", key, NULL), REDIS_REPLY_STRING, "here"));
     T_EQ_I64(rc->redirects, redirects + 1);
 out:
+    migration_close(&m);
     rcluster_free(rc);
 }
 
@@ -247,7 +256,7 @@ static void test_a_migrating_slot_is_asked_not_remapped(void)
     rcluster *rc = client(2000);
     const char *moved = "{ask}:moved", *stays = "{ask}:stays", *fresh = "{ask}:fresh";
     int slot = rcluster_keyslot(moved, strlen(moved)), before;
-    migration m;
+    migration m = { 0 };
     uint64_t redirects;
 
     if (!T_ASSERT(rc != NULL))
@@ -273,10 +282,7 @@ static void test_a_migrating_slot_is_asked_not_remapped(void)
     T_ASSERT(reply_is(cmd(rc, "GET", fresh, NULL), REDIS_REPLY_STRING, "new"));
     T_ASSERT(reply_is(cmd(rc, "GET", stays, NULL), REDIS_REPLY_STRING, "on-source"));
 out:
-    if (m.src != NULL)
-        redisFree(m.src);
-    if (m.dst != NULL)
-        redisFree(m.dst);
+    migration_close(&m);
     rcluster_free(rc);
 }
 
@@ -299,7 +305,7 @@ static void test_a_split_multi_key_command_is_tried_again(void)
     const char *a = "{try}:a", *b = "{try}:b";
     int slot = rcluster_keyslot(a, strlen(a));
     redisReply *r;
-    migration m;
+    migration m = { 0 };
     pthread_t th;
     int64_t t0;
 
@@ -331,10 +337,7 @@ static void test_a_split_multi_key_command_is_tried_again(void)
     if (r != NULL)
         freeReplyObject(r);
 out:
-    if (m.src != NULL)
-        redisFree(m.src);
-    if (m.dst != NULL)
-        redisFree(m.dst);
+    migration_close(&m);
     rcluster_free(rc);
 }
 
