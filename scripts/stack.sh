@@ -38,6 +38,12 @@
 #   REDIS_APPENDFSYNC  the throwaway Redis's AOF: always, everysec or no (appendonly
 #                      yes, with that appendfsync); empty: no persistence, except
 #                      with SECKILL_STOCK=redis, where it defaults to always
+#   REDIS_CLUSTER=1    a Redis Cluster instead of one Redis: 3 masters and 3
+#                      replicas (scripts/redis-cluster.sh, under
+#                      RUN_DIR/redis-cluster, on free loopback ports); the
+#                      instances get REDIS_CLUSTER_NODES, and so does the env
+#                      file (REDIS_URL is empty there); REDIS_APPENDFSYNC
+#                      applies to every node
 #   REDIS_HA=1         Redis with Sentinel instead of one Redis: a master (redis-1),
 #                      two replicas (redis-2, redis-3) and three Sentinels
 #                      (sentinel-1..3, quorum 2), each under RUN_DIR with a
@@ -96,6 +102,8 @@ APP_PORT_BASE=${APP_PORT_BASE:-8081}
 PG_PORT=${PG_PORT:-auto}
 REDIS_PORT=${REDIS_PORT:-auto}
 REDIS_HA=${REDIS_HA:-0}
+REDIS_CLUSTER=${REDIS_CLUSTER:-0}
+CLUSTER_NODES=6   # REDIS_CLUSTER=1: 3 masters, a replica each
 PG_HA=${PG_HA:-0}
 REDIS_MASTER_NAME=${REDIS_MASTER_NAME:-seckill}
 SENTINEL_DOWN_AFTER_MS=${SENTINEL_DOWN_AFTER_MS:-2000}
@@ -277,6 +285,12 @@ choose_ports() {
     [[ "$REDIS_PORT" == auto ]] || is_port "$REDIS_PORT" || die "REDIS_PORT must be a port or 'auto'"
     [[ "$REDIS_HA" == 0 || "$REDIS_HA" == 1 ]] || die "REDIS_HA must be 0 or 1"
     [[ "$PG_HA" == 0 || "$PG_HA" == 1 ]] || die "PG_HA must be 0 or 1"
+    [[ "$REDIS_CLUSTER" == 0 || "$REDIS_CLUSTER" == 1 ]] || die "REDIS_CLUSTER must be 0 or 1"
+    if [[ "$REDIS_CLUSTER" == 1 ]]; then
+        [[ "$REDIS_HA" == 0 ]] || die "REDIS_CLUSTER=1 and REDIS_HA=1: a cluster fails over by itself; choose one"
+        [[ -z "$EXTERNAL_REDIS_URL" ]] || die "REDIS_CLUSTER=1 starts its own Redis servers: unset EXTERNAL_REDIS_URL"
+        [[ "$REDIS_PORT" == auto ]] || die "REDIS_CLUSTER=1 picks free ports for its nodes: unset REDIS_PORT"
+    fi
     if [[ "$PG_HA" == 1 ]]; then
         [[ -z "$EXTERNAL_PG_DSN" ]] || die "PG_HA=1 starts its own Postgres servers: unset EXTERNAL_PG_DSN"
         [[ "$PG_PORT" == auto ]] || die "PG_HA=1 picks free ports for its servers: unset PG_PORT"
@@ -292,7 +306,7 @@ choose_ports() {
     [[ "$APP_PORT_BASE" == auto ]] && nfree=$((nfree + INSTANCES))
     [[ -z "$EXTERNAL_PG_DSN" && "$PG_PORT" == auto && "$PG_HA" == 0 ]] && nfree=$((nfree + 1))
     [[ "$PG_HA" == 1 ]] && nfree=$((nfree + 1 + PGHA_NODES))
-    [[ -z "$EXTERNAL_REDIS_URL" && "$REDIS_PORT" == auto && "$REDIS_HA" == 0 ]] && nfree=$((nfree + 1))
+    [[ -z "$EXTERNAL_REDIS_URL" && "$REDIS_PORT" == auto && "$REDIS_HA" == 0 && "$REDIS_CLUSTER" == 0 ]] && nfree=$((nfree + 1))
     [[ "$REDIS_HA" == 1 ]] && nfree=$((nfree + 2 * HA_NODES))
     [[ "$ZK_PORT" == auto ]] || is_port "$ZK_PORT" || die "ZK_PORT must be a port or 'auto'"
     lock_service zk && [[ "$ZK_PORT" == auto ]] && nfree=$((nfree + 1))
@@ -324,7 +338,7 @@ choose_ports() {
     if [[ "$REDIS_HA" == 1 ]]; then
         for ((i = 0; i < HA_NODES; i++)); do next_free; P_HA_REDIS+=("$FREE_PORT"); done
         for ((i = 0; i < HA_NODES; i++)); do next_free; P_HA_SENTINEL+=("$FREE_PORT"); done
-    elif [[ -z "$EXTERNAL_REDIS_URL" ]]; then
+    elif [[ -z "$EXTERNAL_REDIS_URL" && "$REDIS_CLUSTER" == 0 ]]; then
         if [[ "$REDIS_PORT" == auto ]]; then next_free; P_REDIS=$FREE_PORT; else P_REDIS=$REDIS_PORT; want+=("$P_REDIS"); names+=(redis); vars+=(REDIS_PORT); fi
     fi
     P_ZK=""
@@ -500,6 +514,20 @@ start_redis_ha() {
     done
 }
 
+# REDIS_CLUSTER=1: 3 masters and 3 replicas under RUN_DIR/redis-cluster.
+start_redis_cluster() {
+    local dir="$RUN_DIR/redis-cluster" line
+    [[ ! -d "$dir" ]] || "$ROOT/scripts/redis-cluster.sh" stop "$dir" || true
+    rm -rf "$dir"
+    line=$(REDIS_CLUSTER_APPENDFSYNC=$REDIS_APPENDFSYNC REDIS_CLUSTER_TIMEOUT=$STACK_TIMEOUT \
+        "$ROOT/scripts/redis-cluster.sh" start "$dir") || die "the Redis Cluster did not start (see $dir)"
+    STACK_CLUSTER_NODES=${line#REDIS_CLUSTER_NODES=}
+    [[ "$line" == REDIS_CLUSTER_NODES=* && -n "$STACK_CLUSTER_NODES" ]] ||
+        die "scripts/redis-cluster.sh start printed '$line'"
+    STACK_REDIS_URL=""
+    log "Redis Cluster: $STACK_CLUSTER_NODES"
+}
+
 # The environment of instance I (NAME=value lines) -- on top of the launcher's
 # own environment, which passes THREADS, DEMO_RANDOM_USER, SECKILL_*, ... through.
 instance_env() {
@@ -509,7 +537,11 @@ instance_env() {
     printf 'INSTANCE_ID=%s\n' "seckill-$i"
     printf 'PG_DSN=%s\n' "$STACK_PG_DSN"
     if [[ "$PG_HA" == 1 ]]; then printf 'PG_HA=1\n'; fi
-    printf 'REDIS_URL=%s\n' "$STACK_REDIS_URL"
+    if [[ -n "${STACK_CLUSTER_NODES:-}" ]]; then
+        printf 'REDIS_CLUSTER_NODES=%s\n' "$STACK_CLUSTER_NODES"
+    else
+        printf 'REDIS_URL=%s\n' "$STACK_REDIS_URL"
+    fi
     printf 'ADMIN_TOKEN=%s\n' "$ADMIN_TOKEN"
     printf 'LUA_DIR=%s\n' "$LUA_DIR_STACK"
     printf 'LOG_LEVEL=%s\n' "${LOG_LEVEL:-warn}"
@@ -539,6 +571,8 @@ start_instance() {
         cd "$RUN_DIR"
         # The stack's Redis, not one the caller's environment names.
         [[ -n "${STACK_SENTINELS:-}" ]] || unset REDIS_SENTINELS
+        [[ -n "${STACK_CLUSTER_NODES:-}" ]] || unset REDIS_CLUSTER_NODES
+        [[ -z "${STACK_CLUSTER_NODES:-}" ]] || unset REDIS_URL
         exec setsid env "${envs[@]}" "$SECKILL_BIN" "--port=$port" "--instance-id=seckill-$i" \
             </dev/null >>"$logf" 2>&1
     ) &
@@ -629,6 +663,12 @@ write_env_file() {
                 PG_MONITOR_PORT "$P_PG_MONITOR" \
                 PG_NODE_PORTS "${P_PG_NODES[*]}"
         fi
+        if [[ "$REDIS_CLUSTER" == 1 ]]; then
+            printf "export %s='%s'\n" \
+                REDIS_CLUSTER 1 \
+                REDIS_CLUSTER_NODES "$STACK_CLUSTER_NODES" \
+                REDIS_CLUSTER_DIR "$RUN_DIR/redis-cluster"
+        fi
         if [[ "$REDIS_HA" == 1 ]]; then
             printf "export %s='%s'\n" \
                 REDIS_HA 1 \
@@ -648,14 +688,14 @@ write_env_file() {
 # is: the launcher's own, every server setting the binary knows (its --help)
 # and SECKILL_*, and the binary itself (rebuilt: restart).
 CONFIG_VARS=(INSTANCES NGINX_PORT APP_PORT_BASE PG_PORT REDIS_PORT EXTERNAL_PG_DSN EXTERNAL_REDIS_URL
-    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW NGINX_EDGE REDIS_HA PG_HA
+    SECKILL_BIN LUA_DIR_STACK PG_DURABLE PG_MAX_CONNECTIONS NGINX_ALLOW NGINX_EDGE REDIS_HA PG_HA REDIS_CLUSTER
     SENTINEL_DOWN_AFTER_MS SENTINEL_FAILOVER_TIMEOUT_MS LOCK_SERVICES ZK_PORT)
 config_signature() {
     local v
     {
         for v in "${CONFIG_VARS[@]}"; do printf '%s=%s\n' "$v" "${!v:-}"; done
         for v in $("$SECKILL_BIN" --help 2>&1 | awk '/^  [A-Z][A-Z0-9_]+ /{print $1}'); do
-            case "$v" in PORT | BIND | INSTANCE_ID | PG_DSN | REDIS_URL | ADMIN_TOKEN | LUA_DIR | REDIS_SENTINELS | ZK_HOSTS) continue ;; esac
+            case "$v" in PORT | BIND | INSTANCE_ID | PG_DSN | REDIS_URL | ADMIN_TOKEN | LUA_DIR | REDIS_SENTINELS | REDIS_CLUSTER_NODES | ZK_HOSTS) continue ;; esac
             printf '%s=%s\n' "$v" "${!v:-}"
         done
         env | grep -E '^(SECKILL_[A-Z_]*|INSTANCE_ENV_[0-9]+)=' | grep -v '^SECKILL_BIN=' | sort || true
@@ -688,7 +728,12 @@ healthy() {
     else
         [[ -n "$(state_get EXTERNAL_PG_DSN)" ]] || live_pid postgres >/dev/null || { WHY="Postgres is not running"; return 1; }
     fi
-    if [[ "$(state_get REDIS_HA)" == 1 ]]; then
+    if [[ "$(state_get REDIS_CLUSTER)" == 1 ]]; then
+        for ((i = 1; i <= CLUSTER_NODES; i++)); do
+            "$ROOT/scripts/redis-cluster.sh" pid "$RUN_DIR/redis-cluster" "$i" >/dev/null 2>&1 ||
+                { WHY="Redis Cluster node $i is not running"; return 1; }
+        done
+    elif [[ "$(state_get REDIS_HA)" == 1 ]]; then
         for ((i = 1; i <= HA_NODES; i++)); do
             live_pid "redis-$i" >/dev/null || { WHY="Redis $i is not running"; return 1; }
             live_pid "sentinel-$i" >/dev/null || { WHY="Sentinel $i is not running"; return 1; }
@@ -764,6 +809,7 @@ cmd_start() {
         echo "EXTERNAL_PG_DSN=$EXTERNAL_PG_DSN"
         echo "EXTERNAL_REDIS_URL=$EXTERNAL_REDIS_URL"
         echo "REDIS_HA=$REDIS_HA"
+        echo "REDIS_CLUSTER=$REDIS_CLUSTER"
         echo "PG_HA=$PG_HA"
     } >"$STATE_FILE"
 
@@ -779,7 +825,10 @@ cmd_start() {
         start_postgres "$P_PG"
     fi
     load_schema "$STACK_PG_DSN"
-    if [[ "$REDIS_HA" == 1 ]]; then
+    STACK_CLUSTER_NODES=""
+    if [[ "$REDIS_CLUSTER" == 1 ]]; then
+        start_redis_cluster
+    elif [[ "$REDIS_HA" == 1 ]]; then
         start_redis_ha
     elif [[ -z "$EXTERNAL_REDIS_URL" ]]; then
         start_redis "$P_REDIS"
@@ -816,6 +865,7 @@ load_running_instances() {
     STACK_REDIS_URL=$(. "$ENV_FILE" && printf '%s' "$REDIS_URL")
     STACK_ZK_HOSTS=$(. "$ENV_FILE" && printf '%s' "${ZK_HOSTS:-}")
     STACK_SENTINELS=$(. "$ENV_FILE" && printf '%s' "${REDIS_SENTINELS:-}")
+    STACK_CLUSTER_NODES=$(. "$ENV_FILE" && printf '%s' "${REDIS_CLUSTER_NODES:-}")
     [[ -z "$STACK_SENTINELS" ]] || REDIS_MASTER_NAME=$(. "$ENV_FILE" && printf '%s' "$REDIS_MASTER_NAME")
     ADMIN_TOKEN=$(cat "$RUN_DIR/admin_token")
     PG_HA=$(state_get PG_HA)
@@ -901,6 +951,11 @@ stop_all() {
         fi
         rm -f "$PIDS/$n.pid"
     done
+    # REDIS_CLUSTER=1: its nodes, by the PIDs in their own directories.
+    if [[ -d "$RUN_DIR/redis-cluster" ]] && compgen -G "$RUN_DIR/redis-cluster/node-*/redis.pid" >/dev/null; then
+        "$ROOT/scripts/redis-cluster.sh" stop "$RUN_DIR/redis-cluster" && stopped+=("redis-cluster")
+        rm -f "$RUN_DIR"/redis-cluster/node-*/redis.pid
+    fi
     rm -f "$ENV_FILE" "$RUN_DIR/nginx/nginx.pid"
     if ((${#stopped[@]})); then
         log "stopped ${stopped[*]}"

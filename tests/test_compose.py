@@ -22,7 +22,12 @@ with the local stack (scripts/stack.sh), without a Docker engine.
 - docker-compose.ha.yml on top of it (Redis with Sentinel): valid; a master,
   two replicas of it and three Sentinels watching it (quorum 2) with a config
   file of their own; the instances wait for the Sentinels and name them in
-  REDIS_SENTINELS, the master's name as the Sentinels know it.
+  REDIS_SENTINELS, the master's name as the Sentinels know it;
+- docker-compose.cluster.yml on top of it (Redis Cluster): valid; six
+  cluster-enabled nodes announcing their service names, a one-shot service
+  that joins them with redis-cli --cluster create (a replica each), and
+  instances that wait for it and name nodes in REDIS_CLUSTER_NODES, with
+  REDIS_URL empty.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
@@ -41,6 +46,7 @@ from seckill_server import fail, test  # noqa: E402
 ROOT = ss.ROOT
 COMPOSE = os.path.join(ROOT, "docker-compose.yml")
 COMPOSE_HA = os.path.join(ROOT, "docker-compose.ha.yml")
+COMPOSE_CLUSTER = os.path.join(ROOT, "docker-compose.cluster.yml")
 STACK = os.path.join(ROOT, "scripts", "stack.sh")
 
 # Variables that change what 'docker-compose config' and the launcher print.
@@ -714,6 +720,46 @@ def ha_override_is_valid_and_complete():
             "postgresql-15-auto-failover" not in stage_packages(
                 open(os.path.join(ROOT, "Dockerfile")).read(), "pgaf"):
         fail("the Dockerfile has no stage 'pgaf' installing postgresql-15-auto-failover")
+
+
+@test
+def cluster_override_is_valid_and_complete():
+    p = run(["docker-compose", "-f", COMPOSE, "-f", COMPOSE_CLUSTER, "config"])
+    if p.returncode != 0:
+        fail(f"docker-compose -f docker-compose.yml -f docker-compose.cluster.yml config: "
+             f"{p.stderr.strip()}")
+    svcs = parse_yaml(p.stdout).get("services") or {}
+    nodes = ["redis"] + [f"redis-{i}" for i in range(2, 7)]
+    want = set(nodes) | {"redis-cluster", "app", "nginx", "postgres", "schema"}
+    if set(svcs) != want:
+        fail(f"services with the cluster override: {sorted(svcs)}, want {sorted(want)}")
+    for n in nodes:
+        cmd = " ".join(str(x) for x in svcs[n].get("command") or [])
+        if "--cluster-enabled yes" not in cmd or f"--cluster-announce-hostname {n}" not in cmd or \
+                "--cluster-preferred-endpoint-type hostname" not in cmd:
+            fail(f"{n} is not a cluster node announcing its name: {cmd}")
+        if not str(svcs[n].get("image", "")).startswith("redis:7"):
+            fail(f"{n}: image {svcs[n].get('image')}")
+    create = " ".join(str(x) for x in svcs["redis-cluster"].get("command") or [])
+    if "redis-cli --cluster create" not in create or "--cluster-replicas 1" not in create or \
+            any(f"{n}:6379" not in create for n in nodes):
+        fail(f"redis-cluster does not join the six nodes with a replica each: {create}")
+    deps = svcs["redis-cluster"].get("depends_on") or {}
+    if set(deps) != set(nodes):
+        fail(f"redis-cluster waits for {sorted(deps)}, not the six nodes")
+    app = svcs["app"]
+    env = app.get("environment") or {}
+    seeds = [x.strip() for x in str(env.get("REDIS_CLUSTER_NODES", "")).split(",") if x.strip()]
+    if not seeds or any(x.split(":")[0] not in nodes or x.split(":")[-1] != "6379" for x in seeds):
+        fail(f"app: REDIS_CLUSTER_NODES {env.get('REDIS_CLUSTER_NODES')!r}")
+    if env.get("REDIS_URL") not in ("", None) or "REDIS_SENTINELS" in env:
+        fail(f"app: REDIS_URL {env.get('REDIS_URL')!r} and REDIS_SENTINELS "
+             f"{env.get('REDIS_SENTINELS')!r} must be empty with a cluster")
+    if "redis-cluster" not in (app.get("depends_on") or {}):
+        fail(f"app does not wait for redis-cluster: {sorted(app.get('depends_on') or {})}")
+    known = server_env_names()
+    if known is not None and not set(env) <= known:
+        fail(f"app: names unknown to seckill --help: {sorted(set(env) - known)}")
 
 
 def stage_names(df):

@@ -422,7 +422,7 @@ def a_wall_clock_step_holds_neither_a_batch_nor_the_publisher():
                  f"back {CLOCK_STEP_MS} ms (answers took {[round(t, 2) for t in took]})")
         # The publisher refreshes its key (PX 5000) every second: its age
         # stays under about 1 s, not 1 s + D.
-        key = "seckill:instance:clockstep"
+        key = "{seckill}:instance:clockstep"
         wait_for("the publisher's first tick", lambda: pttl(key) > 0)
         oldest, t_end = 0, time.monotonic() + 4.0
         while time.monotonic() < t_end:

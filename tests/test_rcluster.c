@@ -16,6 +16,9 @@
  *                old master had loaded is run on the new one (NOSCRIPT:
  *                Redis does not copy SCRIPT LOAD to replicas; the script
  *                module's EVAL fallback, as the sender)
+ *   redirected   a caller's own command (a library's script) meeting MOVED
+ *                or ASK: rcluster_redirected hands the connection to send
+ *                it again to (ASKING sent for ASK), MOVED remembered
  *   CLUSTERDOWN  a master and its replica both SIGKILLed: the slot is
  *                served by nobody; the call ends with the budget, with
  *                CLUSTERDOWN (or no reply), never hangs */
@@ -286,6 +289,65 @@ out:
     rcluster_free(rc);
 }
 
+/* What a caller that sends its own commands does with a redirection in a
+ * reply: rcluster_redirected, then the command again on what it returns. */
+static redisReply *own_get(rcluster *rc, const char *key, int *hops)
+{
+    int slot = rcluster_keyslot(key, strlen(key));
+    redisContext *c = rcluster_slot_context(rc, slot);
+    redisReply *r = NULL;
+    rcluster_redirect rd;
+
+    *hops = 0;
+    while (c != NULL) {
+        r = redisCommand(c, "GET %s", key);
+        if (rcluster_redirect_parse(r, &rd) == RCLUSTER_NONE || ++*hops > 3)
+            break;
+        freeReplyObject(r);
+        r = NULL;
+        c = rcluster_redirected(rc, &rd, c);
+    }
+    return r;
+}
+
+static void test_a_callers_own_command_follows_moved_and_ask(void)
+{
+    rcluster *rc = client(2000);
+    const char *moved = "{own}:moved", *stays = "{own}:stays";
+    int slot = rcluster_keyslot(moved, strlen(moved)), before, hops;
+    migration m = { 0 };
+    rcluster_redirect none = { .kind = RCLUSTER_TRYAGAIN, .slot = -1 };
+
+    if (!T_ASSERT(rc != NULL))
+        return;
+    T_ASSERT(ok_status(cmd(rc, "SET", moved, "on-target")));
+    T_ASSERT(ok_status(cmd(rc, "SET", stays, "on-source")));
+    before = rc->slot[slot];
+    if (!T_ASSERT(migration_begin(rc, slot, &m) == 0) || !T_ASSERT(migrate_key(&m, moved) == 0))
+        goto out;
+    /* ASK: sent again on the target after ASKING; the map unchanged. */
+    T_ASSERT(reply_is(own_get(rc, moved, &hops), REDIS_REPLY_STRING, "on-target"));
+    T_EQ_I64(hops, 1);
+    T_EQ_I64(rc->slot[slot], before);
+    /* ASKING is for one command: the next one goes to the source again. */
+    T_ASSERT(reply_is(own_get(rc, stays, &hops), REDIS_REPLY_STRING, "on-source"));
+    T_EQ_I64(hops, 0);
+    if (!T_ASSERT(migration_end(&m) == 0))
+        goto out;
+    /* MOVED: sent again on the new master, which the map now names. */
+    T_ASSERT(reply_is(own_get(rc, moved, &hops), REDIS_REPLY_STRING, "on-target"));
+    T_EQ_I64(hops, 1);
+    T_ASSERT(rc->slot[slot] != before);
+    T_ASSERT(reply_is(own_get(rc, moved, &hops), REDIS_REPLY_STRING, "on-target"));
+    T_EQ_I64(hops, 0);
+    /* TRYAGAIN and CLUSTERDOWN: nothing to send to at once, the map stale. */
+    T_ASSERT(rcluster_redirected(rc, &none, NULL) == NULL);
+    T_ASSERT(rc->stale);
+out:
+    migration_close(&m);
+    rcluster_free(rc);
+}
+
 static void *end_later(void *arg)
 {
     usleep(300 * 1000);
@@ -503,6 +565,7 @@ int main(void)
     T_RUN(test_each_key_goes_to_its_master);
     T_RUN(test_a_moved_slot_is_followed_and_remembered);
     T_RUN(test_a_migrating_slot_is_asked_not_remapped);
+    T_RUN(test_a_callers_own_command_follows_moved_and_ask);
     T_RUN(test_a_split_multi_key_command_is_tried_again);
     T_RUN(test_a_killed_master_is_replaced_within_the_budget);
     /* Last: it leaves a shard without a node. */

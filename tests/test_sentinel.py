@@ -350,7 +350,7 @@ def failover_the_server_follows_the_new_master():
             ha.wait(lambda: f"name=seckill:{s_.name} " in
                     ha.node(new).cli("CLIENT", "LIST", "TYPE", "pubsub"), 5,
                     f"{s_.name}'s reset subscriber on the new master")
-            ha.wait(lambda: ha.node(new).cli("EXISTS", f"seckill:instance:{s_.name}") == "1", 5,
+            ha.wait(lambda: ha.node(new).cli("EXISTS", f"{{seckill}}:instance:{s_.name}") == "1", 5,
                     f"{s_.name}'s stats on the new master")
         # 5 s after the grant its 6 s lease has 1 s left, unless renewed on
         # the new master since.
@@ -382,10 +382,12 @@ def wait_undoes_a_grant_the_replica_did_not_acknowledge():
     srv = None
     try:
         ss.RedisHA.wait(lambda: ss.RedisHA.link_up(replica), 15, "the replica in sync")
-        # REDIS_TIMEOUT_MS 10 s: the 503 must come from WAIT's 0.2 s, well
-        # before a command timeout could end the wait.
+        # REDIS_TIMEOUT_MS 10 s: the 503 must come from WAIT's 1 s, well
+        # before a command timeout could end the wait. 1 s, not less: a
+        # replica in sync on a loaded machine may take a few hundred ms to
+        # acknowledge, and the first buyer must get 200.
         srv = server("sentinel-wait", {"REDIS_URL": master.url, "LOCK_SYNC_REPLICAS": 1,
-                                       "LOCK_SYNC_TIMEOUT_MS": 200, "REDIS_TIMEOUT_MS": 10000})
+                                       "LOCK_SYNC_TIMEOUT_MS": 1000, "REDIS_TIMEOUT_MS": 10000})
         v = voucher(srv)
         u = user_base()
         r = srv.seckill(v, u)
@@ -401,8 +403,8 @@ def wait_undoes_a_grant_the_replica_did_not_acknowledge():
             os.kill(replica.proc.pid, signal.SIGCONT)
         if r.status != 503 or r.body.get("error") != "unavailable":
             fail(f"replica paused: {r.status} {r.raw!r}, want 503 unavailable")
-        if not 0.15 <= took < 5.0:
-            fail(f"the 503 took {took:.2f} s; WAIT's timeout is 0.2 s, the command timeout 10 s")
+        if not 0.95 <= took < 9.0:
+            fail(f"the 503 took {took:.2f} s; WAIT's timeout is 1 s, the command timeout 10 s")
         if key_left != "0":
             fail("the unacknowledged grant was not undone: the lock key is still there")
         orders = ss.psql_value(f"SELECT count(*) FROM tb_voucher_order WHERE voucher_id = {v} "
@@ -418,7 +420,7 @@ def wait_undoes_a_grant_the_replica_did_not_acknowledge():
         r = srv.seckill(v, u + 1)
         if r.status != 200:
             fail(f"the same buyer with the replica back: {r.status} {r.raw!r}")
-        print(f"    503 after {took * 1000:.0f} ms (LOCK_SYNC_TIMEOUT_MS=200)", flush=True)
+        print(f"    503 after {took * 1000:.0f} ms (LOCK_SYNC_TIMEOUT_MS=1000)", flush=True)
     finally:
         if srv is not None:
             srv.stop_ok()

@@ -242,6 +242,35 @@ static void test_sentinels_and_fencing(void)
     T_EQ_I64(config_unsafe(), 1);
 }
 
+/* REDIS_CLUSTER_NODES: one way to find Redis, and only the strategies
+ * whose keys are routed per slot. */
+static void test_cluster_nodes(void)
+{
+#define CL "REDIS_CLUSTER_NODES=127.0.0.1:7000,127.0.0.1:7001"
+    T_EQ_I64(load(ENV1(CL), NULL, NULL, 0), 0);
+    T_EQ_STR(g_cfg.cluster_nodes_text, "127.0.0.1:7000,127.0.0.1:7001");
+    /* An empty REDIS_URL, or its default, says "no other Redis". */
+    T_EQ_I64(load(((const char *const[]){ CL, "REDIS_URL=", NULL }), NULL, NULL, 0), 0);
+    T_EQ_I64(load(((const char *const[]){ CL, "REDIS_URL=" CONFIG_REDIS_URL_DEFAULT, NULL }),
+                  NULL, NULL, 0), 0);
+    T_EQ_I64(load(((const char *const[]){ CL, "SECKILL_LOCK=zk", "ZK_HOSTS=127.0.0.1:2181",
+                                          "SECKILL_STOCK=pessimistic", NULL }), NULL, NULL, 0), 0);
+    refuses(ENV1("REDIS_CLUSTER_NODES=127.0.0.1"), NULL, "REDIS_CLUSTER_NODES");
+    refuses(ENV1("REDIS_CLUSTER_NODES=127.0.0.1:7000,"), NULL, "REDIS_CLUSTER_NODES");
+    refuses(((const char *const[]){ CL, "REDIS_SENTINELS=127.0.0.1:26379", NULL }), NULL,
+            "REDIS_SENTINELS");
+    refuses(((const char *const[]){ CL, "REDIS_URL=redis://10.0.0.1:6379/0", NULL }), NULL,
+            "REDIS_URL");
+    refuses(((const char *const[]){ CL, "SECKILL_STOCK=batched", NULL }), NULL, "SECKILL_STOCK");
+    refuses(((const char *const[]){ CL, "SECKILL_STOCK=redis", NULL }), NULL, "SECKILL_STOCK");
+    refuses(((const char *const[]){ CL, "SECKILL_LOCK=setnx", NULL }), NULL, "SECKILL_LOCK");
+    refuses(((const char *const[]){ CL, "SECKILL_LOCK=redlock",
+                                    "LOCK_REDIS_NODES=redis://a:1,redis://b:1,redis://c:1",
+                                    NULL }), NULL, "SECKILL_LOCK");
+    refuses(((const char *const[]){ CL, "LOCK_LEASE_MS=-1", NULL }), NULL, "LOCK_LEASE_MS");
+#undef CL
+}
+
 static void test_redis_url(void)
 {
     redis_url u;
@@ -500,6 +529,7 @@ int main(void)
     T_RUN(test_help_returns_one);
     T_RUN(test_refusals_name_the_setting);
     T_RUN(test_sentinels_and_fencing);
+    T_RUN(test_cluster_nodes);
     T_RUN(test_redis_url);
     T_RUN(test_admin_token_file);
     T_RUN(test_masks);

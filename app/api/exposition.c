@@ -536,8 +536,17 @@ static cJSON *redis_json(void)
     conn_redis_master(master, sizeof master);
     if (sentinel_enabled())
         sentinel_view_get(&sv);
-    cJSON_AddStringToObject(o, "mode", sentinel_enabled() ? "sentinel" : "single");
+    cJSON_AddStringToObject(o, "mode", conn_redis_cluster() ? "cluster"
+                                       : sentinel_enabled() ? "sentinel" : "single");
     cJSON_AddStringToObject(o, "master", master);
+    if (conn_redis_cluster()) {
+        conn_cluster_counters cc;
+        cJSON *r = cJSON_AddObjectToObject(o, "redirects");
+        conn_cluster_counters_get(&cc);
+        cJSON_AddNumberToObject(r, "moved", (double)cc.moved);
+        cJSON_AddNumberToObject(r, "ask", (double)cc.ask);
+        cJSON_AddNumberToObject(r, "retry", (double)cc.retry);
+    }
     if (sentinel_enabled())
         cJSON_AddStringToObject(o, "masterName", g_cfg.master_name);
     cJSON_AddNumberToObject(o, "failovers", (double)sv.failovers);

@@ -8,9 +8,12 @@
 #include <cJSON.h>
 #include <hiredis/hiredis.h>
 
-/* Redis keys. Live instances are a sorted set scored by last publish (ms). */
-#define PEERS_INSTANCES_KEY "seckill:instances"
-#define PEERS_INSTANCE_PREFIX "seckill:instance:"
+/* Redis keys. Live instances are a sorted set scored by last publish (ms).
+ * One hash tag (conn.h's CONN_HOME_TAG): with a Redis Cluster they share
+ * the slot that conn_redis_open's connection serves, and one MGET reads
+ * them all. */
+#define PEERS_INSTANCES_KEY "{seckill}:instances"
+#define PEERS_INSTANCE_PREFIX "{seckill}:instance:"
 #define PEERS_LIVE_MS 5000
 
 /* This instance's entry of the view: its identity and counters, read now. */

@@ -392,6 +392,79 @@ static int asking(rcluster *rc, int i, redisContext *c)
     return ok ? 0 : -1;
 }
 
+/* The node whose connection 'c' is, or -1. */
+static int node_of(const rcluster *rc, const redisContext *c)
+{
+    for (int i = 0; i < rc->nnodes; i++)
+        if (c != NULL && rc->nodes[i].c == c)
+            return i;
+    return -1;
+}
+
+redisContext *rcluster_redirected(rcluster *rc, const rcluster_redirect *rd,
+                                  const redisContext *from)
+{
+    redisContext *c = NULL;
+    int from_i = node_of(rc, from), to;
+
+    switch (rd->kind) {
+    case RCLUSTER_MOVED:
+    case RCLUSTER_ASK:
+        /* ":port" names the node that answered. */
+        if (rd->host[0] == '\0' && from_i < 0) {
+            set_err(rc, RCLUSTER_ERR_MAP, "a redirection without a host, from an unknown node");
+            rc->stale = 1;
+            break;
+        }
+        to = node_index(rc, rd->host[0] ? rd->host : rc->nodes[from_i].host, rd->port);
+        if (to < 0)
+            break;
+        rc->redirects++;
+        if (rd->kind == RCLUSTER_MOVED) {
+            /* The retry goes there now; the rest of the map (a
+             * migration or a failover moves more than one slot) is read
+             * again at the next use. */
+            rc->slot[rd->slot] = (uint8_t)(to + 1);
+            rc->stale = 1;
+            c = node_connect(rc, to);
+        } else if ((c = node_connect(rc, to)) != NULL && asking(rc, to, c) != 0) {
+            c = NULL;
+        }
+        break;
+    case RCLUSTER_TRYAGAIN:
+    case RCLUSTER_CLUSTERDOWN:
+        rc->stale = 1;
+        set_err(rc, RCLUSTER_ERR_BUDGET, "%s", rd->kind == RCLUSTER_TRYAGAIN
+                                                  ? "TRYAGAIN: a slot in migration"
+                                                  : "CLUSTERDOWN: the cluster is down");
+        break;
+    case RCLUSTER_NONE:
+        set_err(rc, RCLUSTER_ERR_MAP, "not a redirection");
+        break;
+    }
+    return c;
+}
+
+redisContext *rcluster_slot_take(rcluster *rc, int slot)
+{
+    redisContext *c = rcluster_slot_context(rc, slot);
+    int i = node_of(rc, c);
+
+    if (i >= 0)
+        rc->nodes[i].c = NULL;
+    return c;
+}
+
+void rcluster_slot_master(const rcluster *rc, int slot, char *buf, size_t n)
+{
+    int i = slot >= 0 && slot < RCLUSTER_SLOTS ? rc->slot[slot] - 1 : -1;
+
+    if (i < 0)
+        snprintf(buf, n, "?");
+    else
+        snprintf(buf, n, "%s:%d", rc->nodes[i].host, rc->nodes[i].port);
+}
+
 redisReply *rcluster_call(rcluster *rc, int slot, rcluster_send_fn send, void *arg)
 {
     int64_t deadline = util_mono_us() + (int64_t)rc->opts.retry_ms * 1000;

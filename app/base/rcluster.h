@@ -132,6 +132,27 @@ redisReply *rcluster_call(rcluster *rc, int slot, rcluster_send_fn send, void *a
 redisReply *rcluster_command_argv(rcluster *rc, int key, int argc, const char **argv,
                                   const size_t *argvlen);
 
+/* For a caller that runs its own commands on rcluster_slot_context's
+ * connections (pipelines, scripts a library sends) and reads a redirection
+ * in a reply: the connection to send the command to again. MOVED: the
+ * slot is remembered at its new master (the rest of the map read at the
+ * next stale use), and that master's connection returned. ASK: the
+ * target's connection, on which ASKING was just sent (the next command
+ * there, once, may touch the migrating slot). TRYAGAIN, CLUSTERDOWN: NULL
+ * with the map marked stale: pause, then route again. Borrowed as
+ * rcluster_slot_context's; NULL with the error in the handle. */
+redisContext *rcluster_redirected(rcluster *rc, const rcluster_redirect *rd,
+                                  const redisContext *from);
+
+/* The connection to the master of 'slot', as rcluster_slot_context's, but
+ * handed over: the caller owns it (redisFree) and the handle forgets it.
+ * For a thread that keeps one connection of its own (a subscriber). */
+redisContext *rcluster_slot_take(rcluster *rc, int slot);
+
+/* The "host:port" of the master of 'slot' in the map as last read ("?"
+ * when none is known). No I/O. */
+void rcluster_slot_master(const rcluster *rc, int slot, char *buf, size_t n);
+
 /* Drops every connection and marks the map stale (after a fork, or to
  * start over). */
 void rcluster_reset(rcluster *rc);

@@ -330,3 +330,11 @@ int util_list_next(util_list *it, const char **s, size_t *len)
     it->last = comma == NULL;
     return 1;
 }
+
+void util_sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}

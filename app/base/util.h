@@ -31,6 +31,9 @@ void util_format_iso8601(int64_t ts, char *buf, size_t n);
 /* Wall clock in Unix seconds, and a monotonic clock in microseconds. */
 int64_t util_now_s(void);
 int64_t util_wall_ms(void);
+/* Sleeps 'ms' milliseconds (resumed after a signal). */
+void util_sleep_ms(int ms);
+
 int64_t util_mono_us(void);
 
 /* Timed waits. util_deadline: the absolute time 'us' microseconds from now

@@ -60,7 +60,7 @@ static const config_setting settings[] = {
     SECRET("PG_DSN", "pg-dsn", pg_dsn, CONFIG_SHOW_DSN, "",
       "libpq connection string or URI (empty: PGHOST, PGPORT, ... apply)"),
     SECRET("REDIS_URL", "redis-url", redis_url_text,
-      CONFIG_SHOW_REDIS_URL, "redis://127.0.0.1:6379",
+      CONFIG_SHOW_REDIS_URL, CONFIG_REDIS_URL_DEFAULT,
       "redis://[[user]:password@]host[:port][/db]"),
     INT("THREADS", "threads", threads, 1, 256, "8",
       "worker threads for requests that need Redis or Postgres; each owns one connection to each"),
@@ -87,6 +87,10 @@ static const config_setting settings[] = {
     STR("REDIS_SENTINELS", "redis-sentinels", sentinels_text, "",
       "host:port[,host:port...] of Redis Sentinels: the master is found through them and "
       "followed across failovers (REDIS_URL then gives only the password and db)"),
+    STR("REDIS_CLUSTER_NODES", "redis-cluster-nodes", cluster_nodes_text, "",
+      "host:port[,host:port...] seed nodes of a Redis Cluster: each key goes to the master of "
+      "its hash slot, followed across MOVED, ASK and failovers (not with REDIS_SENTINELS or a "
+      "REDIS_URL of its own)"),
     STR("REDIS_MASTER_NAME", "redis-master-name", master_name, "seckill",
       "name of the master the Sentinels monitor"),
     INT("LOCK_SYNC_REPLICAS", "lock-sync-replicas", lock_sync_replicas, 0, 16, "0",

@@ -26,6 +26,7 @@ enum order_durability { DURABILITY_AOF, DURABILITY_WAIT, DURABILITY_NONE };
 enum log_format { LOGS_TEXT, LOGS_JSON };
 
 #define CONFIG_MAX_SENTINELS 16
+#define CONFIG_REDIS_URL_DEFAULT "redis://127.0.0.1:6379"
 
 /* One Sentinel of REDIS_SENTINELS. */
 typedef struct sentinel_addr {
@@ -44,6 +45,7 @@ typedef struct config {
     sentinel_addr sentinels[CONFIG_MAX_SENTINELS];
     int n_sentinels;            /* 0: no Sentinel */
     char master_name[128];      /* REDIS_MASTER_NAME: the master the Sentinels watch */
+    char cluster_nodes_text[1024]; /* REDIS_CLUSTER_NODES: seed nodes; empty: no cluster */
     int lock_sync_replicas;     /* a grant counts once this many replicas acknowledged it */
     int lock_sync_timeout_ms;   /* WAIT's timeout for those acknowledgements */
     int fencing;                /* 0 (demo only): order writes do not check the fencing token */

@@ -49,12 +49,51 @@ static int check_zk_hosts(const config *c)
     return 0;
 }
 
+/* REDIS_CLUSTER_NODES: one way to find Redis, and the strategies whose
+ * Redis keys are routed per slot (the others keep several keys of
+ * different slots in one script or one pipeline). */
+static int check_cluster(const config *c)
+{
+    if (c->cluster_nodes_text[0] == '\0')
+        return 0;
+    if (c->sentinels_text[0] != '\0') {
+        log_error("REDIS_CLUSTER_NODES and REDIS_SENTINELS are both set: a Redis Cluster "
+                  "fails over by itself; set one of them");
+        return -1;
+    }
+    if (strcmp(c->redis_url_text, CONFIG_REDIS_URL_DEFAULT) != 0) {
+        log_error("REDIS_CLUSTER_NODES and REDIS_URL are both set: the cluster's nodes are "
+                  "found from REDIS_CLUSTER_NODES; unset REDIS_URL (or set it empty)");
+        return -1;
+    }
+    if (c->lock_strategy != LOCKS_REENTRANT && c->lock_strategy != LOCKS_NONE &&
+        c->lock_strategy != LOCKS_LOCAL && c->lock_strategy != LOCKS_ZK &&
+        c->lock_strategy != LOCKS_PG_TABLE && c->lock_strategy != LOCKS_PG_ADVISORY) {
+        log_error("with REDIS_CLUSTER_NODES, SECKILL_LOCK is reentrant, zk, pg-table or "
+                  "pg-advisory (setnx, owner, multilock and redlock keep one Redis)");
+        return -1;
+    }
+    if (c->stock_strategy == STOCKS_BATCHED || c->stock_strategy == STOCKS_REDIS) {
+        log_error("with REDIS_CLUSTER_NODES, SECKILL_STOCK is optimistic, pessimistic, cas or "
+                  "naive (batched and redis are not routed per slot yet)");
+        return -1;
+    }
+    if (c->lock_lease_ms < 0) {
+        log_error("LOCK_LEASE_MS=-1 (watchdog) is not available with REDIS_CLUSTER_NODES yet: "
+                  "its renewal batches keys of many slots in one script; give a lease in ms");
+        return -1;
+    }
+    return 0;
+}
+
 int config_check(const config *c)
 {
     if (c->master_name[0] == '\0' || strpbrk(c->master_name, " \t\r\n") != NULL) {
         log_error("invalid REDIS_MASTER_NAME '%s': a name without spaces", c->master_name);
         return -1;
     }
+    if (check_cluster(c) != 0)
+        return -1;
     /* WAIT's answer must come back before the socket's read timeout. */
     if (c->lock_sync_replicas > 0 && c->lock_sync_timeout_ms >= c->redis_timeout_ms) {
         log_error("LOCK_SYNC_TIMEOUT_MS (%d) must be below REDIS_TIMEOUT_MS (%d): the answer "

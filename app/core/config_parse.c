@@ -231,6 +231,10 @@ int config_parse_sentinels(const char *s, sentinel_addr *out, int max)
 
 int config_parse_endpoints(config *c)
 {
+    /* A cluster's nodes come from REDIS_CLUSTER_NODES: an empty REDIS_URL
+     * says there is no other Redis (config_check refuses another one). */
+    if (c->cluster_nodes_text[0] != '\0' && c->redis_url_text[0] == '\0')
+        snprintf(c->redis_url_text, sizeof c->redis_url_text, "%s", CONFIG_REDIS_URL_DEFAULT);
     if (redis_url_parse(c->redis_url_text, &c->redis) != 0) {
         log_error("invalid REDIS_URL '%s': expected redis://[[user]:password@]host[:port][/db]",
                   c->redis_url_text);
@@ -243,6 +247,14 @@ int config_parse_endpoints(config *c)
         if (c->n_sentinels < 0) {
             log_error("invalid REDIS_SENTINELS '%s': expected host:port[,host:port...] "
                       "(at most %d)", c->sentinels_text, CONFIG_MAX_SENTINELS);
+            return -1;
+        }
+    }
+    if (c->cluster_nodes_text[0] != '\0') {
+        sentinel_addr seeds[CONFIG_MAX_SENTINELS];
+        if (config_parse_sentinels(c->cluster_nodes_text, seeds, CONFIG_MAX_SENTINELS) < 0) {
+            log_error("invalid REDIS_CLUSTER_NODES '%s': expected host:port[,host:port...] "
+                      "(at most %d)", c->cluster_nodes_text, CONFIG_MAX_SENTINELS);
             return -1;
         }
     }

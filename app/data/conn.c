@@ -56,7 +56,9 @@ static void set_free(void *p)
 
     if (cs == NULL)
         return;
-    if (cs->redis != NULL)
+    if (cs->cluster != NULL)
+        rcluster_free(cs->cluster);         /* cs->redis is one of its connections */
+    else if (cs->redis != NULL)
         redisFree(cs->redis);
     if (cs->pg != NULL)
         PQfinish(cs->pg);
@@ -244,10 +246,44 @@ out:
     return c;
 }
 
+int conn_redis_cluster(void)
+{
+    return g_cfg.cluster_nodes_text[0] != '\0';
+}
+
+/* A routing handle over REDIS_CLUSTER_NODES; NULL with the reason in 'err'. */
+static rcluster *cluster_new(char *err, size_t errlen)
+{
+    rcluster_opts o = { .timeout_ms = g_cfg.redis_timeout_ms, .retry_ms = g_cfg.redis_timeout_ms };
+
+    return rcluster_new(g_cfg.cluster_nodes_text, &o, err, errlen);
+}
+
+static int home_slot(void)
+{
+    return rcluster_keyslot(CONN_HOME_TAG, strlen(CONN_HOME_TAG));
+}
+
+/* The standalone connection with a cluster: to the master of the home slot. */
+static redisContext *cluster_open(char *err, size_t errlen)
+{
+    rcluster *rc = cluster_new(err, errlen);
+    redisContext *c;
+
+    if (rc == NULL)
+        return NULL;
+    if ((c = rcluster_slot_take(rc, home_slot())) == NULL)
+        snprintf(err, errlen, "%s", rc->errstr);
+    rcluster_free(rc);
+    return c;
+}
+
 redisContext *conn_redis_open(char *err, size_t errlen)
 {
     uint64_t gen;
 
+    if (conn_redis_cluster())
+        return cluster_open(err, errlen);
     return open_master(err, errlen, &gen);
 }
 
@@ -256,6 +292,8 @@ int conn_redis_current(const redisContext *c)
     char host[256];
     int port;
 
+    /* A cluster: a connection whose node lost its slots answers MOVED or
+     * fails, and its owner opens another. */
     if (!sentinel_enabled())
         return 1;
     if (c == NULL || c->connection_type != REDIS_CONN_TCP || c->tcp.host == NULL)
@@ -269,7 +307,9 @@ void conn_redis_master(char *buf, size_t n)
     char host[256];
     int port;
 
-    if (sentinel_enabled() && sentinel_master(host, sizeof host, &port) != 0)
+    if (conn_redis_cluster())
+        snprintf(buf, n, "cluster %s", g_cfg.cluster_nodes_text);
+    else if (sentinel_enabled() && sentinel_master(host, sizeof host, &port) != 0)
         snprintf(buf, n, "%s:%d", host, port);
     else if (sentinel_enabled())
         snprintf(buf, n, "%s", "");
@@ -294,12 +334,72 @@ static void trip_breaker(const char *why)
     log_warn("redis timed out (%s): failing fast for %lld ms", why, (long long)ms);
 }
 
+/* With a cluster: the connection to the master of 'slot'. */
+static redisContext *cluster_slot(conn_set *cs, int slot)
+{
+    char err[256];
+    redisContext *c;
+
+    if (cs->cluster == NULL && (cs->cluster = cluster_new(err, sizeof err)) == NULL) {
+        log_error("REDIS_CLUSTER_NODES: %s", err);
+        return cs->redis = NULL;
+    }
+    c = rcluster_slot_context(cs->cluster, slot);
+    if (c != NULL && socket_stale(c->fd)) {
+        log_info("redis connection closed by a cluster node; reconnecting");
+        rcluster_reset(cs->cluster);
+        c = rcluster_slot_context(cs->cluster, slot);
+    }
+    if (c == NULL) {
+        if (is_timeout(cs->cluster->errstr))
+            trip_breaker(cs->cluster->errstr);
+        else
+            log_warn("redis cluster: %s", cs->cluster->errstr);
+    }
+    return cs->redis = c;
+}
+
+redisContext *conn_redis_key(conn_set *cs, const char *key)
+{
+    if (!conn_redis_cluster())
+        return conn_redis(cs);
+    if (util_mono_us() < atomic_load(&redis_open_until_us))
+        return NULL;
+    return cluster_slot(cs, rcluster_keyslot(key, strlen(key)));
+}
+
+/* Statistics: relaxed. */
+static atomic_uint_fast64_t n_moved, n_ask, n_retry;
+
+void conn_cluster_counters_get(conn_cluster_counters *out)
+{
+    out->moved = atomic_load_explicit(&n_moved, memory_order_relaxed);
+    out->ask = atomic_load_explicit(&n_ask, memory_order_relaxed);
+    out->retry = atomic_load_explicit(&n_retry, memory_order_relaxed);
+}
+
+redisContext *conn_redis_redirected(conn_set *cs, const rcluster_redirect *rd)
+{
+    redisContext *c;
+
+    if (cs->cluster == NULL)
+        return NULL;
+    atomic_fetch_add_explicit(rd->kind == RCLUSTER_MOVED ? &n_moved
+                              : rd->kind == RCLUSTER_ASK ? &n_ask : &n_retry,
+                              1, memory_order_relaxed);
+    if ((c = rcluster_redirected(cs->cluster, rd, cs->redis)) == NULL)
+        log_info("redis cluster: %s", cs->cluster->errstr);
+    return cs->redis = c;
+}
+
 redisContext *conn_redis(conn_set *cs)
 {
     char err[256];
 
     if (util_mono_us() < atomic_load(&redis_open_until_us))
         return NULL;
+    if (conn_redis_cluster())
+        return cluster_slot(cs, home_slot());
     if (cs->redis != NULL) {
         if (sentinel_enabled() && cs->redis_gen != sentinel_generation()) {
             log_info("redis master changed; reconnecting");
@@ -329,7 +429,10 @@ void conn_redis_broken(conn_set *cs)
     if (cs->redis != NULL) {
         log_warn("redis connection dropped: %s", cs->redis->err ? cs->redis->errstr : "reply error");
         sentinel_suspect(cs->redis->tcp.host, cs->redis->tcp.port);
-        redisFree(cs->redis);
+        if (cs->cluster != NULL)
+            rcluster_reset(cs->cluster);    /* and the map read again: a failover? */
+        else
+            redisFree(cs->redis);
         cs->redis = NULL;
     }
 }

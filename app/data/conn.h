@@ -8,8 +8,12 @@
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
 
+#include "rcluster.h"
+
 typedef struct conn_set {
-    redisContext *redis;   /* NULL until connected, or after conn_redis_broken */
+    redisContext *redis;   /* NULL until connected, or after conn_redis_broken; with a
+                            * cluster, the last one handed out, owned by 'cluster' */
+    rcluster *cluster;     /* REDIS_CLUSTER_NODES: this thread's routing; else NULL */
     uint64_t redis_gen;    /* sentinel_generation() when 'redis' was opened */
     PGconn *pg;            /* NULL until connected, or after conn_pg_broken */
     int64_t pg_checked_us; /* util_mono_us() of pg's last set-up or recheck */
@@ -54,6 +58,37 @@ conn_set *conn_get(void);
  * one timeout per thread. */
 redisContext *conn_redis(conn_set *cs);
 
+/* 1 when Redis is a Redis Cluster (REDIS_CLUSTER_NODES). Every context
+ * handed out is then a connection to one master: conn_redis's serves the
+ * slot of the service's own keys (CONN_HOME_TAG: the instance registry,
+ * the reset acknowledgements); conn_redis_key's the slot of a given key. */
+int conn_redis_cluster(void);
+
+/* The hash tag of the service's own keys: with a cluster they share a
+ * slot, whose master conn_redis and conn_redis_open connect to. */
+#define CONN_HOME_TAG "{seckill}"
+
+/* The connection for commands on 'key': with a cluster, to the master of
+ * its slot (its hash tag's), as the map last read says (read first when
+ * stale); else conn_redis's. cs->redis is set to it. Borrowed; NULL when
+ * unreachable (logged). */
+redisContext *conn_redis_key(conn_set *cs, const char *key);
+
+/* With a cluster, after a reply on cs->redis named a redirection: the
+ * connection to send the command to again (MOVED: the slot's new master,
+ * remembered; ASK: the target, ASKING sent), cs->redis set to it. NULL:
+ * nothing to send again at once (TRYAGAIN, CLUSTERDOWN, an unreachable
+ * node, or no cluster); the map is read again at the next use. */
+redisContext *conn_redis_redirected(conn_set *cs, const rcluster_redirect *rd);
+
+/* Redirections followed since start (conn_redis_redirected), by kind:
+ * for /stats and the tests of a migration or a failover. */
+typedef struct conn_cluster_counters {
+    uint64_t moved, ask, retry;   /* retry: TRYAGAIN and CLUSTERDOWN */
+} conn_cluster_counters;
+
+void conn_cluster_counters_get(conn_cluster_counters *out);
+
 /* Call after a NULL reply or any context error: the context is freed and
  * the next conn_redis opens a new one (a timed-out reply may still arrive
  * on the old socket, so it must never be reused). With Sentinel, the
@@ -86,7 +121,8 @@ redisContext *conn_redis_open(char *err, size_t errlen);
  * publisher, lease renewal). */
 int conn_redis_current(const redisContext *c);
 
-/* The master in use: "host:port" (Sentinel's answer, or REDIS_URL's). */
+/* The master in use: "host:port" (Sentinel's answer, or REDIS_URL's);
+ * with a cluster, "cluster " and the seeds. */
 void conn_redis_master(char *buf, size_t n);
 
 /* Opens a standalone Postgres connection (set up as above). Caller frees

@@ -35,6 +35,34 @@ static atomic_uint_fast64_t n_wake_us_max;
 static atomic_uint_fast64_t n_unsynced;
 static atomic_uint_fast64_t n_sync_waits;
 
+/* The redirection a cluster node answered this thread's last call with
+ * (lock_last_redirect). */
+static _Thread_local rcluster_redirect last_redirect;
+static _Thread_local int has_redirect;
+
+/* LOCK_MOVED when error reply 'r' is a cluster redirection (kept for
+ * lock_last_redirect), else LOCK_ERR. */
+static lock_status error_status(const redisReply *r)
+{
+    rcluster_redirect rd;
+
+    if (rcluster_redirect_parse(r, &rd) == RCLUSTER_NONE)
+        return LOCK_ERR;
+    last_redirect = rd;
+    has_redirect = 1;
+    return LOCK_MOVED;
+}
+
+int lock_last_redirect(rcluster_redirect *out)
+{
+    int had = has_redirect;
+
+    if (had)
+        *out = last_redirect;
+    has_redirect = 0;
+    return had;
+}
+
 /* Replica acknowledgement of grants (lock_sync_set). */
 static _Atomic int sync_replicas;
 static _Atomic int sync_timeout_ms;
@@ -323,7 +351,11 @@ static lock_status acquire_finish(redisContext *c, lock_acquire_op *op, redisRep
         goto out;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        log_warn("lock acquire %s: %s", op->key, r->str);
+        st = error_status(r);
+        if (st == LOCK_MOVED)
+            log_debug("lock acquire %s: %s", op->key, r->str);
+        else
+            log_warn("lock acquire %s: %s", op->key, r->str);
         goto out;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
@@ -595,7 +627,11 @@ static lock_status release_parse(redisContext *c, const char *key, const char *o
     if (r == NULL) {
         log_warn("lock release %s: redis: %s", key, c->errstr);
     } else if (r->type == REDIS_REPLY_ERROR) {
-        log_warn("lock release %s: %s", key, r->str);
+        st = error_status(r);
+        if (st == LOCK_MOVED)
+            log_debug("lock release %s: %s", key, r->str);
+        else
+            log_warn("lock release %s: %s", key, r->str);
     } else if (r->type == REDIS_REPLY_NIL) {
         /* Never held, or the lease ran out first: another owner may hold
          * it now, and the script left it alone. */

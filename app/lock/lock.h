@@ -32,10 +32,13 @@
 #include <hiredis/hiredis.h>
 
 #include "lock_status.h"
+#include "rcluster.h"
 
 /* Outcomes (lock_status.h): LOCK_OK, LOCK_BUSY, LOCK_NOT_OWNER (release),
- * LOCK_UNSYNCED (acquire, with replica acknowledgement on) and LOCK_ERR:
- * Redis failed; on a NULL reply the context is unusable. */
+ * LOCK_UNSYNCED (acquire, with replica acknowledgement on), LOCK_MOVED (a
+ * Redis Cluster node that does not serve the key's slot answered: nothing
+ * ran) and LOCK_ERR: Redis failed; on a NULL reply the context is
+ * unusable. */
 
 typedef struct lock_grant {
     int64_t token;        /* fencing token (LOCK_OK): strictly increasing per key, see above */
@@ -206,6 +209,11 @@ void lock_release_many(redisContext *c, lock_release_item *items, size_t n);
 /* lock_release_ex with a fresh request: for callers that do not retry. */
 lock_status lock_release(redisContext *c, const char *key, const char *owner,
                          long lease_ms, long *remaining);
+
+/* After a call of this thread returned LOCK_MOVED (or a release item's
+ * status was): the redirection its reply named, for rcluster_redirected.
+ * 1, or 0 when no call of this thread met one since the last read. */
+int lock_last_redirect(rcluster_redirect *out);
 
 /* The pub/sub channel of a lock key: "redisson_lock__channel:{<key>}". */
 void lock_channel_name(const char *key, char *buf, size_t n);

@@ -15,8 +15,11 @@ typedef enum lock_status {
     LOCK_LOST = 3,        /* release: the hold ended with its session meanwhile (zk_lock) */
     LOCK_ERR = -1,        /* the lock's service failed, did not answer in time, or
                            * (multi_lock) granted it with no validity left */
-    LOCK_UNSYNCED = -2    /* granted on the master, but fewer replicas than required
+    LOCK_UNSYNCED = -2,   /* granted on the master, but fewer replicas than required
                            * acknowledged the grant (lock_sync_set): it was undone */
+    LOCK_MOVED = -3       /* Redis Cluster (lock.h): the node asked does not serve the
+                           * key's slot now (MOVED, ASK, TRYAGAIN, CLUSTERDOWN): nothing
+                           * ran; route again and retry (lock_last_redirect) */
 } lock_status;
 
 #endif

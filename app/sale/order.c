@@ -141,16 +141,14 @@ static int take_id(conn_set *cs, order_job *j)
     user_lock_id *id = &j->buyer.id;
 
     if (!id->taken) {
-        id->st = order_id_next(cs->redis, g_cfg.id_prefix, &id->value);
+        id->st = order_id_take(cs, g_cfg.id_prefix, &id->value);
         id->taken = 1;
     }
     if (id->st == ORDER_ID_OK) {
         j->buyer.order.order_id = id->value;
         return 1;
     }
-    if (id->st == ORDER_ID_REDIS && cs->redis->err)
-        conn_redis_broken(cs);
-    else if (id->st != ORDER_ID_REDIS)
+    if (id->st != ORDER_ID_REDIS && id->st != ORDER_ID_MOVED)
         log_error("order id: %s", id->st == ORDER_ID_EXHAUSTED ? "today's counter is exhausted"
                                                          : "clock outside the id range");
     return refuse(j, API_UNAVAILABLE, "order ids unavailable, retry later");

@@ -142,6 +142,122 @@ static void release_orphans_now(conn_set *cs)
         release_orphans(cs, c);
 }
 
+static void warn_expired(const user_lock_hold *h)
+{
+    log_warn("lock %s expired during the order (lease %ld ms too short?)", h->key, h->lease_ms);
+}
+
+/* With a Redis Cluster each lock key goes to the master of its slot
+ * ({userId}: the user's), and the id counter's to its own: one attempt
+ * or release on its key's master, a redirection followed (the command
+ * sent again where the node said, or after a pause routed anew), up to
+ * ORDER_ID_TRIES sends. A redirection means nothing ran, so sending again
+ * is safe. 'release': NULL for an attempt. */
+static lock_status cluster_lock_call(conn_set *cs, const user_lock_hold *h, lock_grant *g,
+                                     lock_release_req *release)
+{
+    redisContext *c = conn_redis_key(cs, h->key);
+    rcluster_redirect rd;
+    lock_status st = LOCK_ERR;
+
+    for (int tries = 1; c != NULL; tries++) {
+        st = release != NULL ? lock_release_ex(c, h->key, h->owner, h->lease_ms, release, NULL)
+                             : lock_try_acquire(c, h->key, h->owner, h->lease_ms, g);
+        if (st != LOCK_MOVED || !lock_last_redirect(&rd) || tries == ORDER_ID_TRIES)
+            break;
+        if ((c = conn_redis_redirected(cs, &rd)) == NULL) {
+            util_sleep_ms(10 << (tries - 1));
+            c = conn_redis_key(cs, h->key);
+        }
+    }
+    return st;
+}
+
+/* Cluster: the orphans, each on its own key's master. */
+static int release_orphans_cluster(conn_set *cs)
+{
+    orphan *list;
+    size_t n;
+    int rc = 0;
+
+    pthread_mutex_lock(&orphans_mu);
+    list = orphans;
+    n = norphans;
+    orphans = NULL;
+    norphans = orphans_cap = 0;
+    atomic_store(&orphans_waiting, 0);
+    pthread_mutex_unlock(&orphans_mu);
+    for (size_t i = 0; i < n; i++) {
+        user_lock_hold h = { .lease_ms = list[i].lease_ms };
+        lock_release_req rq;
+        lock_status st;
+
+        snprintf(h.key, sizeof h.key, "%s", list[i].key);
+        snprintf(h.owner, sizeof h.owner, "%s", list[i].owner);
+        lock_release_req_init(&rq);
+        st = rc == 0 ? cluster_lock_call(cs, &h, NULL, &rq) : LOCK_ERR;
+        if (st == LOCK_OK)
+            log_warn("released %s, granted after its reply was lost", h.key);
+        else if (st != LOCK_NOT_OWNER)
+            orphan_add(list[i].key, list[i].owner, list[i].lease_ms);
+        if (st != LOCK_OK && st != LOCK_NOT_OWNER && cs->redis != NULL && cs->redis->err) {
+            conn_redis_broken(cs);
+            rc = -1;                 /* the rest wait for the next attempt */
+        }
+    }
+    free(list);
+    return rc;
+}
+
+/* Cluster: the id, then the attempt, each on its key's master (two round
+ * trips: the two keys' slots differ but by chance). */
+static lock_status acquire_cluster(conn_set *cs, user_lock_hold *h, user_lock_id *id)
+{
+    lock_grant g = { -1, -1 };
+    lock_status st;
+
+    if (atomic_load(&orphans_waiting) != 0 && release_orphans_cluster(cs) != 0)
+        return LOCK_ERR;
+    lock_release_req_init(&priv_of(h)->rq);
+    if (id != NULL) {
+        id->st = order_id_take(cs, g_cfg.id_prefix, &id->value);
+        id->taken = 1;
+        if (id->st != ORDER_ID_OK)
+            return LOCK_ERR;
+    }
+    st = cluster_lock_call(cs, h, &g, NULL);
+    if (st == LOCK_OK)
+        h->token = g.token;
+    if (st == LOCK_ERR && cs->redis != NULL && cs->redis->err) {
+        orphan_add(h->key, h->owner, h->lease_ms);
+        owner_lost(cs, h);
+        conn_redis_broken(cs);
+        release_orphans_cluster(cs);
+    } else if (cs->redis != NULL && cs->redis->err) {
+        conn_redis_broken(cs);
+    }
+    return status_of(st);
+}
+
+/* Cluster: the release on its key's master; a lost reply retried once on
+ * a fresh connection with the same request (idempotent). */
+static void release_cluster(conn_set *cs, user_lock_hold *h)
+{
+    lock_release_req *rq = &priv_of(h)->rq;
+    lock_status ls = cluster_lock_call(cs, h, NULL, rq);
+
+    if (ls == LOCK_ERR && cs->redis != NULL && cs->redis->err) {
+        conn_redis_broken(cs);
+        ls = cluster_lock_call(cs, h, NULL, rq);
+    }
+    if (ls != LOCK_OK && ls != LOCK_NOT_OWNER)
+        owner_lost(cs, h);
+    if (ls == LOCK_NOT_OWNER)
+        warn_expired(h);
+    if (cs->redis != NULL && cs->redis->err)
+        conn_redis_broken(cs);
+}
+
 /* The attempt with the order id's INCR in the same round trip: INCR
  * first, so that the acquire is the last reply (its NOSCRIPT fallback
  * waits on the connection), then with LOCK_SYNC_REPLICAS the WAIT for the
@@ -165,6 +281,8 @@ static lock_status acquire(conn_set *cs, user_lock_hold *h, user_lock_id *id)
     lock_grant g = { -1, -1 };
     lock_status st;
 
+    if (conn_redis_cluster())
+        return acquire_cluster(cs, h, id);
     if (release_orphans(cs, c) != 0)
         return LOCK_ERR;
     lock_release_req_init(&priv_of(h)->rq);
@@ -183,11 +301,6 @@ static lock_status acquire(conn_set *cs, user_lock_hold *h, user_lock_id *id)
     return status_of(st);
 }
 
-static void warn_expired(const user_lock_hold *h)
-{
-    log_warn("lock %s expired during the order (lease %ld ms too short?)", h->key, h->lease_ms);
-}
-
 /* A lost reply is retried on the worker's connection, then once on a
  * fresh one, with the same request id: the release is idempotent, so the
  * retry cannot free the lock twice nor report "not owner" for our own
@@ -198,6 +311,10 @@ static void release(conn_set *cs, user_lock_hold *h)
     lock_release_req *rq = &priv_of(h)->rq;
     lock_status ls;
 
+    if (conn_redis_cluster()) {
+        release_cluster(cs, h);
+        return;
+    }
     if (c == NULL) {                /* Redis unreachable: the lease frees it */
         owner_lost(cs, h);
         return;

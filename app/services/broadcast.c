@@ -24,7 +24,7 @@ static bgthread subscriber = BGTHREAD_INIT;
  * instance that announced the reset waits until every receiver PUBLISH
  * counted has done so: its 200 then means no instance answers from what
  * it knew before the reset. */
-#define BROADCAST_ACK_PREFIX "seckill:voucher-reset-ack:"
+#define BROADCAST_ACK_PREFIX "{seckill}:voucher-reset-ack:"
 #define BROADCAST_ACK_TTL_MS 60000
 #define BROADCAST_ACK_POLL_US 2000
 

@@ -96,7 +96,12 @@ order_id_status order_id_recv(redisContext *c, order_id_op *op, int64_t *id)
         goto out;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        log_warn("order_id: INCR %s: %s", op->key, r->str);
+        if (rcluster_redirect_parse(r, &op->redirect) != RCLUSTER_NONE) {
+            log_debug("order_id: INCR %s: %s", op->key, r->str);
+            st = ORDER_ID_MOVED;
+        } else {
+            log_warn("order_id: INCR %s: %s", op->key, r->str);
+        }
         goto out;
     }
     if (r->type != REDIS_REPLY_INTEGER) {
@@ -117,5 +122,33 @@ out:
     free(op->key);
     op->key = NULL;
     op->sent = 0;
+    return st;
+}
+
+order_id_status order_id_take(conn_set *cs, const char *prefix, int64_t *id)
+{
+    int64_t now = (int64_t)time(NULL);
+    size_t keylen = strlen(prefix) + 32;
+    char *key = xmalloc(keylen);
+    order_id_status st = ORDER_ID_REDIS;
+    order_id_op op;
+    redisContext *c;
+
+    order_id_key(prefix, now, key, keylen);
+    c = conn_redis_key(cs, key);
+    for (int tries = 1; c != NULL; tries++) {
+        order_id_send(c, prefix, now, &op);
+        st = order_id_recv(c, &op, id);
+        if (st != ORDER_ID_MOVED || tries == ORDER_ID_TRIES)
+            break;
+        /* Sent again where the node said, or after a pause, routed anew. */
+        if ((c = conn_redis_redirected(cs, &op.redirect)) == NULL) {
+            util_sleep_ms(10 << (tries - 1));
+            c = conn_redis_key(cs, key);
+        }
+    }
+    if (c != NULL && c->err)
+        conn_redis_broken(cs);
+    free(key);
     return st;
 }

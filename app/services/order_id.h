@@ -10,13 +10,19 @@
 #include <stdint.h>
 #include <hiredis/hiredis.h>
 
+#include "conn.h"
+#include "rcluster.h"
+
 #define ORDER_ID_EPOCH 1640995200LL   /* 2022-01-01T00:00:00Z */
 
 typedef enum order_id_status {
     ORDER_ID_OK = 0,
     ORDER_ID_REDIS = -1,       /* Redis failed (NULL reply: the context is unusable) */
     ORDER_ID_EXHAUSTED = -2,   /* today's count no longer fits in 32 bits */
-    ORDER_ID_CLOCK = -3        /* clock before the epoch or past the 31-bit range */
+    ORDER_ID_CLOCK = -3,       /* clock before the epoch or past the 31-bit range */
+    ORDER_ID_MOVED = -4        /* Redis Cluster: the node asked does not serve the
+                                * counter's slot now (op->redirect says what it
+                                * answered); nothing counted: route again, retry */
 } order_id_status;
 
 /* (seconds << 32) | count, or -1 when either part is out of range. */
@@ -42,9 +48,20 @@ typedef struct order_id_op {
     int64_t now, t0;
     order_id_status st;
     int sent;
+    rcluster_redirect redirect;   /* ORDER_ID_MOVED: the node's answer */
 } order_id_op;
 
 order_id_status order_id_send(redisContext *c, const char *prefix, int64_t now, order_id_op *op);
 order_id_status order_id_recv(redisContext *c, order_id_op *op, int64_t *id);
+
+/* How many times a routed call sends its command at most: a redirection
+ * is followed, a TRYAGAIN or CLUSTERDOWN waits 10, 20, 40 ... ms. */
+#define ORDER_ID_TRIES 5
+
+/* The next id on the worker's connections: with a Redis Cluster, on the
+ * master of the counter's slot, its redirections followed (up to
+ * ORDER_ID_TRIES sends); else on conn_redis's. A connection that failed is
+ * dropped (conn_redis_broken). */
+order_id_status order_id_take(conn_set *cs, const char *prefix, int64_t *id);
 
 #endif
