@@ -193,6 +193,7 @@ static int start_lock(void)
         .sync_replicas = g_cfg.lock_sync_replicas,
         .sync_timeout_ms = g_cfg.lock_sync_timeout_ms,
         .token_ttl_ms = g_cfg.lock_token_ttl_ms,
+        .cluster_nodes = g_cfg.cluster_nodes_text,
     };
 
     return lock_runtime_start(&lo) == 0 ? 0 : EXIT_FAILURE;

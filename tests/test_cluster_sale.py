@@ -10,7 +10,7 @@ instances routing each key to its slot's master.
   every node by its PID;
 - start: REDIS_CLUSTER_NODES with REDIS_SENTINELS, with a REDIS_URL of its
   own, with a stock or lock strategy that keeps keys of many slots in one
-  script (batched, redis, multilock), with watchdog leases, or malformed:
+  script or pipeline (batched, redis, multilock), or malformed:
   the server exits at once (2) with a message naming the setting;
 - six vouchers on sale at once, every user trying every voucher twice on
   both instances: each voucher sells exactly its stock, no user twice, every
@@ -20,6 +20,10 @@ instances routing each key to its slot's master.
   written on its slot's master refuses the service's buyer (409) and is
   left alone; the service's own hold, seen on that master, has the same
   layout and refuses Redisson's acquire script from outside;
+- watchdog leases (LOCK_LEASE_MS=-1) on a cluster: six buyers whose locks
+  live on the three masters stall past the lease; each lock is still there
+  after three leases (renewed on its own master, one script per slot), each
+  order passes, no lock is left;
 - LOCK_SYNC_REPLICAS=1 waits per shard: with the replica of one master
   paused, a user whose lock lives on that master gets 503 (the grant
   undone, no order), a user whose lock lives on another master buys; once
@@ -266,7 +270,6 @@ def start_refuses_what_a_cluster_cannot_mix():
         ({"SECKILL_STOCK": "batched"}, "SECKILL_STOCK"),
         ({"SECKILL_STOCK": "redis"}, "SECKILL_STOCK"),
         ({"SECKILL_LOCK": "multilock", "LOCK_REDIS_NODES": "redis://127.0.0.1:1"}, "SECKILL_LOCK"),
-        ({"LOCK_LEASE_MS": "-1"}, "LOCK_LEASE_MS"),
         ({"REDIS_CLUSTER_NODES": "127.0.0.1"}, "REDIS_CLUSTER_NODES"),
     ]
     for extra, name in cases:
@@ -375,6 +378,51 @@ def a_redisson_layout_lock_on_its_masters_slot_is_respected_and_the_other_way():
             fail(f"the slow buyer: {out.get('r')}")
         if cli(port, "EXISTS", key) != "0":
             fail(f"{key} left after the order")
+    finally:
+        slow.stop_ok()
+
+
+@test
+def watchdog_leases_are_renewed_on_each_locks_own_master():
+    a, _ = servers()
+    vid = voucher(a, 10)
+    lease_ms = 600
+    ranges = slot_map()
+    base = user_base() + 700
+    users, seen = [], {}
+    for u in range(base, base + 200):          # two users per master
+        home = master_of_key(f"lock:order:{u}", ranges)[0]
+        if seen.get(home, 0) < 2:
+            seen[home] = seen.get(home, 0) + 1
+            users.append((u, home))
+    if len(users) != 6:
+        fail(f"users over the masters: {seen}")
+    slow = ss.Server("cluster-watchdog", env_of(LOCK_LEASE_MS=-1, WATCHDOG_TIMEOUT_MS=lease_ms,
+                                                DEMO_PAUSE_MS=4 * lease_ms, THREADS=8))
+    try:
+        out = {}
+        threads = [threading.Thread(target=lambda u=u: out.setdefault(u, slow.seckill(vid, u)))
+                   for u, _ in users]
+        for t in threads:
+            t.start()
+        keys = {u: (f"lock:order:{u}", port_of(h)) for u, h in users}
+        ss.wait_for(lambda: all(cli(p, "EXISTS", k) == "1" for k, p in keys.values()), 10,
+                    "the six locks held")
+        time.sleep(3 * lease_ms / 1000)      # three leases: held only if renewed
+        gone = [k for k, p in keys.values() if cli(p, "EXISTS", k) != "1"]
+        for t in threads:
+            t.join(30)
+        if gone:
+            fail(f"watchdog locks expired while held: {gone}")
+        bad = {u: (r.status if r else None) for u, r in out.items() if r is None or r.status != 200}
+        if bad or len(out) != 6:
+            fail(f"the slow buyers: {bad or out}")
+        left = [k for k, p in keys.values() if cli(p, "EXISTS", k) != "0"]
+        if left:
+            fail(f"locks left after the orders: {left}")
+        lock = slow.get("/stats").body["lock"]
+        if lock.get("renewals", 0) < 12:
+            fail(f"/stats lock: renewals {lock.get('renewals')} for six locks over three leases")
     finally:
         slow.stop_ok()
 

@@ -78,11 +78,6 @@ static int check_cluster(const config *c)
                   "naive (batched and redis are not routed per slot yet)");
         return -1;
     }
-    if (c->lock_lease_ms < 0) {
-        log_error("LOCK_LEASE_MS=-1 (watchdog) is not available with REDIS_CLUSTER_NODES yet: "
-                  "its renewal batches keys of many slots in one script; give a lease in ms");
-        return -1;
-    }
     return 0;
 }
 

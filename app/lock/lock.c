@@ -119,7 +119,8 @@ int lock_runtime_start(const lock_options *o)
     script_set_observer(o->observe);
     if (lock_wait_start(o->connect, o->stale) != 0)
         return -1;
-    if (wd_start(o->watchdog_timeout_ms, o->connect, o->stale) != 0) {
+    if (wd_start(o->watchdog_timeout_ms, o->connect, o->stale, o->cluster_nodes,
+                 o->command_timeout_ms) != 0) {
         lock_wait_stop();
         return -1;
     }

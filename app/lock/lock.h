@@ -73,6 +73,11 @@ typedef struct lock_options {
     int sync_timeout_ms;
     /* lock_set_token_ttl's value (ms); 0: the counters never expire. */
     long token_ttl_ms;
+    /* Redis Cluster seeds ("host:port,..."; NULL or empty: the one Redis of
+     * 'connect'): the renewal thread then renews each hash slot's locks on
+     * that slot's master. The subscriber still uses 'connect' (PUBLISH
+     * reaches every node of a cluster). */
+    const char *cluster_nodes;
 } lock_options;
 
 /* Configures the library and starts the renewal thread (watchdog); the

@@ -11,6 +11,7 @@
 
 #include "bgthread.h"
 #include "log.h"
+#include "rcluster.h"
 #include "script.h"
 #include "util.h"
 
@@ -48,6 +49,8 @@ static bgthread renewal = BGTHREAD_INIT;
 static _Atomic long timeout_ms;
 static wd_connect_fn connect_fn;   /* the renewal thread's only */
 static wd_stale_fn stale_fn;       /* may be NULL */
+static char *cluster_seeds;        /* Redis Cluster: the renewal thread routes by slot */
+static int cluster_timeout_ms;
 
 /* Statistics only: relaxed. */
 static atomic_uint_fast64_t n_renewals;
@@ -200,43 +203,11 @@ static void items_free(wd_item *items, size_t n)
     free(items);
 }
 
-/* Renews items[0..n-1] (n <= WD_BATCH) with one EVALSHA. The script only
- * PEXPIREs to a fixed value, so one retry on a fresh connection is safe. */
-static void renew_batch(redisContext **cp, const wd_item *items, size_t n)
+/* Handles a renewal's reply for items[0..n-1] (takes it; NULL: none came). */
+static void renew_reply(redisReply *r, const wd_item *items, size_t n)
 {
-    const char *argv[2 * WD_BATCH + 1];
-    char lease[24];
-    redisReply *r = NULL;
-    char err[256];
     int ok = 0;
 
-    snprintf(lease, sizeof lease, "%ld", wd_timeout_ms());
-    for (size_t i = 0; i < n; i++) {
-        argv[i] = items[i].key;
-        argv[n + 1 + i] = items[i].owner;
-    }
-    argv[n] = lease;
-
-    if (*cp != NULL && stale_fn != NULL && stale_fn(*cp)) {
-        log_info("watchdog: the connection's Redis is no longer the master; reconnecting");
-        redisFree(*cp);
-        *cp = NULL;
-    }
-    for (int attempt = 0; attempt < 2 && r == NULL; attempt++) {
-        if (*cp == NULL) {
-            *cp = connect_fn(err, sizeof err);
-            if (*cp == NULL) {
-                log_warn("watchdog: redis unavailable: %s", err);
-                goto out;
-            }
-        }
-        r = script_run(*cp, SCRIPT_LOCK_RENEW, (int)n, (int)(2 * n + 1), argv, NULL);
-        if (r == NULL) {
-            log_warn("watchdog: renewal failed: %s", (*cp)->errstr);
-            redisFree(*cp);
-            *cp = NULL;
-        }
-    }
     if (r == NULL)
         goto out;
     if (r->type == REDIS_REPLY_ERROR) {
@@ -261,7 +232,111 @@ out:
     freeReplyObject(r);
 }
 
-static void tick(redisContext **cp)
+/* The script's arguments for items[0..n-1] into argv (2n + 1 of them). */
+static void renew_args(const wd_item *items, size_t n, char *lease, size_t leaselen,
+                       const char **argv)
+{
+    snprintf(lease, leaselen, "%ld", wd_timeout_ms());
+    for (size_t i = 0; i < n; i++) {
+        argv[i] = items[i].key;
+        argv[n + 1 + i] = items[i].owner;
+    }
+    argv[n] = lease;
+}
+
+/* Renews items[0..n-1] (n <= WD_BATCH) with one EVALSHA. The script only
+ * PEXPIREs to a fixed value, so one retry on a fresh connection is safe. */
+static void renew_batch(redisContext **cp, const wd_item *items, size_t n)
+{
+    const char *argv[2 * WD_BATCH + 1];
+    char lease[24];
+    redisReply *r = NULL;
+    char err[256];
+
+    renew_args(items, n, lease, sizeof lease, argv);
+    if (*cp != NULL && stale_fn != NULL && stale_fn(*cp)) {
+        log_info("watchdog: the connection's Redis is no longer the master; reconnecting");
+        redisFree(*cp);
+        *cp = NULL;
+    }
+    for (int attempt = 0; attempt < 2 && r == NULL; attempt++) {
+        if (*cp == NULL) {
+            *cp = connect_fn(err, sizeof err);
+            if (*cp == NULL) {
+                log_warn("watchdog: redis unavailable: %s", err);
+                break;
+            }
+        }
+        r = script_run(*cp, SCRIPT_LOCK_RENEW, (int)n, (int)(2 * n + 1), argv, NULL);
+        if (r == NULL) {
+            log_warn("watchdog: renewal failed: %s", (*cp)->errstr);
+            redisFree(*cp);
+            *cp = NULL;
+        }
+    }
+    renew_reply(r, items, n);
+}
+
+/* Redis Cluster: items[0..n-1] (n <= WD_BATCH) share hash slot 'slot'; one
+ * EVALSHA on its master, sent again once after a lost connection (the map
+ * read again) or where a redirection points. */
+static void renew_slot(rcluster *rc, int slot, const wd_item *items, size_t n)
+{
+    const char *argv[2 * WD_BATCH + 1];
+    char lease[24];
+    redisReply *r = NULL;
+    redisContext *c;
+    rcluster_redirect rd;
+
+    renew_args(items, n, lease, sizeof lease, argv);
+    c = rcluster_slot_context(rc, slot);
+    for (int attempt = 0; attempt < 2 && c != NULL; attempt++) {
+        r = script_run(c, SCRIPT_LOCK_RENEW, (int)n, (int)(2 * n + 1), argv, NULL);
+        if (r == NULL) {
+            log_warn("watchdog: renewal failed: %s", c->errstr);
+            rcluster_reset(rc);
+            c = rcluster_slot_context(rc, slot);
+        } else if (rcluster_redirect_parse(r, &rd) != RCLUSTER_NONE && attempt == 0) {
+            freeReplyObject(r);
+            r = NULL;
+            c = rcluster_redirected(rc, &rd, c);
+        } else {
+            break;
+        }
+    }
+    if (c == NULL && r == NULL)
+        log_warn("watchdog: redis cluster: %s", rc->errstr);
+    renew_reply(r, items, n);
+}
+
+static int by_slot(const void *a, const void *b)
+{
+    const wd_item *x = a, *y = b;
+    int sx = rcluster_keyslot(x->key, strlen(x->key)), sy = rcluster_keyslot(y->key, strlen(y->key));
+
+    return (sx > sy) - (sx < sy);
+}
+
+/* Redis Cluster: a script's keys must share a slot, so the batches are the
+ * runs of one slot (a lock's companion keys share its slot; two users'
+ * locks seldom do). */
+static void renew_cluster(rcluster *rc, wd_item *items, size_t n)
+{
+    size_t i = 0;
+
+    qsort(items, n, sizeof *items, by_slot);
+    while (i < n) {
+        int slot = rcluster_keyslot(items[i].key, strlen(items[i].key));
+        size_t m = 1;
+        while (i + m < n && m < WD_BATCH &&
+               rcluster_keyslot(items[i + m].key, strlen(items[i + m].key)) == slot)
+            m++;
+        renew_slot(rc, slot, items + i, m);
+        i += m;
+    }
+}
+
+static void tick(redisContext **cp, rcluster *rc)
 {
     size_t n = 0;
     wd_item *items;
@@ -271,8 +346,11 @@ static void tick(redisContext **cp)
     pthread_mutex_unlock(&wd.mu);
     if (items == NULL)
         return;                             /* nothing held: no round trip */
-    for (size_t off = 0; off < n; off += WD_BATCH)
-        renew_batch(cp, items + off, n - off < WD_BATCH ? n - off : WD_BATCH);
+    if (rc != NULL)
+        renew_cluster(rc, items, n);
+    else
+        for (size_t off = 0; off < n; off += WD_BATCH)
+            renew_batch(cp, items + off, n - off < WD_BATCH ? n - off : WD_BATCH);
     items_free(items, n);
     if (n > 0)
         atomic_fetch_add_explicit(&n_ticks, 1, memory_order_relaxed);
@@ -281,17 +359,25 @@ static void tick(redisContext **cp)
 static void renewal_main(bgthread *self, void *arg)
 {
     redisContext *c = NULL;
+    rcluster *rc = NULL;
     int64_t period_us = wd_timeout_ms() * 1000LL / 3;
     int64_t next = util_mono_us() + period_us;
 
     (void)arg;
+    if (cluster_seeds != NULL) {
+        rcluster_opts o = { .timeout_ms = cluster_timeout_ms, .retry_ms = cluster_timeout_ms };
+        char err[256];
+        if ((rc = rcluster_new(cluster_seeds, &o, err, sizeof err)) == NULL)
+            log_error("watchdog: redis cluster: %s: no lease renewed", err);
+    }
     while (!bgthread_stopping(self)) {
         int64_t now = util_mono_us();
         if (now < next) {
             bgthread_sleep(self, (long)((next - now + 999) / 1000));
             continue;                       /* re-check stopping and the time */
         }
-        tick(&c);
+        if (cluster_seeds == NULL || rc != NULL)
+            tick(&c, rc);
         /* Keep the schedule; after a stall, start again from now. */
         next += period_us;
         if (next <= util_mono_us())
@@ -299,9 +385,11 @@ static void renewal_main(bgthread *self, void *arg)
     }
     if (c != NULL)
         redisFree(c);
+    rcluster_free(rc);
 }
 
-int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale)
+int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale, const char *cluster,
+             int cluster_timeout)
 {
     int rc = -1;
 
@@ -317,6 +405,9 @@ int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale)
     atomic_store_explicit(&timeout_ms, timeout, memory_order_relaxed);
     connect_fn = connect;
     stale_fn = stale;
+    free(cluster_seeds);
+    cluster_seeds = cluster != NULL && cluster[0] != '\0' ? xstrdup(cluster) : NULL;
+    cluster_timeout_ms = cluster_timeout > 0 ? cluster_timeout : 1000;
     if (bgthread_start(&renewal, "sk-watchdog", renewal_main, NULL, NULL) != 0) {
         log_error("watchdog: cannot start the renewal thread");
         goto out;

@@ -2,7 +2,8 @@
  *
  * One renewal thread per process, with its own Redis connection. Every
  * third of the watchdog timeout it renews every registered lock in batches
- * of up to 100 keys, one EVALSHA of lua/lock_renew.lua per batch: a lock
+ * of up to 100 keys (on a Redis Cluster, of one hash slot), one EVALSHA of
+ * lua/lock_renew.lua per batch: a lock
  * whose owner field is still there gets its lease back (PEXPIRE to the
  * full timeout); one whose field is gone is dropped from renewal. A Redis
  * error is logged and the schedule kept. When the process dies the thread
@@ -29,9 +30,13 @@ typedef int (*wd_stale_fn)(const redisContext *c);
 
 /* Starts the renewal thread, which connects with 'connect' (and, before
  * each renewal, re-opens a connection 'stale' (may be NULL) refuses),
- * renewing leases of 'timeout' ms (0: WD_DEFAULT_TIMEOUT_MS). Call once,
+ * renewing leases of 'timeout' ms (0: WD_DEFAULT_TIMEOUT_MS). With
+ * 'cluster' (Redis Cluster seeds "host:port,...", NULL or empty: none) it
+ * routes instead: the locks of one hash slot per EVALSHA, on that slot's
+ * master (connections of its own, 'cluster_timeout' ms each). Call once,
  * after script_load_all. Returns 0, or -1 (logged). */
-int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale);
+int wd_start(long timeout, wd_connect_fn connect, wd_stale_fn stale, const char *cluster,
+             int cluster_timeout);
 
 /* Stops and joins the thread and forgets every registration. Idempotent. */
 void wd_stop(void);
