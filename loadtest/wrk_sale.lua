@@ -11,6 +11,8 @@
 --   WRK_SUMMARY    write a JSON summary there (statuses, latency percentiles, ...)
 --   WRK_DELAY_MS   pace: wait this long on average (exponential) between an
 --                  answer and the next request
+--   WRK_VOUCHERS   voucher ids "1,2,3": each request buys one of them in turn
+--                  (/voucher/<id>/seckill), instead of the URL's path
 -- The summary line "wrk-statuses: 200=N 409=M ..." is printed in any case.
 
 local threads = {}
@@ -47,10 +49,19 @@ if pace and pace > 0 then
    end
 end
 
+local vouchers = {}
+for v in string.gmatch(os.getenv("WRK_VOUCHERS") or "", "%d+") do
+   vouchers[#vouchers + 1] = v
+end
+
 function request()
+   local path = nil
    next_user = next_user + 1
+   if #vouchers > 0 then
+      path = "/voucher/" .. vouchers[(next_user % #vouchers) + 1] .. "/seckill"
+   end
    -- %.0f: tostring() would print large numbers as 1e+15.
-   return wrk.format("POST", nil, { ["X-User-Id"] = string.format("%.0f", next_user) }, "")
+   return wrk.format("POST", path, { ["X-User-Id"] = string.format("%.0f", next_user) }, "")
 end
 
 function response(status, headers, body)

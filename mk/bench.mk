@@ -29,14 +29,19 @@
 
 BENCH_RUN_DIR ?= $(abspath $(BUILD))/bench-run
 
-.PHONY: bench stop-bench bench-ab bench-edge bench-pg-ha
+.PHONY: bench stop-bench bench-ab bench-edge bench-pg-ha bench-cluster
 
-bench: all $(BUILD)/upstream200 ## the performance benchmark on a private stack: ceilings, sales, table, then bench-pg-ha (BENCH_PG_HA=0: not) (~13 min)
+bench: all $(BUILD)/upstream200 ## the performance benchmark on a private stack: ceilings, sales, table, then bench-pg-ha and bench-cluster (BENCH_PG_HA=0, BENCH_CLUSTER=0: not) (~16 min)
 	@BENCH_RUN_DIR=$(BENCH_RUN_DIR) BENCH_JSON=$${BENCH_JSON:-$(abspath $(BUILD))/bench.json} \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} \
 	    BENCH_UPSTREAM200=$${BENCH_UPSTREAM200:-$(abspath $(BUILD))/upstream200} python3 loadtest/bench
 	@if [ "$${BENCH_PG_HA:-1}" = 1 ]; then \
 	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/pg_ha_cost.py; fi
+	@if [ "$${BENCH_CLUSTER:-1}" = 1 ]; then \
+	    SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/cluster_cost.py; fi
+
+bench-cluster: all ## the default sale on one Redis and on a Redis Cluster: six vouchers, one hot voucher, each master's share (~2 min)
+	@SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/cluster_cost.py
 
 bench-edge: $(BUILD)/upstream200 ## nginx answering a sold-out crowd: Lua dict, proxy_cache, njs vs bare return 200; the edge's cost on a sale (~9 min)
 	@python3 loadtest/edge_choice.py

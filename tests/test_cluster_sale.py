@@ -10,12 +10,17 @@ instances routing each key to its slot's master.
   every node by its PID;
 - start: REDIS_CLUSTER_NODES with REDIS_SENTINELS, with a REDIS_URL of its
   own, with a stock or lock strategy that keeps keys of many slots in one
-  script or pipeline (batched, redis, multilock), or malformed:
+  script (redis, multilock), or malformed:
   the server exits at once (2) with a message naming the setting;
 - six vouchers on sale at once, every user trying every voucher twice on
   both instances: each voucher sells exactly its stock, no user twice, every
   200 is an order with a unique id, no lock key is left on any master, and
   every master ran lock scripts (the users' locks spread over the three);
+- the batched strategy on a cluster: a batch's locks are taken and
+  released one master at a time (one pipeline and one WAIT each), its ids
+  in one pipeline on the counter's master: a crowd of users, each trying
+  twice at once, buys exactly the stock, no one twice, every 200 an order,
+  with LOCK_SYNC_REPLICAS=1 on;
 - a Redisson-layout lock (hash at lock:order:<user>, field <uuid>:<n>)
   written on its slot's master refuses the service's buyer (409) and is
   left alone; the service's own hold, seen on that master, has the same
@@ -267,7 +272,6 @@ def start_refuses_what_a_cluster_cannot_mix():
     cases = [
         ({"REDIS_SENTINELS": "127.0.0.1:26379"}, "REDIS_SENTINELS"),
         ({"REDIS_URL": "redis://127.0.0.1:6379/0"}, "REDIS_URL"),
-        ({"SECKILL_STOCK": "batched"}, "SECKILL_STOCK"),
         ({"SECKILL_STOCK": "redis"}, "SECKILL_STOCK"),
         ({"SECKILL_LOCK": "multilock", "LOCK_REDIS_NODES": "redis://127.0.0.1:1"}, "SECKILL_LOCK"),
         ({"REDIS_CLUSTER_NODES": "127.0.0.1"}, "REDIS_CLUSTER_NODES"),
@@ -336,6 +340,53 @@ def six_vouchers_across_three_masters_keep_every_invariant():
     print(f"    lock scripts per master {ran}", flush=True)
     if len(ran) != 3 or min(ran.values()) < 20:
         fail(f"the users' locks did not spread over three masters: {ran}")
+
+
+@test
+def batched_takes_a_batchs_locks_one_master_at_a_time():
+    srv = ss.Server("cluster-batched", env_of(SECKILL_STOCK="batched", LOCK_SYNC_REPLICAS=1,
+                                              LOCK_SYNC_TIMEOUT_MS=1000, REDIS_TIMEOUT_MS=3000,
+                                              BATCH_WINDOW_US=5000, THREADS=8))
+    try:
+        stock, users = 50, 80
+        vid = voucher(srv, stock)
+        base = user_base() + 300
+        jobs = [base + u for u in range(users)] * 2
+        workers = 16
+        res = ss.run_concurrently(lambda i: srv.port, [jobs[i::workers] for i in range(workers)],
+                                  lambda c, u: c.request("POST", f"/voucher/{vid}/seckill",
+                                                         {"X-User-Id": str(u)}),
+                                  workers, timeout=300)
+        ids, answers = [], {}
+        for u, r in res:
+            if isinstance(r, Exception):
+                fail(f"user {u}: {r!r}")
+            answers[r.status] = answers.get(r.status, 0) + 1
+            if r.status == 200:
+                ids.append(int(r.body["orderId"]))
+            elif r.status != 409:
+                fail(f"user {u}: {r.status} {r.body}")
+        stats = srv.get("/stats").body
+        batches, moved = stats.get("batch", {}), stats["redis"]["redirects"]
+        print(f"    answers {answers}; batch {batches}; redirections {moved}", flush=True)
+        if batches.get("largest", 0) < 2:
+            fail(f"no batch of two or more buyers: {batches}")
+        # The map is stable: every attempt went to its own master at once.
+        if moved.get("moved") or moved.get("ask"):
+            fail(f"attempts sent to the wrong master: {moved}")
+        rows = ss.psql(f"SELECT count(*), count(DISTINCT user_id), count(DISTINCT id) "
+                       f"FROM tb_voucher_order WHERE voucher_id = {vid}")
+        if len(ids) != stock or len(set(ids)) != stock or rows != [[str(stock)] * 3]:
+            fail(f"{len(ids)} x 200 ({len(set(ids))} ids), Postgres {rows}: expected {stock}")
+        got = set(int(r[0]) for r in ss.psql(f"SELECT id FROM tb_voucher_order "
+                                             f"WHERE voucher_id = {vid}"))
+        if got != set(ids):
+            fail("the acknowledged ids and Postgres's differ")
+        left = {i: lock_keys(p) for i, p in masters().items()}
+        if any(left.values()):
+            fail(f"lock keys left behind: {left}")
+    finally:
+        srv.stop_ok()
 
 
 @test

@@ -100,7 +100,10 @@ def in_background(fn, *args):
     return t, box
 
 
-def wait_for(what, cond, timeout=10.0, step=0.05):
+def wait_for(what, cond, timeout=30.0, step=0.05):
+    """An event awaited: a generous bound (a loaded machine, make test under
+    make bench, once took more than 10 s for a batch to reach a held row);
+    a passing test waits only as long as the event takes."""
     ss.wait_for(cond, timeout, what, step)
 
 

@@ -455,14 +455,9 @@ redisContext *rcluster_slot_take(rcluster *rc, int slot)
     return c;
 }
 
-void rcluster_slot_master(const rcluster *rc, int slot, char *buf, size_t n)
+int rcluster_slot_node(const rcluster *rc, int slot)
 {
-    int i = slot >= 0 && slot < RCLUSTER_SLOTS ? rc->slot[slot] - 1 : -1;
-
-    if (i < 0)
-        snprintf(buf, n, "?");
-    else
-        snprintf(buf, n, "%s:%d", rc->nodes[i].host, rc->nodes[i].port);
+    return slot >= 0 && slot < RCLUSTER_SLOTS ? rc->slot[slot] - 1 : -1;
 }
 
 redisReply *rcluster_call(rcluster *rc, int slot, rcluster_send_fn send, void *arg)

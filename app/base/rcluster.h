@@ -149,9 +149,10 @@ redisContext *rcluster_redirected(rcluster *rc, const rcluster_redirect *rd,
  * For a thread that keeps one connection of its own (a subscriber). */
 redisContext *rcluster_slot_take(rcluster *rc, int slot);
 
-/* The "host:port" of the master of 'slot' in the map as last read ("?"
- * when none is known). No I/O. */
-void rcluster_slot_master(const rcluster *rc, int slot, char *buf, size_t n);
+/* The node (an index of rc->nodes) that is master of 'slot' in the map as
+ * last read, or -1 when none is known. No I/O: for grouping keys by master
+ * after rcluster_slot_context has read the map. */
+int rcluster_slot_node(const rcluster *rc, int slot);
 
 /* Drops every connection and marks the map stale (after a fork, or to
  * start over). */

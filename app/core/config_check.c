@@ -73,9 +73,9 @@ static int check_cluster(const config *c)
                   "pg-advisory (setnx, owner, multilock and redlock keep one Redis)");
         return -1;
     }
-    if (c->stock_strategy == STOCKS_BATCHED || c->stock_strategy == STOCKS_REDIS) {
-        log_error("with REDIS_CLUSTER_NODES, SECKILL_STOCK is optimistic, pessimistic, cas or "
-                  "naive (batched and redis are not routed per slot yet)");
+    if (c->stock_strategy == STOCKS_REDIS) {
+        log_error("with REDIS_CLUSTER_NODES, SECKILL_STOCK is optimistic, batched, pessimistic, "
+                  "cas or naive (redis, Redis-first admission, keeps one order stream)");
         return -1;
     }
     return 0;

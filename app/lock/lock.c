@@ -353,10 +353,12 @@ static lock_status acquire_finish(redisContext *c, lock_acquire_op *op, redisRep
     }
     if (r->type == REDIS_REPLY_ERROR) {
         st = error_status(r);
-        if (st == LOCK_MOVED)
+        if (st == LOCK_MOVED) {
+            op->redirect = last_redirect;
             log_debug("lock acquire %s: %s", op->key, r->str);
-        else
+        } else {
             log_warn("lock acquire %s: %s", op->key, r->str);
+        }
         goto out;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||

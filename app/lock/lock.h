@@ -140,6 +140,7 @@ typedef struct lock_acquire_op {
     int argc, watchdog, sent;
     int wait_follows;              /* a WAIT's reply follows this attempt's */
     int64_t t0;
+    rcluster_redirect redirect;    /* after LOCK_MOVED: what the node answered */
 } lock_acquire_op;
 
 lock_status lock_acquire_send(redisContext *c, lock_acquire_op *op, const char *key,

@@ -336,9 +336,190 @@ static void release(conn_set *cs, user_lock_hold *h)
         conn_redis_broken(cs);
 }
 
-/* Every INCR, then every acquire, in one round trip on the leader's
- * connection. */
-static void acquire_many(conn_set *cs, user_lock_hold *const *h, user_lock_id *id, size_t n)
+/* Cluster: the n ids of a batch in one pipeline on the counter's master;
+ * one answered with a redirection is taken again alone (order_id_take
+ * follows it). */
+static void ids_many_cluster(conn_set *cs, user_lock_id *id, size_t n)
+{
+    int64_t now = (int64_t)time(NULL);
+    size_t keylen = strlen(g_cfg.id_prefix) + 32, i;
+    char *key = xmalloc(keylen);
+    order_id_op *ops = xmalloc(sizeof *ops * n);
+    redisContext *c;
+
+    order_id_key(g_cfg.id_prefix, now, key, keylen);
+    for (i = 0; i < n; i++) {
+        id[i].st = ORDER_ID_REDIS;
+        id[i].taken = 1;
+    }
+    if ((c = conn_redis_key(cs, key)) != NULL) {
+        for (i = 0; i < n; i++)
+            order_id_send(c, g_cfg.id_prefix, now, &ops[i]);
+        for (i = 0; i < n; i++)
+            id[i].st = order_id_recv(c, &ops[i], &id[i].value);
+        if (c->err)
+            conn_redis_broken(cs);
+        for (i = 0; i < n && c->err == 0; i++)
+            if (id[i].st == ORDER_ID_MOVED)
+                id[i].st = order_id_take(cs, g_cfg.id_prefix, &id[i].value);
+    }
+    free(ops);
+    free(key);
+}
+
+/* Cluster: the members of items[from..n-1] not done whose keys' master is
+ * the one of key 'first' in the map as just read, into 'idx'. */
+static size_t same_master(conn_set *cs, user_lock_hold *const *h, const unsigned char *done,
+                          size_t from, size_t n, size_t *idx)
+{
+    int node = rcluster_slot_node(cs->cluster, rcluster_keyslot(h[from]->key,
+                                                                strlen(h[from]->key)));
+    size_t m = 0;
+
+    for (size_t j = from; j < n; j++)
+        if (!done[j] && rcluster_slot_node(cs->cluster, rcluster_keyslot(h[j]->key,
+                                                                        strlen(h[j]->key))) == node)
+            idx[m++] = j;
+    return m;
+}
+
+/* Cluster: a batch's ids, then its attempts one master at a time, each
+ * master's in one pipeline with one WAIT; an attempt redirected (a slot
+ * that moved since the map was read) is taken again alone. */
+static void acquire_many_cluster(conn_set *cs, user_lock_hold *const *h, user_lock_id *id,
+                                 size_t n)
+{
+    lock_acquire_op *ops = xmalloc(sizeof *ops * n);
+    lock_grant *g = xmalloc(sizeof *g * n);
+    lock_status *st = xmalloc(sizeof *st * n);
+    rcluster_redirect *rd = xmalloc(sizeof *rd * n);
+    size_t *idx = xmalloc(sizeof *idx * n), i;
+    unsigned char *done = xcalloc(n, 1);
+    int failed = 0;
+
+    for (i = 0; i < n; i++) {
+        lock_release_req_init(&priv_of(h[i])->rq);
+        st[i] = LOCK_ERR;
+        g[i] = (lock_grant){ -1, -1 };
+    }
+    if (atomic_load(&orphans_waiting) != 0 && release_orphans_cluster(cs) != 0)
+        failed = 1;
+    if (!failed)
+        ids_many_cluster(cs, id, n);
+    for (i = 0; i < n && !failed; i++) {
+        redisContext *c;
+        size_t m, k;
+
+        if (done[i])
+            continue;
+        if ((c = conn_redis_key(cs, h[i]->key)) == NULL)
+            break;
+        m = same_master(cs, h, done, i, n, idx);
+        for (k = 0; k < m; k++) {
+            lock_acquire_send(c, &ops[k], h[idx[k]]->key, h[idx[k]]->owner, h[idx[k]]->lease_ms);
+            done[idx[k]] = 1;
+        }
+        lock_sync_send(c, ops, m);
+        {
+            lock_grant *gg = xmalloc(sizeof *gg * m);
+            lock_status *gs = xmalloc(sizeof *gs * m);
+            lock_acquire_recv_many(c, ops, m, gg, gs);
+            for (k = 0; k < m; k++) {
+                st[idx[k]] = gs[k];
+                g[idx[k]] = gg[k];
+                if (gs[k] == LOCK_MOVED)
+                    rd[idx[k]] = ops[k].redirect;
+                /* No answer may hide a grant. */
+                if (gs[k] == LOCK_ERR && c->err) {
+                    orphan_add(h[idx[k]]->key, h[idx[k]]->owner, h[idx[k]]->lease_ms);
+                    owner_lost(cs, h[idx[k]]);
+                }
+            }
+            free(gs);
+            free(gg);
+        }
+        if (c->err) {
+            conn_redis_broken(cs);
+            release_orphans_cluster(cs);
+            failed = 1;
+        }
+    }
+    /* Redirected (the slot moved since the map was read): sent again where
+     * the node said, then routed anew if need be. */
+    for (i = 0; i < n && !failed; i++) {
+        redisContext *c;
+        if (st[i] != LOCK_MOVED)
+            continue;
+        if ((c = conn_redis_redirected(cs, &rd[i])) != NULL)
+            st[i] = lock_try_acquire(c, h[i]->key, h[i]->owner, h[i]->lease_ms, &g[i]);
+        if (st[i] == LOCK_MOVED || c == NULL)
+            st[i] = cluster_lock_call(cs, h[i], &g[i], NULL);
+        if (cs->redis != NULL && cs->redis->err) {
+            if (st[i] == LOCK_ERR) {
+                orphan_add(h[i]->key, h[i]->owner, h[i]->lease_ms);
+                owner_lost(cs, h[i]);
+            }
+            conn_redis_broken(cs);
+            failed = 1;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        h[i]->taken = status_of(st[i]);
+        if (st[i] == LOCK_OK)
+            h[i]->token = g[i].token;
+    }
+    free(done);
+    free(idx);
+    free(rd);
+    free(st);
+    free(g);
+    free(ops);
+}
+
+/* Cluster: a settled batch's releases, one master at a time, each in one
+ * pipeline. One not done (redirected, or its master unreachable) is left
+ * to the hold's own release, which follows redirections. */
+static void release_many_cluster(conn_set *cs, user_lock_hold *const *h, size_t n,
+                                 unsigned char *done)
+{
+    lock_release_item *items = xmalloc(sizeof *items * n);
+    size_t *idx = xmalloc(sizeof *idx * n), i;
+    unsigned char *grouped = xcalloc(n, 1);
+
+    for (i = 0; i < n; i++) {
+        redisContext *c;
+        size_t m, k;
+
+        if (grouped[i])
+            continue;
+        if ((c = conn_redis_key(cs, h[i]->key)) == NULL)
+            break;
+        m = same_master(cs, h, grouped, i, n, idx);
+        for (k = 0; k < m; k++) {
+            user_lock_hold *x = h[idx[k]];
+            items[k] = (lock_release_item){ .key = x->key, .owner = x->owner,
+                                            .lease_ms = x->lease_ms, .rq = &priv_of(x)->rq };
+            grouped[idx[k]] = 1;
+        }
+        lock_release_many(c, items, m);
+        for (k = 0; k < m; k++) {
+            done[idx[k]] = items[k].st == LOCK_OK || items[k].st == LOCK_NOT_OWNER;
+            if (items[k].st == LOCK_NOT_OWNER)
+                warn_expired(h[idx[k]]);
+        }
+        if (c->err) {
+            conn_redis_broken(cs);
+            break;
+        }
+    }
+    free(grouped);
+    free(idx);
+    free(items);
+}
+
+/* One Redis: every INCR, then every acquire, in one round trip on the
+ * leader's connection. */
+static void acquire_many_one(conn_set *cs, user_lock_hold *const *h, user_lock_id *id, size_t n)
 {
     lock_acquire_op *ops = xmalloc(sizeof *ops * n);
     order_id_op *iops = xmalloc(sizeof *iops * n);
@@ -388,14 +569,26 @@ static void acquire_many(conn_set *cs, user_lock_hold *const *h, user_lock_id *i
     free(ops);
 }
 
+static void acquire_many(conn_set *cs, user_lock_hold *const *h, user_lock_id *id, size_t n)
+{
+    if (conn_redis_cluster())
+        acquire_many_cluster(cs, h, id, n);
+    else
+        acquire_many_one(cs, h, id, n);
+}
+
 /* After a batch's commit, in one round trip on the leader's connection.
  * A failure leaves each hold's own release to retry it. */
 static void release_many(conn_set *cs, user_lock_hold *const *h, size_t n, unsigned char *done)
 {
     lock_release_item *items;
-    redisContext *c = conn_redis(cs);
+    redisContext *c;
 
-    if (c == NULL)
+    if (conn_redis_cluster()) {
+        release_many_cluster(cs, h, n, done);
+        return;
+    }
+    if ((c = conn_redis(cs)) == NULL)
         return;
     items = xmalloc(sizeof *items * n);
     for (size_t i = 0; i < n; i++)

@@ -75,10 +75,11 @@ def parse_wrk(summary, stdout=None):
 
 
 def run_wrk(url, connections, seconds, out_dir, user_base, threads=2, timeout="10s",
-            latency=True, ids=True, delay_ms=0):
+            latency=True, ids=True, delay_ms=0, vouchers=()):
     """wrk with loadtest/wrk_sale.lua (a new X-User-Id from user_base on per
     request; the order ids of the 200s written to out_dir/wrk-ids.txt when
-    ids) against url for seconds. Returns parse_wrk()'s figures plus "cmd"
+    ids) against url for seconds; with vouchers, each request buys one of
+    them in turn (url's path unused). Returns parse_wrk()'s figures plus "cmd"
     (the command line) and "idsFile". KitError when wrk fails."""
     summary = os.path.join(out_dir, "wrk-summary.json")
     ids_file = os.path.join(out_dir, "wrk-ids.txt")
@@ -86,7 +87,8 @@ def run_wrk(url, connections, seconds, out_dir, user_base, threads=2, timeout="1
         if os.path.exists(f):
             os.unlink(f)
     env = dict(os.environ, WRK_USER_BASE=str(user_base), WRK_SUMMARY=summary,
-               WRK_IDS_FILE=ids_file if ids else "", WRK_DELAY_MS=str(delay_ms) if delay_ms else "")
+               WRK_IDS_FILE=ids_file if ids else "", WRK_DELAY_MS=str(delay_ms) if delay_ms else "",
+               WRK_VOUCHERS=",".join(str(v) for v in vouchers))
     cmd = ["wrk", "-t", str(min(threads, connections)), "-c", str(connections),
            "-d", f"{int(seconds)}s", "--timeout", timeout]
     if latency:
