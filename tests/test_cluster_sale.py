@@ -47,6 +47,7 @@ Prints "N passed, M failed". Python 3 standard library only.
 
 import binascii
 import os
+import re
 import tempfile
 import subprocess
 import sys
@@ -579,6 +580,9 @@ def the_id_counters_slot_migrated_mid_sale_is_followed():
     print(f"    redirections followed: MOVED {moved}, ASK {ask}", flush=True)
     if moved < 1 or ask < 1:
         fail(f"MOVED {moved}, ASK {ask}: the migration was not met (both expected)")
+    if not any(re.search(r'^seckill_redis_cluster_redirects_total\{kind="ask"\} [1-9]',
+                         s.get("/metrics").body, re.M) for s in (a, b)):
+        fail("/metrics does not count the ASK redirections followed")
     wrong = [r for r in recs if r.status not in (200, 503)]
     if wrong:
         fail(f"answers other than 200 and 503: {wrong[:3]}")

@@ -433,6 +433,18 @@ static void write_redis(FILE *f)
                   "Master changes followed (Sentinel failovers seen since start).", sv.failovers);
     write_counter(f, "seckill_redis_switch_notices_total",
                   "Sentinel +switch-master notices received.", sv.switch_notices);
+    if (conn_redis_cluster()) {
+        conn_cluster_counters cc;
+        conn_cluster_counters_get(&cc);
+        family(f, "seckill_redis_cluster_redirects_total", "counter",
+               "Redis Cluster redirections followed (MOVED, ASK; retry: TRYAGAIN, CLUSTERDOWN).");
+        fprintf(f, "seckill_redis_cluster_redirects_total{kind=\"moved\"} %llu\n",
+                (unsigned long long)cc.moved);
+        fprintf(f, "seckill_redis_cluster_redirects_total{kind=\"ask\"} %llu\n",
+                (unsigned long long)cc.ask);
+        fprintf(f, "seckill_redis_cluster_redirects_total{kind=\"retry\"} %llu\n",
+                (unsigned long long)cc.retry);
+    }
 }
 
 void exposition_metrics(FILE *f, const cJSON *vouchers)
