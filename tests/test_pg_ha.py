@@ -23,6 +23,9 @@ $TEST_TMP/pg-ha-stack on free ports, with the failover timeouts of a test.
                            ALTER SYSTEM ... local under running instances: the
                            sessions in use, checked again once a second, take
                            none either, and the consumers land none, until on
+  pg_read_all_stats        a role without it cannot read the standbys' flush
+                           positions: it takes no order and /ready names the
+                           grant; granted, it sells
   primary SIGKILLed        pg_autoctl and every postgres process of the primary,
                            mid-sale through nginx, for optimistic, batched and
                            Redis-first: no acknowledged order missing on the new
@@ -413,6 +416,40 @@ def a_session_below_synchronous_commit_on_takes_no_order_and_ready_says_why():
     except kit.KitError as e:
         fail(str(e))
 
+
+
+@test
+def a_role_without_pg_read_all_stats_takes_no_order_and_ready_says_why():
+    """Commits are confirmed by reading the standbys' flush positions in
+    pg_stat_replication, which a role without pg_read_all_stats sees as
+    NULL: such a session is refused (/ready names the grant, orders 503),
+    and once the role is granted it, the instance sells."""
+    st = the_stack()
+    role = "seckill_nostats"
+    ss.psql(f"DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; "
+            f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}; "
+            f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}", dsn=st.dsn)
+    if "postgres@" not in st.dsn:
+        fail(f"PG_DSN {st.dsn} names no user to replace")
+    srv = ss.Server("pgha-nostats", {"PG_DSN": st.dsn.replace("postgres@", f"{role}@", 1),
+                                     "PG_HA": 1, "ADMIN_TOKEN": None})
+    try:
+        v = st.new_voucher()
+        r = srv.get("/ready")
+        msg = r.body.get("message", "") if isinstance(r.body, dict) else ""
+        if r.status != 503 or "pg_read_all_stats" not in msg:
+            fail(f"/ready of a role without pg_read_all_stats -> {r.status} {r.body}")
+        r = srv.seckill(v, user_base() + 7)
+        if r.status != 503:
+            fail(f"an order of a role without pg_read_all_stats -> {r.status} {r.body}")
+        ss.psql(f"GRANT pg_read_all_stats TO {role}", dsn=st.dsn)
+        ss.wait_for(lambda: srv.get("/ready").status == 200, 30, "ready once granted")
+        r = srv.seckill(v, user_base() + 8)
+        if r.status != 200:
+            fail(f"an order once granted -> {r.status} {r.body}")
+    finally:
+        srv.stop_ok()
+        ss.psql(f"DROP OWNED BY {role}; DROP ROLE IF EXISTS {role}", dsn=st.dsn)
 
 
 def primary_sql(st, sql):
