@@ -33,6 +33,9 @@ instances routing each key to its slot's master.
   paused, a user whose lock lives on that master gets 503 (the grant
   undone, no order), a user whose lock lives on another master buys; once
   the replica is back, the first user buys too;
+- a lock whose slot is migrating: ASK, then TRYAGAIN from the target (the
+  script's keys are not all there), sent again a few times within a bound,
+  then a fast 503; once the slot has moved the same buyer buys there;
 - the slot of the order-id counter migrated to another master mid-sale
   (CLUSTER SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE): the
   buyers' INCRs follow ASK and then MOVED (/stats counts both), answers are
@@ -524,29 +527,85 @@ def lock_sync_replicas_waits_for_the_replica_of_the_locks_own_master():
         srv.stop_ok()
 
 
+def migrate_slot_begin(slot, src, dst):
+    """CLUSTER SETSLOT IMPORTING on dst, then MIGRATING on src."""
+    for port, args in ((dst, ("IMPORTING", node_id(src))), (src, ("MIGRATING", node_id(dst)))):
+        out = cli(port, "CLUSTER", "SETSLOT", slot, *args)
+        if out != "OK":
+            fail(f"SETSLOT {slot} {args} on {port}: {out}")
+
+
+def migrate_keys(slot, src, dst):
+    """MIGRATE every key of the slot still on the source."""
+    while True:
+        keys = cli(src, "CLUSTER", "GETKEYSINSLOT", slot, 100).split()
+        if not keys:
+            return
+        out = cli(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
+        if out not in ("OK", "NOKEY"):
+            fail(f"MIGRATE {keys}: {out}")
+
+
+def migrate_slot_end(slot, src, dst, others):
+    """The keys still on the source moved, then the slot given to dst."""
+    did = node_id(dst)
+    migrate_keys(slot, src, dst)
+    for port in (dst, src, *others):
+        out = cli(port, "CLUSTER", "SETSLOT", slot, "NODE", did)
+        if out != "OK":
+            fail(f"SETSLOT {slot} NODE on {port}: {out}")
+
+
 def migrate_slot(slot, src, dst, others, pause):
     """Moves hash slot 'slot' from master port src to master port dst as
     redis-cli --cluster reshard does, with 'pause' seconds between the
     steps so that buyers meet ASK (key moved, slot still the source's) and
     then MOVED."""
-    sid, did = node_id(src), node_id(dst)
-    for port, args in ((dst, ("IMPORTING", sid)), (src, ("MIGRATING", did))):
-        out = cli(port, "CLUSTER", "SETSLOT", slot, *args)
-        if out != "OK":
-            fail(f"SETSLOT {slot} {args} on {port}: {out}")
+    migrate_slot_begin(slot, src, dst)
     time.sleep(pause)
-    while True:
-        keys = cli(src, "CLUSTER", "GETKEYSINSLOT", slot, 100).split()
-        if not keys:
-            break
-        out = cli(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
-        if out not in ("OK", "NOKEY"):
-            fail(f"MIGRATE {keys}: {out}")
+    migrate_keys(slot, src, dst)
     time.sleep(pause)
-    for port in (dst, src, *others):
-        out = cli(port, "CLUSTER", "SETSLOT", slot, "NODE", did)
-        if out != "OK":
-            fail(f"SETSLOT {slot} NODE on {port}: {out}")
+    migrate_slot_end(slot, src, dst, others)
+
+
+@test
+def a_lock_of_a_migrating_slot_is_tried_again_within_a_bound_then_taken_on_its_new_master():
+    """Mid-migration, the lock's keys absent: the source answers ASK, and
+    the target answers TRYAGAIN to a script whose keys it does not all have
+    (the lock, its token counter and its channel name): the attempt is
+    sent again after short pauses, a few times, then the buyer gets 503,
+    fast. Once the slot has moved, the same buyer buys on the new master
+    (MOVED followed)."""
+    ms = masters()
+    ranges = slot_map()
+    user = user_base() + 1500
+    key = f"lock:order:{user}"
+    src_i, src = master_of_key(key, ranges)
+    dst = next(p for i, p in ms.items() if i != src_i)
+    slot = slot_of(key)
+    srv = ss.Server("cluster-migrating-lock", env_of(THREADS=1))
+    try:
+        vid = voucher(srv, 5)
+        r0 = redirects(srv)
+        migrate_slot_begin(slot, src, dst)
+        try:
+            t0 = time.monotonic()
+            r = srv.seckill(vid, user)
+            took = time.monotonic() - t0
+            mid = redirects(srv)
+        finally:
+            migrate_slot_end(slot, src, dst, [p for p in ms.values() if p not in (src, dst)])
+        if r.status != 503 or took > 2.0:
+            fail(f"mid-migration: {r.status} {r.body} after {took:.2f} s, expected a fast 503")
+        if mid.get("ask", 0) - r0.get("ask", 0) < 1 or mid.get("retry", 0) - r0.get("retry", 0) < 1:
+            fail(f"mid-migration: redirections {r0} -> {mid}, expected ASK then TRYAGAIN")
+        r = srv.seckill(vid, user)
+        if r.status != 200:
+            fail(f"the slot moved: {r.status} {r.body}")
+        if cli(dst, "EXISTS", f"redisson_lock_token:{{{key}}}") != "1":
+            fail("the lock was not taken on the slot's new master")
+    finally:
+        srv.stop_ok()
 
 
 class Store:

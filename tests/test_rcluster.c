@@ -16,6 +16,9 @@
  *                old master had loaded is run on the new one (NOSCRIPT:
  *                Redis does not copy SCRIPT LOAD to replicas; the script
  *                module's EVAL fallback, as the sender)
+ *   set-up       a new connection to a node runs the handle's on_connect
+ *                first (the lock library's scripts cached there: SCRIPT
+ *                EXISTS on a node whose cache was flushed), once per node
  *   redirected   a caller's own command (a library's script) meeting MOVED
  *                or ASK: rcluster_redirected hands the connection to send
  *                it again to (ASKING sent for ASK), MOVED remembered
@@ -348,6 +351,61 @@ out:
     rcluster_free(rc);
 }
 
+static int setups;
+
+static int count_and_cache(redisContext *c, void *arg)
+{
+    (void)arg;
+    setups++;
+    return script_cache(c);
+}
+
+static void test_a_new_connection_is_set_up_first(void)
+{
+    rcluster_opts o = { .timeout_ms = 1000, .retry_ms = 2000, .on_connect = count_and_cache };
+    const char *lua = getenv("LUA_DIR");
+    char err[256], key[32];
+    int masters = 0, seen[RCLUSTER_MAX_NODES] = { 0 };
+    rcluster *rc;
+
+    if (!T_ASSERT(lua != NULL && script_load_all(lua, err, sizeof err) == 0))
+        return;
+    if (!T_ASSERT((rc = rcluster_new(nodes, &o, err, sizeof err)) != NULL))
+        return;
+    setups = 0;
+    /* Keys on every master: one set-up per master, none per command. */
+    for (int k = 0; k < 64; k++) {
+        int slot, node;
+        snprintf(key, sizeof key, "setup:%d", k);
+        slot = rcluster_keyslot(key, strlen(key));
+        if (!T_ASSERT(rcluster_slot_context(rc, slot) != NULL))
+            break;
+        node = rcluster_slot_node(rc, slot);
+        if (node >= 0 && !seen[node]++)
+            masters++;
+    }
+    T_EQ_I64(setups, masters);
+    T_EQ_I64(masters, 3);
+    /* A master whose cache is flushed: a new connection caches them again. */
+    {
+        int slot = rcluster_keyslot("setup:0", 7);
+        redisContext *c = master_of(rc, slot);
+        redisReply *r;
+        if (T_ASSERT(c != NULL)) {
+            T_ASSERT(ok_status(redisCommand(c, "SCRIPT FLUSH")));
+            rcluster_reset(rc);
+            T_ASSERT(rcluster_slot_context(rc, slot) != NULL);
+            r = redisCommand(c, "SCRIPT EXISTS %s", script_sha(SCRIPT_LOCK_ACQUIRE));
+            T_ASSERT(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+                     r->element[0]->integer == 1);
+            if (r != NULL)
+                freeReplyObject(r);
+            redisFree(c);
+        }
+    }
+    rcluster_free(rc);
+}
+
 static void *end_later(void *arg)
 {
     usleep(300 * 1000);
@@ -563,6 +621,7 @@ int main(void)
 {
     nodes = t_cluster_start("test_rcluster");
     T_RUN(test_each_key_goes_to_its_master);
+    T_RUN(test_a_new_connection_is_set_up_first);
     T_RUN(test_a_moved_slot_is_followed_and_remembered);
     T_RUN(test_a_migrating_slot_is_asked_not_remapped);
     T_RUN(test_a_callers_own_command_follows_moved_and_ask);

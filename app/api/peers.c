@@ -1,5 +1,6 @@
 /* peers: publish this instance's counters, read every live instance's. */
 #include "peers.h"
+#include "rcluster.h"
 #include "bgthread.h"
 #include "config.h"
 #include "conn.h"
@@ -135,6 +136,7 @@ static void publish_once(redisContext **cp)
     cJSON *self;
     char *text;
     redisReply *r;
+    int moved = 0;
 
     if (*cp != NULL && !conn_redis_current(*cp)) {
         redisFree(*cp);                        /* the master moved (failover) */
@@ -155,12 +157,22 @@ static void publish_once(redisContext **cp)
                        (long long)(util_wall_ms() - 10 * PEERS_LIVE_MS));
     free(text);
     for (int i = 0; i < 3; i++) {
+        rcluster_redirect rd;
         if (redisGetReply(*cp, (void **)&r) != REDIS_OK || (r = script_demoted(*cp, r)) == NULL) {
             redisFree(*cp);
             *cp = NULL;
             return;
         }
+        /* A cluster node that no longer serves the registry's slot (a
+         * failover, a migration): the next tick opens a connection to the
+         * one that does. The other replies are read first. */
+        if (rcluster_redirect_parse(r, &rd) != RCLUSTER_NONE)
+            moved = 1;
         freeReplyObject(r);
+    }
+    if (moved) {
+        redisFree(*cp);
+        *cp = NULL;
     }
 }
 

@@ -253,7 +253,9 @@ static snapshot *refresh(uint64_t gen, int64_t t0)
             peers_sum(s->others_sum, o);
             s->others++;
         }
-    } else if (c != NULL && c->err) {
+    } else if (c != NULL && (c->err || conn_redis_cluster())) {
+        /* A cluster node's error reply may be a redirection (the registry's
+         * slot has moved): the map is read again at the next refresh. */
         conn_redis_broken(cs);
     }
     cJSON_Delete(others);

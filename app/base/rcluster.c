@@ -229,7 +229,10 @@ static redisContext *node_connect(rcluster *rc, int i)
         return nd->c;
     c = redisConnectWithTimeout(nd->host, nd->port, tv);
     if (c == NULL || c->err) {
-        set_err(rc, RCLUSTER_ERR_CONNECT, "cannot connect to %s:%d", nd->host, nd->port);
+        /* hiredis's reason too: "Connection timed out" tells a caller's
+         * circuit breaker from a refusal. */
+        set_err(rc, RCLUSTER_ERR_CONNECT, "cannot connect to %s:%d: %s", nd->host, nd->port,
+                c != NULL ? c->errstr : "out of memory");
         goto fail;
     }
     if (redisSetTimeout(c, tv) != REDIS_OK) {
@@ -238,6 +241,11 @@ static redisContext *node_connect(rcluster *rc, int i)
     }
     if (node_auth(rc, c, nd->host, nd->port) != 0)
         goto fail;
+    if (rc->opts.on_connect != NULL && rc->opts.on_connect(c, rc->opts.on_connect_arg) != 0) {
+        set_err(rc, RCLUSTER_ERR_CONNECT, "set-up of %s:%d failed: %s", nd->host, nd->port,
+                c->err ? c->errstr : "refused");
+        goto fail;
+    }
     nd->c = c;
     return c;
 fail:

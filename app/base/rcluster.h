@@ -77,6 +77,11 @@ typedef struct rcluster_opts {
     int retry_ms;           /* one call's budget for redirections and retries */
     const char *username;   /* NULL or empty: no ACL user */
     const char *password;   /* NULL or empty: no AUTH */
+    /* Optional: run on each new connection to a node, before any command
+     * of the caller (the scripts cached there, so that a NOSCRIPT fallback
+     * never follows an ASKING it would lose). 0, or -1 to drop it. */
+    int (*on_connect)(redisContext *c, void *arg);
+    void *on_connect_arg;
 } rcluster_opts;
 
 typedef struct rcluster_node {

@@ -341,6 +341,34 @@ redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, i
     return r;
 }
 
+int script_cache(redisContext *c)
+{
+    int sent = 0, rc = 0;
+
+    for (int i = 0; i < SCRIPT_COUNT; i++) {
+        const char *argv[3] = { "SCRIPT", "LOAD", scripts[i].src };
+        size_t lens[3] = { 6, 4, scripts[i].len };
+        if (scripts[i].src == NULL)
+            continue;
+        if (redisAppendCommandArgv(c, 3, argv, lens) != REDIS_OK)
+            return -1;
+        sent++;
+    }
+    for (int i = 0; i < sent; i++) {
+        void *reply = NULL;
+        redisReply *r;
+        if (redisGetReply(c, &reply) != REDIS_OK) {
+            freeReplyObject(reply);
+            return -1;                      /* the connection failed: c->err */
+        }
+        r = reply;
+        if (r == NULL || r->type != REDIS_REPLY_STRING)
+            rc = -1;
+        freeReplyObject(r);
+    }
+    return rc;
+}
+
 redisReply *script_file_run(redisContext *c, const script_file *s, int nkeys, int argc,
                             const char **argv, const size_t *argvlen)
 {

@@ -36,6 +36,13 @@ int script_file_load(script_file *s, const char *dir, const char *name, char *er
  * threads start. Returns 0, or -1 with the reason in 'err'. */
 int script_load_all(const char *dir, char *err, size_t errlen);
 
+/* SCRIPT LOAD of every library script on 'c', in one round trip: for a
+ * connection to a node that may never have run them (a Redis Cluster node
+ * reached through ASK, where a NOSCRIPT fallback would go out without the
+ * ASKING it needs). Returns 0, or -1 when a load failed (c->err set when
+ * the connection did). */
+int script_cache(redisContext *c);
+
 /* Name and SHA1 (40 hex chars) of a library script, for logs and tests. */
 const char *script_name(enum script_id id);
 const char *script_sha(enum script_id id);

@@ -107,7 +107,8 @@ static PGconn *reach(conn_set *cs, order_job *j)
 
     if (pg == NULL)
         refuse(j, API_UNAVAILABLE, "database unavailable, retry later");
-    else if (conn_redis(cs) == NULL)
+    /* With a cluster the lock and the id find their own masters. */
+    else if (!conn_redis_cluster() && conn_redis(cs) == NULL)
         pg = NULL, refuse(j, API_UNAVAILABLE, "redis unavailable, retry later");
     return pg;
 }

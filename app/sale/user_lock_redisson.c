@@ -200,9 +200,12 @@ static int release_orphans_cluster(conn_set *cs)
             log_warn("released %s, granted after its reply was lost", h.key);
         else if (st != LOCK_NOT_OWNER)
             orphan_add(list[i].key, list[i].owner, list[i].lease_ms);
-        if (st != LOCK_OK && st != LOCK_NOT_OWNER && cs->redis != NULL && cs->redis->err) {
-            conn_redis_broken(cs);
-            rc = -1;                 /* the rest wait for the next attempt */
+        /* A master that failed (or cannot be reached): the rest wait for
+         * the next attempt, not a connect timeout each. */
+        if (rc == 0 && st != LOCK_OK && st != LOCK_NOT_OWNER) {
+            if (cs->redis != NULL && cs->redis->err)
+                conn_redis_broken(cs);
+            rc = -1;
         }
     }
     free(list);
@@ -307,7 +310,7 @@ static lock_status acquire(conn_set *cs, user_lock_hold *h, user_lock_id *id)
  * first release (or for the batch leader's). */
 static void release(conn_set *cs, user_lock_hold *h)
 {
-    redisContext *c = cs->redis != NULL ? cs->redis : conn_redis(cs);  /* it broke meanwhile */
+    redisContext *c;
     lock_release_req *rq = &priv_of(h)->rq;
     lock_status ls;
 
@@ -315,6 +318,7 @@ static void release(conn_set *cs, user_lock_hold *h)
         release_cluster(cs, h);
         return;
     }
+    c = cs->redis != NULL ? cs->redis : conn_redis(cs);    /* it broke meanwhile */
     if (c == NULL) {                /* Redis unreachable: the lease frees it */
         owner_lost(cs, h);
         return;
@@ -353,15 +357,19 @@ static void ids_many_cluster(conn_set *cs, user_lock_id *id, size_t n)
         id[i].taken = 1;
     }
     if ((c = conn_redis_key(cs, key)) != NULL) {
+        int broken;
         for (i = 0; i < n; i++)
             order_id_send(c, g_cfg.id_prefix, now, &ops[i]);
         for (i = 0; i < n; i++)
             id[i].st = order_id_recv(c, &ops[i], &id[i].value);
-        if (c->err)
+        /* c is not touched past this point: dropping it (or a call that
+         * reads the map again) frees it. */
+        if ((broken = c->err != 0))
             conn_redis_broken(cs);
-        for (i = 0; i < n && c->err == 0; i++)
-            if (id[i].st == ORDER_ID_MOVED)
-                id[i].st = order_id_take(cs, g_cfg.id_prefix, &id[i].value);
+        for (i = 0; i < n && !broken; i++)
+            if (id[i].st == ORDER_ID_MOVED &&
+                (id[i].st = order_id_take(cs, g_cfg.id_prefix, &id[i].value)) == ORDER_ID_REDIS)
+                broken = 1;
     }
     free(ops);
     free(key);
@@ -427,8 +435,12 @@ static void acquire_many_cluster(conn_set *cs, user_lock_hold *const *h, user_lo
             for (k = 0; k < m; k++) {
                 st[idx[k]] = gs[k];
                 g[idx[k]] = gg[k];
-                if (gs[k] == LOCK_MOVED)
+                if (gs[k] == LOCK_MOVED) {
                     rd[idx[k]] = ops[k].redirect;
+                    /* ":port" names the node that answered: this one. */
+                    if (rd[idx[k]].host[0] == '\0' && c->connection_type == REDIS_CONN_TCP)
+                        snprintf(rd[idx[k]].host, sizeof rd[idx[k]].host, "%s", c->tcp.host);
+                }
                 /* No answer may hide a grant. */
                 if (gs[k] == LOCK_ERR && c->err) {
                     orphan_add(h[idx[k]]->key, h[idx[k]]->owner, h[idx[k]]->lease_ms);
