@@ -831,6 +831,11 @@ cmd_start() {
     elif [[ "$REDIS_HA" == 1 ]]; then
         start_redis_ha
     elif [[ -z "$EXTERNAL_REDIS_URL" ]]; then
+        # A new start is a new database: an empty Redis too (service-start
+        # keeps its files: a restart). With AOF on, the last run's files
+        # would bring back its keys: stream entries for vouchers the new
+        # database does not have, stock, buyers, counters.
+        rm -rf "$RUN_DIR/redis"
         start_redis "$P_REDIS"
     else
         redis_url_ping "$STACK_REDIS_URL" ||

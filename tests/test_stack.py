@@ -363,6 +363,40 @@ def all_instances_down_gives_502_json_then_stop_stops_everything():
         fail(f"status after stop: exit {p.returncode}: {p.stdout}")
 
 
+@test
+def a_new_start_begins_with_an_empty_redis_as_with_an_empty_postgres():
+    """A start makes a new database; Redis must start as empty, or a stack
+    with AOF on (REDIS_APPENDFSYNC) would load the last run's keys: its
+    Redis-first stream entries, for vouchers the new database does not
+    have (they never drain), its vouchers' stock and buyers."""
+    run_dir = os.path.join(ss.TEST_TMP, f"stack-fresh-redis-{os.getpid()}")
+    extra = {"REDIS_APPENDFSYNC": "always", "NGINX_PORT": "auto", "APP_PORT_BASE": "auto"}
+    started = []
+    try:
+        for round_ in (1, 2):
+            p = stack("start", run_dir, 120, **extra)
+            if p.returncode != 0:
+                fail(f"start {round_}: exit {p.returncode}: {p.stderr[-600:]}")
+            started += list(pids(run_dir).values())
+            for pid in pids(run_dir).values():
+                ss.register_pid(pid)
+            url = ss.stack_env_file(run_dir)["REDIS_URL"]
+            if round_ == 1:
+                ss.redis(["SET", "left:by:the:last:run", "1"], url=url)
+                ss.redis(["XADD", "seckill:orders", "*", "v", "1"], url=url)
+            else:
+                left = (ss.redis(["EXISTS", "left:by:the:last:run"], url=url),
+                        ss.redis(["XLEN", "seckill:orders"], url=url))
+                if left != ("0", "0"):
+                    fail(f"the new start's Redis holds the last run's keys: {left}")
+            p = stack("stop", run_dir)
+            if p.returncode != 0:
+                fail(f"stop {round_}: exit {p.returncode}: {p.stderr[-600:]}")
+    finally:
+        stack("stop", run_dir)
+        unregister_pids(started)
+
+
 def teardown():
     if pids():
         p = stack("stop")
