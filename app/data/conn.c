@@ -496,8 +496,9 @@ out:
     return pg;
 }
 
-/* The session in '*slot', re-opened when it is gone or failed its check. */
-static PGconn *session(PGconn **slot, int64_t *checked_us)
+/* The session in '*slot', re-opened when it is gone or (with 'recheck')
+ * failed its periodic check. */
+static PGconn *session(PGconn **slot, int64_t *checked_us, int recheck)
 {
     char err[512];
 
@@ -505,7 +506,7 @@ static PGconn *session(PGconn **slot, int64_t *checked_us)
         /* A session left inside a transaction (it should never be) is not reused. */
         if (PQstatus(*slot) == CONNECTION_OK && PQtransactionStatus(*slot) == PQTRANS_IDLE &&
             !socket_stale(PQsocket(*slot))) {
-            if (conn_pg_recheck(*slot, checked_us) == 0)
+            if (!recheck || conn_pg_recheck(*slot, checked_us) == 0)
                 return *slot;
             log_info("postgres session failed its check; reconnecting");
         } else {
@@ -523,12 +524,15 @@ static PGconn *session(PGconn **slot, int64_t *checked_us)
 
 PGconn *conn_pg(conn_set *cs)
 {
-    return session(&cs->pg, &cs->pg_checked_us);
+    return session(&cs->pg, &cs->pg_checked_us, 1);
 }
 
 PGconn *conn_pg_aside(conn_set *cs)
 {
-    return session(&cs->pg_aside, &cs->pg_aside_checked_us);
+    /* No periodic check: it confirms commits already made, and a check
+     * failing then (the standbys just lost) would turn an order a standby
+     * may already have into a quick 503 that looks refused. */
+    return session(&cs->pg_aside, &cs->pg_aside_checked_us, 0);
 }
 
 void conn_pg_broken(conn_set *cs)

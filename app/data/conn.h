@@ -101,7 +101,10 @@ PGconn *conn_pg(conn_set *cs);
 
 /* A second session of this thread, as conn_pg's, for a short statement
  * while the first may be busy (a batch leader's pipeline): PG_HA's
- * confirmation of commits. Borrowed; NULL when Postgres is unreachable. */
+ * confirmation of commits. Set up as conn_pg's, but not checked again
+ * while open (conn_set_pg_recheck): a commit made is confirmed or not by
+ * the standbys' positions, whatever the primary's state now. Borrowed;
+ * NULL when Postgres is unreachable. */
 PGconn *conn_pg_aside(conn_set *cs);
 
 /* Call when a PG call failed at the connection level: the connection is

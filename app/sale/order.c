@@ -222,12 +222,13 @@ static void learn(order_job *j, store_status st)
  * the batch, Redis-first's consumer before acknowledging its entries. */
 static store_status confirmed(conn_set *cs, store_status st)
 {
-    PGconn *pg;
-
     if (st != STORE_OK || !g_cfg.pg_ha || stock_deferred())
         return st;
-    pg = conn_pg(cs);
-    return pg == NULL ? STORE_UNAVAILABLE : store_ha_confirm(pg);
+    /* On the session that committed, as it is: conn_pg's periodic check,
+     * failing now (the standbys just lost), would close it and answer a
+     * quick 503 for an order a standby may already have; the standbys'
+     * positions say whether it does. */
+    return cs->pg == NULL ? STORE_UNAVAILABLE : store_ha_confirm(cs->pg);
 }
 
 /* The end of every order, refused or settled, on whichever worker holds it
