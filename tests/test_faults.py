@@ -550,7 +550,13 @@ def batched_sale_loses_no_acknowledged_order_to_crashes():
         figs = {"beforeKill": tally([r for r in recs if r.t1 < t_kill]),
                 "beforeCrash": tally([r for r in recs if t_kill < r.t0 and r.t1 < t_crash]),
                 "afterRestart": tally([r for r in recs if r.t0 >= t_up + 1.0])}
-        figs.update(check_invariants(st, v, recs, "batched-crash"))
+        # A batch whose COMMIT Postgres had flushed when the immediate stop
+        # ended its backend, before the result was sent, stands after the
+        # recovery: its buyers' 503s are of unknown outcome (a retry meets
+        # the order), like the cut commits of postgres_stopped_and_started.
+        cut = sum(1 for r in recs if r.status == 503 and r.t0 < t_crash and r.t1 >= t_crash)
+        figs.update(check_invariants(st, v, recs, "batched-crash", unknown_extra=cut))
+        figs["cutAtCrash503"] = cut
         show("batched_crash", figs)
         if not any(r.status == 200 for r in recs if t_kill < r.t0 and r.t1 < t_crash):
             fail(f"no sale between the kill and the crash: {figs}")
