@@ -371,8 +371,14 @@ static redisContext *cluster_slot(conn_set *cs, int slot)
 
 redisContext *conn_redis_key(conn_set *cs, const char *key)
 {
+    /* The request checked the connection on its way in (conn_redis): no
+     * second probe of the socket per command; a master replaced since is
+     * still noticed. A connection that broke meanwhile fails its command. */
     if (!conn_redis_cluster())
-        return conn_redis(cs);
+        return cs->redis != NULL && (!sentinel_enabled() || cs->redis_gen == sentinel_generation()) &&
+                       util_mono_us() >= atomic_load(&redis_open_until_us)
+                   ? cs->redis
+                   : conn_redis(cs);
     if (util_mono_us() < atomic_load(&redis_open_until_us))
         return NULL;
     return cluster_slot(cs, rcluster_keyslot(key, strlen(key)));

@@ -70,8 +70,10 @@ int conn_redis_cluster(void);
 
 /* The connection for commands on 'key': with a cluster, to the master of
  * its slot (its hash tag's), as the map last read says (read first when
- * stale); else conn_redis's. cs->redis is set to it. Borrowed; NULL when
- * unreachable (logged). */
+ * stale); else cs->redis as it is, unless it is unset or its master was
+ * replaced (then conn_redis's: the socket probe is once per request, in
+ * conn_redis). cs->redis is set to it. Borrowed; NULL when unreachable
+ * (logged). */
 redisContext *conn_redis_key(conn_set *cs, const char *key);
 
 /* With a cluster, after a reply on cs->redis named a redirection: the
