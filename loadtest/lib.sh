@@ -125,6 +125,10 @@ lt_require_demo_mode() {
 
 lt_stats() { curl -fsS --max-time 10 "$BASE_URL/stats" >"$1" 2>/dev/null || : >"$1"; }
 
+# nginx's sold-out edge counts its answers (GET /stats/edge) instead of
+# logging them; empty without the edge.
+lt_edge() { curl -fsS --max-time 10 "$BASE_URL/stats/edge" >"$1" 2>/dev/null || : >"$1"; }
+
 lt_log_offset() {
     if [[ -n "$NGINX_ACCESS_LOG" ]]; then stat -c %s "$NGINX_ACCESS_LOG"; else echo 0; fi
 }
@@ -136,9 +140,11 @@ lt_report() {
     # /stats: each instance publishes its counters once a second.
     sleep 1.2
     lt_stats "$dir/stats-after.json"
+    lt_edge "$dir/edge-after.json"
     local -a args=(--scenario "$scenario" --what "$what" --url "$BASE_URL/voucher/$voucher/seckill"
         --tool "$tool" --tool-output "$output" --voucher "$voucher"
         --stats-before "$dir/stats-before.json" --stats-after "$dir/stats-after.json"
+        --edge-before "$dir/edge-before.json" --edge-after "$dir/edge-after.json"
         --json-out "${LOADTEST_RESULT:-$dir/result.json}"
         --expect-both-instances "${EXPECT_INSTANCES:-0}")
     [[ -z "$NGINX_ACCESS_LOG" ]] || args+=(--access-log "$NGINX_ACCESS_LOG" --log-offset "$LT_LOG_OFFSET")
@@ -173,6 +179,7 @@ lt_begin() {
     rm -rf "$dir"
     mkdir -p "$dir"
     lt_stats "$dir/stats-before.json"
+    lt_edge "$dir/edge-before.json"
     LT_LOG_OFFSET=$(lt_log_offset)
     LT_RUN_DIR=$dir
 }

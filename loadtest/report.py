@@ -9,11 +9,13 @@ charts, no external resources): latency percentiles and answers per second
 over each run, from the nginx access log, beside the summary and invariants.
 
 Sources, best first:
-  status counts  the nginx access log (when local), wrk's Lua counters, or
+  status counts  the nginx access log (when local) with the sold-out edge's
+                 answers, which nginx counts instead of logging (GET
+                 /stats/edge, after minus before), wrk's Lua counters, or
                  ab's 2xx count and the cluster counters of /stats (after minus
                  before) for the other statuses
-  instances      the nginx access log ($upstream_addr; nginx's own answers,
-                 without one: nginx-edge), or /stats per instance
+  instances      the nginx access log ($upstream_addr; the edge's answers:
+                 nginx-edge), or /stats per instance
   latency        ab's or wrk's own percentiles
   orders, stock  Postgres via loadtest/check_invariants.py (with PG_DSN), or /stats
 Exit status: 0 all invariants hold, 1 a violation, 2 an error.
@@ -52,6 +54,12 @@ def count_access(entries):
         statuses[e.status] = statuses.get(e.status, 0) + 1
         upstreams[e.upstream] = upstreams.get(e.upstream, 0) + 1
     return statuses, upstreams
+
+
+def edge_total(edge):
+    """The answers of nginx's sold-out edge in a GET /stats/edge body (0
+    for none)."""
+    return int(((edge or {}).get("requests") or {}).get("total") or 0)
 
 
 def answered_by(upstreams, stats):
@@ -221,7 +229,13 @@ def cmd_run(a):
     if a.access_log and os.path.exists(a.access_log):
         entries = kit.access_log(a.access_log, a.log_offset, uri)[1]
         statuses, upstreams = count_access(entries)
-        status_source = "nginx access log"
+        # The sold-out edge's answers (409 sold_out, no upstream) are counted
+        # by nginx, not logged.
+        edge = edge_total(load_json(a.edge_after)) - edge_total(load_json(a.edge_before))
+        if edge > 0:
+            statuses["409"] = statuses.get("409", 0) + edge
+            upstreams["-"] = upstreams.get("-", 0) + edge
+        status_source = "nginx access log" + (" and /stats/edge" if edge > 0 else "")
         timeline = timeline_from_entries(entries)
     if not statuses and a.tool == "wrk" and m.get("statuses"):
         statuses, status_source = m["statuses"], "wrk Lua counters"
@@ -440,6 +454,8 @@ def main(argv=None):
     ap.add_argument("--voucher", type=int, required=True)
     ap.add_argument("--stats-before")
     ap.add_argument("--stats-after")
+    ap.add_argument("--edge-before")
+    ap.add_argument("--edge-after")
     ap.add_argument("--access-log")
     ap.add_argument("--log-offset", type=int, default=0)
     ap.add_argument("--ids")

@@ -14,9 +14,9 @@ import kit
 from .settings import HALF, PACED_SHARE, ROOT, BenchError, log
 
 
-def stand_in_conf(up, bare):
-    """The server blocks added to the ceiling nginx: the stand-in upstream on
-    port up and nginx alone ('return 200') on port bare."""
+def stand_in_conf(up):
+    """The server block added to the ceiling nginx: the stand-in upstream on
+    port up."""
     return f"""
     # make bench: the stand-in for the instances, answers 200 at once.
     server {{
@@ -26,16 +26,6 @@ def stand_in_conf(up, bare):
         location / {{
             default_type application/json;
             return 200 '{{"error":"sold_out","message":"voucher is sold out"}}\\n';
-        }}
-    }}
-    # make bench: nginx alone, 'return 200' with the front's http settings
-    # (its access log included) and its X-Request-Id.
-    server {{
-        listen 127.0.0.1:{bare} backlog=4096;
-        location / {{
-            default_type application/json;
-            add_header X-Request-Id $seckill_request_id always;
-            return 200 '{{"error":"sold_out","message":"sold out"}}';
         }}
     }}
 """
@@ -203,10 +193,9 @@ class Ceilings:
         d = self.ceiling_dir
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-        front, up, bare = kit.free_ports(3)
-        self.bare_port = bare
+        front, up = kit.free_ports(2)
         ups = self.start_stand_ins() if separate else [up]
-        stand_in = "" if separate else stand_in_conf(up, bare)
+        stand_in = "" if separate else stand_in_conf(up)
         self.ceiling_nginx_pid = kit.start_nginx(d, front, [f"127.0.0.1:{u}" for u in ups], stand_in)
         return front
 
@@ -253,19 +242,27 @@ class Ceilings:
         return max(1, round(conns * 1000.0 / (HALF * rps))) if rps else 20
 
     def ceiling_bare(self):
-        """nginx alone: 'return 200' from a server block of the ceiling
-        nginx, saturated, then paced to half that rate."""
+        """nginx alone (kit.bare_conf: its own configuration, nothing of the
+        template, no access log, the template's worker count): 'return 200'
+        to the crowd the sold-out run sends (a new X-User-Id per request),
+        saturated, then paced to half that rate."""
+        d = os.path.join(self.ceiling_dir, "bare")
+        shutil.rmtree(d, ignore_errors=True)
+        port = kit.free_ports(1)[0]
+        pid = self.ceiling_nginx_pid = kit.start_bare_nginx(d, port)    # CPU as the ceiling nginx's
         try:
-            self.start_ceiling_nginx()
-            url = f"http://127.0.0.1:{self.bare_port}/voucher/1/seckill"
+            url = f"http://127.0.0.1:{port}/voucher/1/seckill"
             r = self.warm_then_measure(url)
             r["pacedHalfDelayMs"] = self.half_pace(r["rps"])
             _, r["pacedHalf"] = self.paced(url, r["pacedHalfDelayMs"])
         finally:
-            self.stop_ceiling_nginx()
+            self.ceiling_nginx_pid = None
+            if kit.stop_nginx(pid, d) is None:
+                log(f"pid {pid} is no longer the bare nginx: left alone")
         only_200(r, "the bare nginx")
         r["connections"] = 64
-        r["server"] = "a server block of the ceiling nginx: return 200 (access log and X-Request-Id as the front's)"
+        r["server"] = ("nginx alone on its own configuration (loadtest/kit/nginx.py bare_conf): worker_processes"
+                       " auto, access_log off, keepalive_requests 1000000, return 200")
         log(f"wrk nginx bare return 200: {r['rps']:.0f} req/s, p99 {r['p99Ms']} ms; paced"
             f" ({r['pacedHalfDelayMs']} ms) {r['pacedHalf']['rps']:.0f} req/s, p99 {r['pacedHalf']['p99Ms']} ms")
         return r

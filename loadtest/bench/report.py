@@ -203,6 +203,9 @@ class Report:
             t.row("    p50 / p99 ms; the instances' CPU, % of one",
                   f"{f['soldOutNoEdgeP50Ms']:.2f} / {f['soldOutNoEdgeP99Ms']:.2f}; "
                   f"{f['soldOutNoEdgeSeckillCpuPct']:.0f}")
+            if f["soldOutNoEdgeCpuUsPerAnswer"] is not None:
+                t.row("    the instances' CPU per sold-out answer, us", f"{f['soldOutNoEdgeCpuUsPerAnswer']:.1f}",
+                      "", None, None, "<= 20", "soldOutNoEdgeCpuUsPerAnswer")
 
     def storm_rows(self, t, f, ratios):
         """The single-user storm."""

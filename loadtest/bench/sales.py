@@ -4,6 +4,7 @@ long sale."""
 
 import os
 import shutil
+import time
 
 import kit
 
@@ -60,24 +61,25 @@ class Sales:
 
     def sold_out(self):
         v = self.stack.create_voucher(1, "bench: sold out")
-        off = self.log_offset()
+        off, edge_start = self.log_offset(), self.edge_answered()
         st = self.buy(v, 42)
         if st != 200:
             raise BenchError(f"buying the only unit of voucher {v} answered {st}")
         url = f"{self.stack.base_url}/voucher/{v}/seckill"
         w0 = self.wrk(url, 64, max(1, self.warmup))
-        inst0, off_run = self.instances_sold_out(), self.log_offset()
+        time.sleep(0.3)                 # the warm-up's edge answers counted
+        inst0, off_run, edge0 = self.instances_sold_out(), self.log_offset(), self.edge_answered()
         meter = self.cpu_meter()
         meter.start()
         w = self.wrk(url, 64, self.seconds)
         w["cpu"] = meter.stop()
         # What reached the instances meanwhile, and what nginx answered itself.
         w["instanceSoldOut"] = self.instances_sold_out() - inst0
-        w["edgeHits"], w["logged"] = self.edge_hits(off_run, v)
+        w["edgeHits"], w["logged"] = self.edge_hits(off_run, v, edge0)
         w["seckillCpuPct"] = seckill_cpu_pct(w["cpu"])
         w["pacedHalfDelayMs"] = self.half_pace(w["rps"])
         p, w["pacedHalf"] = self.paced(url, w["pacedHalfDelayMs"])
-        self.check_sold_out(v, off, (w0, w, p))
+        self.check_sold_out(v, off, edge_start, (w0, w, p))
         w["voucherId"] = v
         w["connections"] = 64
         w["non409"] = sum(c for k, c in w["statuses"].items() if k != "409")
@@ -110,12 +112,16 @@ class Sales:
             kit.stop_nginx(pid, d)
         r["cpu"] = cpu
         r["seckillCpuPct"] = seckill_cpu_pct(cpu)
+        # Every request of the run reached an instance: its CPU per answer.
+        r["seckillCpuUsPerAnswer"] = (round(1e6 * cpu["seckill"] / r["instanceSoldOut"], 1)
+                                      if r["instanceSoldOut"] else None)
         r["connections"] = 64
         bad = sum(c for k, c in r["statuses"].items() if k != "409")
         if bad:
             raise BenchError(f"sold-out without the edge: {bad} answers other than 409: {r['statuses']}")
         log(f"sold-out without the edge: {r['rps']:.0f} req/s, p50 {r['p50Ms']} ms, p99 {r['p99Ms']} ms;"
-            f" the instances answered {r['instanceSoldOut']} (their CPU {r['seckillCpuPct']} % of one)")
+            f" the instances answered {r['instanceSoldOut']} (their CPU {r['seckillCpuPct']} % of one,"
+            f" {r['seckillCpuUsPerAnswer']} us per answer)")
         return r
 
     def ab(self, url, n, conns, user):
@@ -165,10 +171,10 @@ class Sales:
         self.check(f"{what} warm-up", wv, ids=w["idsFile"], ok=w["statuses"].get("200", 0),
                    unknown=self.unknown(w, self.logged(off, wv), conns))
 
-    def check_sold_out(self, v, off, runs):
+    def check_sold_out(self, v, off, edge0, runs):
         """The invariants of the sold-out voucher v after the wrk runs 'runs':
         the unit bought before, and not one more."""
-        logged = self.logged(off, v)
+        logged = self.logged(off, v, edge0)
         both = {"statuses": {k: sum(w["statuses"].get(k, 0) for w in runs)
                              for k in set().union(*(w["statuses"] for w in runs))},
                 "socketErrors": {k: sum(w["socketErrors"][k] for w in runs)

@@ -15,6 +15,7 @@ STEAL_WARN_PCT = 5     # a run with more steal than this is flagged in the table
 PACED_SHARE = 0.25   # paced latency runs offer this share of the nginx ceiling's rate
 TARGETS = {"optimisticVsOneRow": 0.9, "soldOutVsNginx": 0.9,
            "soldOutP99Ms": 2.0, "rssMb": 20.0, "soldOutVsBare": 0.8, "soldOutSeckillCpuPct": 5.0,
+           "soldOutNoEdgeCpuUsPerAnswer": 20.0,
            "redisVsOneRow": 3.0, "redisVsSoldOut": 0.4, "redisP99Ms": 10.0}
 HALF = 0.5           # the sold-out crowd and the bare ceiling are also paced to half their rate
 # The batched sale's targets by concurrency: orders/s against the one-row

@@ -1,6 +1,8 @@
-"""nginx: start_nginx() (nginx/gen-conf.sh's configuration, nginx on it) and
-stop_nginx(); access_log() (its log) and answered_by() (who answered a
-logged request: an instance's name, or NGINX_EDGE)."""
+"""nginx: start_nginx() (nginx/gen-conf.sh's configuration, nginx on it),
+start_bare_nginx() (nginx alone, the yardstick) and stop_nginx();
+access_log() (its log), answered_by() (who answered a logged request: an
+instance's name, or NGINX_EDGE) and edge_answered() (the sold-out edge's
+answers, which are counted, not logged)."""
 
 import os
 import re
@@ -10,6 +12,7 @@ import time
 from collections import namedtuple
 
 from .base import ROOT, KitError
+from .http import call
 from .proc import run, stop_pid, with_settings
 
 GEN_CONF = os.path.join(ROOT, "nginx", "gen-conf.sh")
@@ -37,6 +40,11 @@ def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30,
             raise KitError(f"{conf} does not end with the http block's '}}'")
         with open(conf, "w") as f:
             f.write(text[:-1] + extra_conf + "}\n")
+    return _start(prefix, conf, timeout)
+
+
+def _start(prefix, conf, timeout):
+    """nginx -t, then nginx as a daemon on conf; its master's pid."""
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     errlog = os.path.join(prefix, "error.log")
     run([nginx, "-t", "-q", "-p", prefix, "-c", conf, "-e", errlog], timeout)
@@ -50,6 +58,51 @@ def start_nginx(prefix, port, upstreams, extra_conf="", gen_args=(), timeout=30,
             if time.monotonic() > deadline:
                 raise KitError(f"nginx in {prefix} wrote no pid file") from None
             time.sleep(0.05)
+
+
+BARE_BODY = '{"error":"sold_out","message":"sold out"}'
+
+
+def bare_conf(prefix, port):
+    """A configuration of nginx alone, nothing of nginx/nginx.conf.tmpl:
+    the template's worker count (worker_processes auto) and connection
+    limits, no access log, keep-alive without a request limit, and
+    'return 200' with a body of a sold-out answer's size. The yardstick of
+    what nginx answers by itself on this machine."""
+    return f"""worker_processes auto;
+worker_rlimit_nofile 16384;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{
+    worker_connections 4096;
+}}
+http {{
+    client_body_temp_path {prefix}/client_body;
+    proxy_temp_path       {prefix}/proxy;
+    fastcgi_temp_path     {prefix}/fastcgi;
+    uwsgi_temp_path       {prefix}/uwsgi;
+    scgi_temp_path        {prefix}/scgi;
+    access_log off;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            default_type application/json;
+            return 200 '{BARE_BODY}';
+        }}
+    }}
+}}
+"""
+
+
+def start_bare_nginx(prefix, port, timeout=30):
+    """nginx on bare_conf() in directory prefix (made if need be), as a
+    daemon. Returns its master's pid. KitError on any failure."""
+    os.makedirs(prefix, exist_ok=True)
+    conf = os.path.join(prefix, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(bare_conf(prefix, port))
+    return _start(prefix, conf, timeout)
 
 
 def stop_nginx(pid, prefix, timeout=10):
@@ -89,6 +142,18 @@ def access_log(path, offset=0, uri=None):
 # or the upstream group's name (a 502 when no instance was left to try), not
 # an address.
 NGINX_EDGE = "nginx-edge"
+
+
+def edge_answered(base_url, timeout=10):
+    """The answers nginx's sold-out edge has given since it started (GET
+    /stats/edge on base_url, nginx's): the access log leaves them out. 0
+    when that nginx has no edge (or does not answer)."""
+    try:
+        r = call(base_url, "GET", "/stats/edge", timeout=timeout)
+    except KitError:
+        return 0
+    body = r.body if r.status == 200 and isinstance(r.body, dict) else {}
+    return int((body.get("requests") or {}).get("total") or 0)
 
 
 def answered_by(upstream, names=None):
