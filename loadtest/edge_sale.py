@@ -43,7 +43,6 @@ Python 3 standard library only.
 """
 
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -62,60 +61,6 @@ from kit import CpuMeter  # noqa: E402
 
 def log(msg):
     print(f"edge-sale: {msg}", file=sys.stderr, flush=True)
-
-
-def instructions(prefix, port, requests):
-    """nginx's instructions per request (callgrind) on the configuration in
-    prefix, run as one process on port: ab -k's POSTs after a warm-up."""
-    conf = os.path.join(prefix, "nginx.conf")
-    try:
-        with open(conf) as f:
-            text = f.read()
-    except OSError as e:
-        raise kit.KitError(f"{conf}: {e}") from None
-    if "worker_processes auto;" not in text:
-        raise kit.KitError(f"{conf}: no 'worker_processes auto;' to replace")
-    one = os.path.join(prefix, "nginx-callgrind.conf")
-    with open(one, "w") as f:
-        f.write(text.replace("worker_processes auto;", "worker_processes 1;\nmaster_process off;"))
-    out = os.path.join(prefix, "callgrind.out")
-    empty = os.path.join(prefix, "empty-body")
-    open(empty, "w").close()
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    vg = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", nginx,
-                           "-p", prefix, "-c", one, "-e", os.path.join(prefix, "error.log"),
-                           "-g", "daemon off;"],
-                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-    try:
-        if not kit.wait_port(port, 60):
-            raise kit.KitError(f"nginx under callgrind in {prefix} did not listen")
-        ab = ["ab", "-q", "-k", "-c", "8", "-p", empty, "-H", "X-User-Id: 5",
-              f"http://127.0.0.1:{port}/voucher/7/seckill"]
-        # A dump holds what ran since the one before: the first ends the
-        # start and the warm-up, the second holds the measured requests.
-        kit.run(ab[:2] + ["-n", "200"] + ab[2:], 300)
-        kit.run(["callgrind_control", "-d", str(vg.pid)], 60)
-        p = kit.run(ab[:2] + ["-n", str(requests)] + ab[2:], 600)
-        done = re.search(r"Complete requests:\s+(\d+)", p.stdout)
-        if not done or int(done.group(1)) != requests or "Non-2xx" in p.stdout:
-            raise kit.KitError(f"ab under callgrind: {p.stdout[-400:]}")
-        kit.run(["callgrind_control", "-d", str(vg.pid)], 60)
-        try:
-            with open(out + ".2") as f:
-                total = [int(line.split()[1]) for line in f if line.startswith("summary:")]
-        except (OSError, ValueError, IndexError) as e:
-            raise kit.KitError(f"callgrind's second dump {out}.2: {e}") from None
-        if len(total) != 1:
-            raise kit.KitError(f"callgrind's second dump {out}.2: no single summary line")
-        return total[0] / requests
-    finally:
-        vg.send_signal(signal.SIGQUIT)
-        try:
-            vg.wait(60)
-        except subprocess.TimeoutExpired:
-            vg.kill()
-            vg.wait()
 
 
 def main():
@@ -202,7 +147,8 @@ def main():
                 if not kit.stop_pid(pid, signal.SIGQUIT, 10):
                     raise kit.KitError(f"nginx {pid} (edge {edge}) did not stop: its port is "
                                        "needed for the count")
-                counted[edge] = instructions(os.path.join(run_dir, f"nginx-{edge}"), port, requests)
+                counted[edge] = kit.callgrind_instructions(os.path.join(run_dir, f"nginx-{edge}"), port,
+                                                           requests)
                 log(f"edge {edge}: {counted[edge]:,.0f} instructions per request (callgrind, "
                     f"{requests} requests)")
     except (kit.KitError, KeyboardInterrupt) as e:

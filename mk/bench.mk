@@ -14,7 +14,9 @@
 #                     (loadtest/edge_choice.py; ~6 min); then what the edge
 #                     costs nginx on a sale, edge on against off
 #                     (loadtest/edge_sale.py: CPU, then instructions under
-#                     callgrind; ~3 min)
+#                     callgrind; ~3 min); last, nginx's instructions per
+#                     answer of the edge against a bare nginx's
+#                     (loadtest/edge_answer.py, EDGE_ANSWER_BASE=<rev>; ~1 min)
 #   make stop-bench   stop a stack left running by BENCH_KEEP=1 make bench
 #   make bench-ab AB="'EARLY_LOCK_RELEASE=0' 'EARLY_LOCK_RELEASE=1'"
 #                     instance settings compared on one stack, interleaved
@@ -43,9 +45,10 @@ bench: all $(BUILD)/upstream200 ## the performance benchmark on a private stack:
 bench-cluster: all ## the default sale on one Redis and on a Redis Cluster: six vouchers, one hot voucher, each master's share (~2 min)
 	@SECKILL_BIN=$${SECKILL_BIN:-$(abspath $(BUILD))/seckill} python3 loadtest/cluster_cost.py
 
-bench-edge: $(BUILD)/upstream200 ## nginx answering a sold-out crowd: Lua dict, proxy_cache, njs vs bare return 200; the edge's cost on a sale (~9 min)
+bench-edge: $(BUILD)/upstream200 ## nginx answering a sold-out crowd: Lua dict, proxy_cache, njs vs bare return 200; the edge's cost on a sale; an edge answer in instructions (~10 min)
 	@python3 loadtest/edge_choice.py
 	@BENCH_UPSTREAM200=$(abspath $(BUILD))/upstream200 python3 loadtest/edge_sale.py
+	@python3 loadtest/edge_answer.py
 
 stop-bench: ## stop a stack left running by BENCH_KEEP=1 make bench
 	@RUN_DIR=$(BENCH_RUN_DIR) scripts/stack.sh stop

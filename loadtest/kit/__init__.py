@@ -45,7 +45,8 @@ from .http import (Client, Response, _address, call, encode_body, make_response,
                    request, status_of, voucher_body)
 from .load import WRK_LUA, ab_times, parse_ab, parse_wrk, run_wrk  # noqa: F401
 from .nginx import (ACCESS_RE, GEN_CONF, NGINX_EDGE, AccessEntry, access_log, start_bare_nginx,  # noqa: F401
-                    answered_by, edge_answered, start_nginx, stop_nginx)
+                    answered_by, bare_conf, callgrind_instructions, edge_answered, start_nginx,
+                    stop_nginx, write_conf)
 from .pg import commit_waits, psql, psql_value  # noqa: F401
 from .proc import (cmdline, free_ports, pid_alive, proc_status, proc_tree, run,  # noqa: F401
                    signal_all, stop_children, stop_pid, wait_for, wait_gone, wait_port, with_settings, write_atomic)
