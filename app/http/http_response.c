@@ -3,6 +3,7 @@
 #include "http_response.h"
 #include "config.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,20 +93,47 @@ http_outcome http_send_json(http_req *r, int status, cJSON *body)
     return http_send_text(r, status, "application/json", text, strlen(text));
 }
 
-static http_outcome send_error_with(http_req *r, api_err e, const char *message,
-                                    const char *hdr_name, const char *hdr_value)
+/* {"error":code,"message":message}, printed by cJSON (escaped as JSON);
+ * NULL when out of memory. The caller frees it. */
+static char *error_body(api_err e, const char *message)
 {
-    struct MHD_Response *resp = NULL;
-    cJSON *o;
+    cJSON *o = cJSON_CreateObject();
     char *text;
 
-    http_request_check(r, HTTP_REQUEST_ANSWERABLE, HTTP_REQUEST_ANSWER_MISUSE);
-    o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "error", api_err_code(e));
     cJSON_AddStringToObject(o, "message", message ? message : api_err_message(e));
     text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    if (text != NULL) {
+    return text;
+}
+
+/* Each error's body with its own message, printed once for the process's
+ * life (a sold-out crowd gets the same bytes each time): no JSON printing
+ * and no allocation per answer. An entry that could not be printed stays
+ * NULL, and its answers print their body as any other. */
+static char *prebuilt[API_ERR_COUNT];
+static size_t prebuilt_len[API_ERR_COUNT];
+static pthread_once_t prebuilt_once = PTHREAD_ONCE_INIT;
+
+static void prebuild(void)
+{
+    for (int e = 0; e < API_ERR_COUNT; e++) {
+        prebuilt[e] = error_body((api_err)e, NULL);
+        prebuilt_len[e] = prebuilt[e] ? strlen(prebuilt[e]) : 0;
+    }
+}
+
+static http_outcome send_error_with(http_req *r, api_err e, const char *message,
+                                    const char *hdr_name, const char *hdr_value)
+{
+    struct MHD_Response *resp = NULL;
+    char *text;
+
+    http_request_check(r, HTTP_REQUEST_ANSWERABLE, HTTP_REQUEST_ANSWER_MISUSE);
+    pthread_once(&prebuilt_once, prebuild);
+    if (message == NULL && e >= 0 && e < API_ERR_COUNT && prebuilt[e] != NULL) {
+        resp = MHD_create_response_from_buffer(prebuilt_len[e], prebuilt[e], MHD_RESPMEM_PERSISTENT);
+    } else if ((text = error_body(e, message)) != NULL) {
         resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
         if (resp == NULL)
             free(text);
