@@ -375,20 +375,30 @@ static void ids_many_cluster(conn_set *cs, user_lock_id *id, size_t n)
     free(key);
 }
 
-/* Cluster: the members of items[from..n-1] not done whose keys' master is
- * the one of key 'first' in the map as just read, into 'idx'. */
-static size_t same_master(conn_set *cs, user_lock_hold *const *h, const unsigned char *done,
-                          size_t from, size_t n, size_t *idx)
+/* Cluster: the next group of a batch's holds h[0..n-1] not yet grouped
+ * whose keys share a master (in the map as just read), from *at on: their
+ * positions into idx, their count into *m, each marked in 'grouped'; and
+ * the connection to that master. NULL when none is left or that master is
+ * unreachable (the rest stay ungrouped). */
+static redisContext *next_master_group(conn_set *cs, user_lock_hold *const *h, size_t n,
+                                       unsigned char *grouped, size_t *at, size_t *idx, size_t *m)
 {
-    int node = rcluster_slot_node(cs->cluster, rcluster_keyslot(h[from]->key,
-                                                                strlen(h[from]->key)));
-    size_t m = 0;
+    redisContext *c;
+    int node;
 
-    for (size_t j = from; j < n; j++)
-        if (!done[j] && rcluster_slot_node(cs->cluster, rcluster_keyslot(h[j]->key,
-                                                                        strlen(h[j]->key))) == node)
-            idx[m++] = j;
-    return m;
+    while (*at < n && grouped[*at])
+        (*at)++;
+    if (*at == n || (c = conn_redis_key(cs, h[*at]->key)) == NULL)
+        return NULL;
+    node = rcluster_slot_node(cs->cluster, rcluster_keyslot(h[*at]->key, strlen(h[*at]->key)));
+    *m = 0;
+    for (size_t j = *at; j < n; j++)
+        if (!grouped[j] &&
+            rcluster_slot_node(cs->cluster, rcluster_keyslot(h[j]->key, strlen(h[j]->key))) == node) {
+            idx[(*m)++] = j;
+            grouped[j] = 1;
+        }
+    return c;
 }
 
 /* Cluster: a batch's ids, then its attempts one master at a time, each
@@ -398,11 +408,12 @@ static void acquire_many_cluster(conn_set *cs, user_lock_hold *const *h, user_lo
                                  size_t n)
 {
     lock_acquire_op *ops = xmalloc(sizeof *ops * n);
-    lock_grant *g = xmalloc(sizeof *g * n);
-    lock_status *st = xmalloc(sizeof *st * n);
+    lock_grant *g = xmalloc(sizeof *g * n), *gg = xmalloc(sizeof *gg * n);
+    lock_status *st = xmalloc(sizeof *st * n), *gs = xmalloc(sizeof *gs * n);
     rcluster_redirect *rd = xmalloc(sizeof *rd * n);
-    size_t *idx = xmalloc(sizeof *idx * n), i;
-    unsigned char *done = xcalloc(n, 1);
+    size_t *idx = xmalloc(sizeof *idx * n), i, at = 0, m;
+    unsigned char *grouped = xcalloc(n, 1);
+    redisContext *c;
     int failed = 0;
 
     for (i = 0; i < n; i++) {
@@ -414,41 +425,25 @@ static void acquire_many_cluster(conn_set *cs, user_lock_hold *const *h, user_lo
         failed = 1;
     if (!failed)
         ids_many_cluster(cs, id, n);
-    for (i = 0; i < n && !failed; i++) {
-        redisContext *c;
-        size_t m, k;
-
-        if (done[i])
-            continue;
-        if ((c = conn_redis_key(cs, h[i]->key)) == NULL)
-            break;
-        m = same_master(cs, h, done, i, n, idx);
-        for (k = 0; k < m; k++) {
+    while (!failed && (c = next_master_group(cs, h, n, grouped, &at, idx, &m)) != NULL) {
+        for (size_t k = 0; k < m; k++)
             lock_acquire_send(c, &ops[k], h[idx[k]]->key, h[idx[k]]->owner, h[idx[k]]->lease_ms);
-            done[idx[k]] = 1;
-        }
         lock_sync_send(c, ops, m);
-        {
-            lock_grant *gg = xmalloc(sizeof *gg * m);
-            lock_status *gs = xmalloc(sizeof *gs * m);
-            lock_acquire_recv_many(c, ops, m, gg, gs);
-            for (k = 0; k < m; k++) {
-                st[idx[k]] = gs[k];
-                g[idx[k]] = gg[k];
-                if (gs[k] == LOCK_MOVED) {
-                    rd[idx[k]] = ops[k].redirect;
-                    /* ":port" names the node that answered: this one. */
-                    if (rd[idx[k]].host[0] == '\0' && c->connection_type == REDIS_CONN_TCP)
-                        snprintf(rd[idx[k]].host, sizeof rd[idx[k]].host, "%s", c->tcp.host);
-                }
-                /* No answer may hide a grant. */
-                if (gs[k] == LOCK_ERR && c->err) {
-                    orphan_add(h[idx[k]]->key, h[idx[k]]->owner, h[idx[k]]->lease_ms);
-                    owner_lost(cs, h[idx[k]]);
-                }
+        lock_acquire_recv_many(c, ops, m, gg, gs);
+        for (size_t k = 0; k < m; k++) {
+            st[idx[k]] = gs[k];
+            g[idx[k]] = gg[k];
+            if (gs[k] == LOCK_MOVED) {
+                rd[idx[k]] = ops[k].redirect;
+                /* ":port" names the node that answered: this one. */
+                if (rd[idx[k]].host[0] == '\0' && c->connection_type == REDIS_CONN_TCP)
+                    snprintf(rd[idx[k]].host, sizeof rd[idx[k]].host, "%s", c->tcp.host);
             }
-            free(gs);
-            free(gg);
+            /* No answer may hide a grant. */
+            if (gs[k] == LOCK_ERR && c->err) {
+                orphan_add(h[idx[k]]->key, h[idx[k]]->owner, h[idx[k]]->lease_ms);
+                owner_lost(cs, h[idx[k]]);
+            }
         }
         if (c->err) {
             conn_redis_broken(cs);
@@ -459,7 +454,6 @@ static void acquire_many_cluster(conn_set *cs, user_lock_hold *const *h, user_lo
     /* Redirected (the slot moved since the map was read): sent again where
      * the node said, then routed anew if need be. */
     for (i = 0; i < n && !failed; i++) {
-        redisContext *c;
         if (st[i] != LOCK_MOVED)
             continue;
         if ((c = conn_redis_redirected(cs, &rd[i])) != NULL)
@@ -480,10 +474,12 @@ static void acquire_many_cluster(conn_set *cs, user_lock_hold *const *h, user_lo
         if (st[i] == LOCK_OK)
             h[i]->token = g[i].token;
     }
-    free(done);
+    free(grouped);
     free(idx);
     free(rd);
+    free(gs);
     free(st);
+    free(gg);
     free(g);
     free(ops);
 }
@@ -495,26 +491,18 @@ static void release_many_cluster(conn_set *cs, user_lock_hold *const *h, size_t 
                                  unsigned char *done)
 {
     lock_release_item *items = xmalloc(sizeof *items * n);
-    size_t *idx = xmalloc(sizeof *idx * n), i;
+    size_t *idx = xmalloc(sizeof *idx * n), at = 0, m;
     unsigned char *grouped = xcalloc(n, 1);
+    redisContext *c;
 
-    for (i = 0; i < n; i++) {
-        redisContext *c;
-        size_t m, k;
-
-        if (grouped[i])
-            continue;
-        if ((c = conn_redis_key(cs, h[i]->key)) == NULL)
-            break;
-        m = same_master(cs, h, grouped, i, n, idx);
-        for (k = 0; k < m; k++) {
+    while ((c = next_master_group(cs, h, n, grouped, &at, idx, &m)) != NULL) {
+        for (size_t k = 0; k < m; k++) {
             user_lock_hold *x = h[idx[k]];
             items[k] = (lock_release_item){ .key = x->key, .owner = x->owner,
                                             .lease_ms = x->lease_ms, .rq = &priv_of(x)->rq };
-            grouped[idx[k]] = 1;
         }
         lock_release_many(c, items, m);
-        for (k = 0; k < m; k++) {
+        for (size_t k = 0; k < m; k++) {
             done[idx[k]] = items[k].st == LOCK_OK || items[k].st == LOCK_NOT_OWNER;
             if (items[k].st == LOCK_NOT_OWNER)
                 warn_expired(h[idx[k]]);
