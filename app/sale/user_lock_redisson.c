@@ -375,6 +375,18 @@ static void ids_many_cluster(conn_set *cs, user_lock_id *id, size_t n)
     free(key);
 }
 
+/* A batch's outcome into its holds: each attempt's status, and the fencing
+ * token of each lock taken. */
+static void holds_settle(user_lock_hold *const *h, const lock_status *st, const lock_grant *g,
+                         size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        h[i]->taken = status_of(st[i]);
+        if (st[i] == LOCK_OK)
+            h[i]->token = g[i].token;
+    }
+}
+
 /* Cluster: the next group of a batch's holds h[0..n-1] not yet grouped
  * whose keys share a master (in the map as just read), from *at on: their
  * positions into idx, their count into *m, each marked in 'grouped'; and
@@ -469,11 +481,7 @@ static void acquire_many_cluster(conn_set *cs, user_lock_hold *const *h, user_lo
             failed = 1;
         }
     }
-    for (i = 0; i < n; i++) {
-        h[i]->taken = status_of(st[i]);
-        if (st[i] == LOCK_OK)
-            h[i]->token = g[i].token;
-    }
+    holds_settle(h, st, g, n);
     free(grouped);
     free(idx);
     free(rd);
@@ -558,11 +566,7 @@ static void acquire_many_one(conn_set *cs, user_lock_hold *const *h, user_lock_i
             release_orphans_now(cs);
         }
     }
-    for (i = 0; i < n; i++) {
-        h[i]->taken = status_of(st[i]);
-        if (st[i] == LOCK_OK)
-            h[i]->token = g[i].token;
-    }
+    holds_settle(h, st, g, n);
     free(st);
     free(g);
     free(iops);
