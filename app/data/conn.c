@@ -252,19 +252,11 @@ int conn_redis_cluster(void)
     return g_cfg.cluster_nodes_text[0] != '\0';
 }
 
-/* A new connection to a cluster node: the lock library's scripts cached
- * there first. */
-static int cluster_node_setup(redisContext *c, void *arg)
-{
-    (void)arg;
-    return script_cache(c);
-}
-
 /* A routing handle over REDIS_CLUSTER_NODES; NULL with the reason in 'err'. */
 static rcluster *cluster_new(char *err, size_t errlen)
 {
     rcluster_opts o = { .timeout_ms = g_cfg.redis_timeout_ms, .retry_ms = g_cfg.redis_timeout_ms,
-                        .on_connect = cluster_node_setup };
+                        .on_connect = script_cache_on_connect };
 
     return rcluster_new(g_cfg.cluster_nodes_text, &o, err, errlen);
 }

@@ -369,6 +369,12 @@ int script_cache(redisContext *c)
     return rc;
 }
 
+int script_cache_on_connect(redisContext *c, void *arg)
+{
+    (void)arg;
+    return script_cache(c);
+}
+
 redisReply *script_file_run(redisContext *c, const script_file *s, int nkeys, int argc,
                             const char **argv, const size_t *argvlen)
 {

@@ -43,6 +43,10 @@ int script_load_all(const char *dir, char *err, size_t errlen);
  * the connection did). */
 int script_cache(redisContext *c);
 
+/* script_cache with the signature of rcluster_opts.on_connect ('arg'
+ * unused): every new connection to a cluster node caches the scripts. */
+int script_cache_on_connect(redisContext *c, void *arg);
+
 /* Name and SHA1 (40 hex chars) of a library script, for logs and tests. */
 const char *script_name(enum script_id id);
 const char *script_sha(enum script_id id);

@@ -356,13 +356,6 @@ static void tick(redisContext **cp, rcluster *rc)
         atomic_fetch_add_explicit(&n_ticks, 1, memory_order_relaxed);
 }
 
-/* A new connection to a cluster node: the scripts cached there first. */
-static int node_setup(redisContext *c, void *arg)
-{
-    (void)arg;
-    return script_cache(c);
-}
-
 static void renewal_main(bgthread *self, void *arg)
 {
     redisContext *c = NULL;
@@ -373,7 +366,7 @@ static void renewal_main(bgthread *self, void *arg)
     (void)arg;
     if (cluster_seeds != NULL) {
         rcluster_opts o = { .timeout_ms = cluster_timeout_ms, .retry_ms = cluster_timeout_ms,
-                            .on_connect = node_setup };
+                            .on_connect = script_cache_on_connect };
         char err[256];
         if ((rc = rcluster_new(cluster_seeds, &o, err, sizeof err)) == NULL)
             log_error("watchdog: redis cluster: %s: no lease renewed", err);
