@@ -4,15 +4,23 @@
 -- check), then the unit taken, the order id drawn and the order appended to
 -- the stream that the consumers persist to Postgres.
 --
--- KEYS[1]      the orders stream "seckill:orders"
--- KEYS[2]      the order id counter of the day "icr:<prefix>:<yyyy>:<MM>:<dd>"
--- KEYS[2j+1]   voucher j's hash "seckill:v:{<id>}": stock, initial, begin,
+-- KEYS[1]      the orders stream: "seckill:orders" on one Redis; on a Redis
+--              Cluster the voucher's own, "seckill:v:{<id>}:orders"
+-- KEYS[2j]     voucher j's hash "seckill:v:{<id>}": stock, initial, begin,
 --              end (Unix seconds), gen (the sale's generation, bumped by
 --              each reset), for j = 1..m
--- KEYS[2j+2]   voucher j's buyers set "seckill:v:{<id>}:buyers" (user ids)
+-- KEYS[2j+1]   voucher j's buyers set "seckill:v:{<id>}:buyers" (user ids)
+-- KEYS[2m+2]   the order id counter of the day "icr:<prefix>:<yyyy>:<MM>:<dd>",
+--              only when ARGV[3] is 0
 -- ARGV[1]      the ids' seconds (since the id epoch): the counter's day
 -- ARGV[2]      m, the number of vouchers
--- ARGV[3..m+2] the vouchers' ids, in the order of their keys
+-- ARGV[3]      0: the counts are drawn here, from KEYS[2m+2]; else the first
+--              of the counts the caller drew before the call, one per buyer
+--              (on a Redis Cluster the counter lives in a slot of its own,
+--              and a script's keys must share one slot: the caller takes
+--              the lot's counts with one INCRBY on the counter's master;
+--              those of refused buyers are left unused)
+-- ARGV[4..m+3] the vouchers' ids, in the order of their keys
 -- then, per buyer, two: the buyer's voucher (1..m) and user id
 --
 -- Reply: one array per buyer, in the buyers' order:
@@ -36,8 +44,9 @@
 -- made four writes each; XADD stays one entry per order. Every field is
 -- checked before anything is written, so no write can fail half-way.
 local m = tonumber(ARGV[2])
-local first = m + 3
-local nbuyers = (#ARGV - m - 2) / 2
+local drawn = tonumber(ARGV[3])
+local first = m + 4
+local nbuyers = (#ARGV - m - 3) / 2
 local now = tonumber(redis.call('time')[1])
 local v, stock, asked, known, seen, added = {}, {}, {}, {}, {}, {}
 local bv, bu = {}, {}          -- buyer i's voucher (1..m) and user id
@@ -47,7 +56,7 @@ local function integer(x)
 end
 
 for j = 1, m do
-    v[j] = redis.call('hmget', KEYS[2 * j + 1], 'stock', 'begin', 'end', 'gen')
+    v[j] = redis.call('hmget', KEYS[2 * j], 'stock', 'begin', 'end', 'gen')
     if not v[j][1] then
         stock[j] = nil
     elseif integer(v[j][1]) and integer(v[j][2]) and integer(v[j][3]) and integer(v[j][4]) then
@@ -65,7 +74,7 @@ for i = 1, nbuyers do
 end
 for j = 1, m do
     if stock[j] and #asked[j] > 0 then
-        known[j] = redis.call('smismember', KEYS[2 * j + 2], unpack(asked[j]))
+        known[j] = redis.call('smismember', KEYS[2 * j + 1], unpack(asked[j]))
     end
 end
 
@@ -97,12 +106,16 @@ end
 local reply = {}
 local count = 0
 if total > 0 then
-    count = redis.call('incrby', KEYS[2], total) - total
+    if drawn > 0 then
+        count = drawn - 1
+    else
+        count = redis.call('incrby', KEYS[2 * m + 2], total) - total
+    end
     for j = 1, m do
         local n = #added[j]
         if n > 0 then
-            redis.call('sadd', KEYS[2 * j + 2], unpack(added[j]))
-            redis.call('hincrby', KEYS[2 * j + 1], 'stock', -n)
+            redis.call('sadd', KEYS[2 * j + 1], unpack(added[j]))
+            redis.call('hincrby', KEYS[2 * j], 'stock', -n)
         end
     end
 end
@@ -110,7 +123,7 @@ for i = 1, nbuyers do
     if verdict[i] == 0 then
         local j = bv[i]
         count = count + 1
-        reply[i] = {0, count, redis.call('xadd', KEYS[1], '*', 'v', ARGV[2 + j], 'u', bu[i],
+        reply[i] = {0, count, redis.call('xadd', KEYS[1], '*', 'v', ARGV[3 + j], 'u', bu[i],
                                          't', ARGV[1], 'c', count, 'g', v[j][4])}
     else
         reply[i] = {verdict[i]}

@@ -9,8 +9,8 @@ instances routing each key to its slot's master.
   other in /stats instances (the registry's one slot); stop ends
   every node by its PID;
 - start: REDIS_CLUSTER_NODES with REDIS_SENTINELS, with a REDIS_URL of its
-  own, with a stock or lock strategy that keeps keys of many slots in one
-  script (redis, multilock), or malformed:
+  own, with a lock strategy that keeps keys of many slots in one script
+  (multilock), or malformed:
   the server exits at once (2) with a message naming the setting;
 - six vouchers on sale at once, every user trying every voucher twice on
   both instances: each voucher sells exactly its stock, no user twice, every
@@ -277,7 +277,6 @@ def start_refuses_what_a_cluster_cannot_mix():
     cases = [
         ({"REDIS_SENTINELS": "127.0.0.1:26379"}, "REDIS_SENTINELS"),
         ({"REDIS_URL": "redis://127.0.0.1:6379/0"}, "REDIS_URL"),
-        ({"SECKILL_STOCK": "redis"}, "SECKILL_STOCK"),
         ({"SECKILL_LOCK": "multilock", "LOCK_REDIS_NODES": "redis://127.0.0.1:1"}, "SECKILL_LOCK"),
         ({"REDIS_CLUSTER_NODES": "127.0.0.1"}, "REDIS_CLUSTER_NODES"),
     ]

@@ -138,6 +138,19 @@ static void test_each_key_goes_to_its_master(void)
         redisFree(c);
     }
     T_EQ_I64(nmasters, 3);
+    /* One slot per master, each master once, in slot order. */
+    {
+        int slots[8], seen[RCLUSTER_MAX_NODES] = { 0 };
+        int n = rcluster_master_slots(rc, slots, 8);
+        T_EQ_I64(n, 3);
+        for (int i = 0; i < n; i++) {
+            int m = rcluster_slot_node(rc, slots[i]);
+            T_ASSERT(m >= 0 && masters[m] > 0 && seen[m]++ == 0);
+            T_ASSERT(i == 0 || slots[i] > slots[i - 1]);
+        }
+        T_EQ_I64(slots[0], 0);
+        T_EQ_I64(rcluster_master_slots(rc, slots, 2), 2);
+    }
     rcluster_free(rc);
 }
 

@@ -482,8 +482,6 @@ static http_outcome h_admin_reset(http_req *r, const char *arg, size_t arg_len)
  * atomic step, so a second replay queues nothing twice. */
 static http_outcome h_admin_replay(http_req *r, const char *arg, size_t arg_len)
 {
-    conn_set *cs;
-    redisContext *c;
     stream_tidy_replayed out;
     cJSON *o;
     const char *why;
@@ -496,14 +494,8 @@ static http_outcome h_admin_replay(http_req *r, const char *arg, size_t arg_len)
         return HTTP_ANSWERED;
     if ((err = payload_replay(r->body, r->body_len, &max, &why)) != API_OK)
         return http_send_error(r, err, why);
-    cs = conn_get();
-    if ((c = conn_redis(cs)) == NULL)
+    if (stream_tidy_replay_all(conn_get(), max, &out) != 0)
         return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
-    if (stream_tidy_replay(c, max, &out) != 0) {
-        if (c->err)
-            conn_redis_broken(cs);
-        return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
-    }
     log_info("admin: %" PRId64 " dead letters replayed, %" PRId64 " left (%" PRId64
              " not replayable)", out.replayed, out.left, out.unreplayable);
     o = cJSON_CreateObject();

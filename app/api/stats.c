@@ -211,22 +211,20 @@ static snapshot *refresh(uint64_t gen, int64_t t0)
     s->gen = gen;
     s->taken_us = t0;
     s->vouchers = cJSON_CreateArray();
-    c = conn_redis(cs);
     if (pg != NULL && store_stats(pg, s->vouchers) == STORE_OK) {
         /* The stock strategy's side of each voucher (redis): in the same
          * snapshot, read after Postgres, so that a drained sale reads as
          * agreeing. */
-        if (c != NULL && stock_keeps_vouchers()) {
+        if (stock_keeps_vouchers()) {
             cJSON *holder = cJSON_CreateObject();
-            if (stock_stats(c, holder, s->vouchers) == 0)
+            if (stock_stats(cs, holder, s->vouchers) == 0)
                 s->redis_first_text =
                     cJSON_PrintUnformatted(cJSON_GetObjectItem(holder, "redisFirst"));
-            else if (c->err)
-                c = NULL, conn_redis_broken(cs);
             cJSON_Delete(holder);
         }
         s->vouchers_text = cJSON_PrintUnformatted(s->vouchers);
     }
+    c = conn_redis(cs);
     if (s->vouchers_text != NULL) {
         s->pg_ok = 1;
     } else {

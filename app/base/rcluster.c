@@ -463,6 +463,23 @@ redisContext *rcluster_slot_take(rcluster *rc, int slot)
     return c;
 }
 
+int rcluster_master_slots(rcluster *rc, int *slots, int max)
+{
+    unsigned char seen[RCLUSTER_MAX_NODES] = { 0 };
+    int n = 0;
+
+    if (rc->stale && rcluster_refresh(rc) != 0)
+        return -1;
+    for (int slot = 0; slot < RCLUSTER_SLOTS && n < max; slot++) {
+        int i = rc->slot[slot] - 1;
+        if (i >= 0 && !seen[i]) {
+            seen[i] = 1;
+            slots[n++] = slot;
+        }
+    }
+    return n;
+}
+
 int rcluster_slot_node(const rcluster *rc, int slot)
 {
     return slot >= 0 && slot < RCLUSTER_SLOTS ? rc->slot[slot] - 1 : -1;

@@ -159,6 +159,11 @@ redisContext *rcluster_slot_take(rcluster *rc, int slot);
  * after rcluster_slot_context has read the map. */
 int rcluster_slot_node(const rcluster *rc, int slot);
 
+/* One slot of each master in the map (read first when stale), in slot
+ * order, at most 'max': rcluster_slot_context of each reaches every
+ * master once. The number, or -1 with the error in the handle. */
+int rcluster_master_slots(rcluster *rc, int *slots, int max);
+
 /* Drops every connection and marks the map stale (after a fork, or to
  * start over). */
 void rcluster_reset(rcluster *rc);

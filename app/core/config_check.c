@@ -49,9 +49,10 @@ static int check_zk_hosts(const config *c)
     return 0;
 }
 
-/* REDIS_CLUSTER_NODES: one way to find Redis, and the strategies whose
- * Redis keys are routed per slot (the others keep several keys of
- * different slots in one script or one pipeline). */
+/* REDIS_CLUSTER_NODES: one way to find Redis, and the lock strategies
+ * whose Redis keys are routed per slot (the others keep several keys of
+ * different slots in one script or one pipeline). Every stock strategy
+ * runs on a cluster. */
 static int check_cluster(const config *c)
 {
     if (c->cluster_nodes_text[0] == '\0')
@@ -71,11 +72,6 @@ static int check_cluster(const config *c)
         c->lock_strategy != LOCKS_PG_TABLE && c->lock_strategy != LOCKS_PG_ADVISORY) {
         log_error("with REDIS_CLUSTER_NODES, SECKILL_LOCK is reentrant, zk, pg-table or "
                   "pg-advisory (setnx, owner, multilock and redlock keep one Redis)");
-        return -1;
-    }
-    if (c->stock_strategy == STOCKS_REDIS) {
-        log_error("with REDIS_CLUSTER_NODES, SECKILL_STOCK is optimistic, batched, pessimistic, "
-                  "cas or naive (redis, Redis-first admission, keeps one order stream)");
         return -1;
     }
     return 0;

@@ -261,6 +261,15 @@ static rcluster *cluster_new(char *err, size_t errlen)
     return rcluster_new(g_cfg.cluster_nodes_text, &o, err, errlen);
 }
 
+rcluster *conn_cluster_open(char *err, size_t errlen)
+{
+    if (!conn_redis_cluster()) {
+        snprintf(err, errlen, "no Redis Cluster (REDIS_CLUSTER_NODES is empty)");
+        return NULL;
+    }
+    return cluster_new(err, errlen);
+}
+
 static int home_slot(void)
 {
     return rcluster_keyslot(CONN_HOME_TAG, strlen(CONN_HOME_TAG));

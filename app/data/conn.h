@@ -64,6 +64,12 @@ redisContext *conn_redis(conn_set *cs);
  * the reset acknowledgements); conn_redis_key's the slot of a given key. */
 int conn_redis_cluster(void);
 
+/* With a cluster: a routing handle of its own over REDIS_CLUSTER_NODES,
+ * as the workers' (the scripts cached on each new node), for a thread
+ * outside the worker pool; the caller frees it (rcluster_free). NULL with
+ * the reason in 'err' (or without a cluster). */
+rcluster *conn_cluster_open(char *err, size_t errlen);
+
 /* The hash tag of the service's own keys: with a cluster they share a
  * slot, whose master conn_redis and conn_redis_open connect to. */
 #define CONN_HOME_TAG "{seckill}"

@@ -13,6 +13,9 @@ static const store_statement statements[] = {
       "       sale_gen"
       "  FROM tb_voucher WHERE voucher_id = $1" },
 
+    /* Every voucher: the streams a Redis Cluster's consumers read. */
+    { "voucher_ids", 0, "SELECT voucher_id FROM tb_voucher ORDER BY voucher_id" },
+
     /* The buyers of a voucher, to rebuild its Redis state. */
     { "voucher_buyers", 1, "SELECT user_id FROM tb_voucher_order WHERE voucher_id = $1" },
 
@@ -111,6 +114,23 @@ store_status store_voucher_buyers(PGconn *pg, int64_t voucher_id, int64_t **user
         *users = xmalloc(sizeof **users * (*n + 1));
         for (size_t i = 0; i < *n; i++)
             (*users)[i] = store_get_i64(res, (int)i, 0);
+    }
+    PQclear(res);
+    return st;
+}
+
+store_status store_voucher_ids(PGconn *pg, int64_t **ids, size_t *n)
+{
+    PGresult *res = store_exec(pg, "voucher_ids", 0, NULL);
+    store_status st = store_rows(pg, res, "voucher_ids", STORE_OK);
+
+    *ids = NULL;
+    *n = 0;
+    if (st == STORE_OK) {
+        *n = (size_t)PQntuples(res);
+        *ids = xmalloc(sizeof **ids * (*n + 1));
+        for (size_t i = 0; i < *n; i++)
+            (*ids)[i] = store_get_i64(res, (int)i, 0);
     }
     PQclear(res);
     return st;

@@ -23,6 +23,10 @@ int store_voucher_prepare(PGconn *pg);
 
 store_status store_voucher_get(PGconn *pg, int64_t voucher_id, store_voucher *out);
 
+/* Every voucher's id, ascending ('*ids' malloc'ed, caller frees; set
+ * even when empty). */
+store_status store_voucher_ids(PGconn *pg, int64_t **ids, size_t *n);
+
 /* The users who ordered 'voucher_id' ('*users' malloc'ed, caller frees;
  * set even when empty). */
 store_status store_voucher_buyers(PGconn *pg, int64_t voucher_id, int64_t **users, size_t *n);

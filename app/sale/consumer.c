@@ -5,10 +5,12 @@
 #include "conn.h"
 #include "order_id.h"
 #include "log.h"
+#include "rcluster.h"
 #include "counters.h"
 #include "script.h"
 #include "stock_redis.h"
 #include "store_batch.h"
+#include "store_voucher.h"
 #include "stream_tidy.h"
 #include "util.h"
 
@@ -22,6 +24,7 @@
 #define RETRY_FIRST_MS 50             /* the first pause after Postgres refused for now */
 #define WATCH_EVERY_MS 1000           /* stock_redis_watch: durability and backlog */
 #define TRIM_EVERY_MS 200             /* settled entries leave the stream (stream_trim.lua) */
+#define POLL_IDLE_MS 20               /* a cluster's sweep that read nothing: the next after this */
 
 /* The threads (consumer_start): the watch runs whenever this instance
  * admits, the consumer with CONSUMERS=1. */
@@ -36,21 +39,35 @@ typedef struct entry {
     int done;                         /* settled in this round */
 } entry;
 
+/* A stream the consumer reads, and where it stands on it: the one stream
+ * on one Redis; on a Redis Cluster, each voucher's. */
+typedef struct stream_state {
+    stock_redis_stream names;
+    char cursor[48];                  /* XAUTOCLAIM's, between rounds */
+    int own_pending;                  /* entries delivered to us and not settled */
+    int64_t next_claim_us, next_trim_us;
+    int64_t next_tidy_us;             /* next removal of gone consumers (stream_tidy.h) */
+} stream_state;
+
 /* The thread's state: touched by this thread only. */
 typedef struct consumer {
-    redisContext *c;
+    redisContext *c;                  /* on a cluster: the current stream's master's,
+                                       * owned by 'rc' */
+    rcluster *rc;                     /* a Redis Cluster's routing; else NULL */
     PGconn *pg;
     int64_t pg_checked_us;            /* pg opened or last checked (conn_pg_recheck) */
     char name[128];                   /* consumer name in the group */
-    char cursor[48];                  /* XAUTOCLAIM's, between rounds */
-    int own_pending;                  /* entries delivered to us and not settled */
+    stream_state *streams, *s;        /* the streams read, and the current one */
+    size_t nstreams;
+    int64_t next_list_us;             /* a cluster's next read of the voucher list */
+    int redirected;                   /* a reply named a redirection: read the map again */
     int retry_ms;                     /* the last pause after Postgres refused; 0: none */
     int64_t retry_at_us;              /* no batch before this (monotonic): the pause */
     unsigned seed;                    /* the pauses' jitter */
-    int64_t next_claim_us, next_check_us, next_trim_us;
-    int64_t next_tidy_us;             /* next removal of gone consumers (stream_tidy.h) */
+    int64_t next_check_us;
     int64_t next_read_us;             /* next read of new entries: CONSUMER_LINGER_MS
                                        * after the last, 0 after a full one */
+    int read_full, read_some;         /* a cluster's sweep: some read was full, or read any */
     entry *e;                         /* CONSUMER_BATCH_MAX of them */
     store_order *orders;
     const char **argv;                /* XACK arguments */
@@ -69,10 +86,25 @@ static void linger_until(bgthread *t, int64_t until_us)
 
 static void redis_drop(consumer *k)
 {
-    if (k->c != NULL)
+    if (k->rc != NULL)
+        rcluster_reset(k->rc);        /* the contexts are the handle's */
+    else if (k->c != NULL)
         redisFree(k->c);
     k->c = NULL;
-    k->own_pending = 1;               /* whatever we held is ours again on return */
+    for (size_t i = 0; i < k->nstreams; i++)
+        k->streams[i].own_pending = 1; /* whatever we held is ours again on return */
+}
+
+/* A reply on a cluster that names a redirection (the slot moved, or is
+ * moving): the map is read again before the next sweep. 1 when it did. */
+static int redirected(consumer *k, const redisReply *r)
+{
+    rcluster_redirect rd;
+
+    if (k->rc == NULL || rcluster_redirect_parse(r, &rd) == RCLUSTER_NONE)
+        return 0;
+    k->redirected = 1;
+    return 1;
 }
 
 static void pg_drop(consumer *k)
@@ -84,9 +116,9 @@ static void pg_drop(consumer *k)
 
 /* The group, created with the stream when missing (a new Redis, or one
  * that restarted empty). 0, or -1. */
-static int ensure_group(redisContext *c)
+static int ensure_group(redisContext *c, const stock_redis_stream *s)
 {
-    redisReply *r = redisCommand(c, "XGROUP CREATE %s %s 0 MKSTREAM", STOCK_REDIS_STREAM,
+    redisReply *r = redisCommand(c, "XGROUP CREATE %s %s 0 MKSTREAM", s->orders,
                                  STOCK_REDIS_GROUP);
     int rc = -1;
 
@@ -177,15 +209,16 @@ static int read_stream(consumer *k, const char *from, int block_ms)
         argv[argc++] = block;
     }
     argv[argc++] = "STREAMS";
-    argv[argc++] = STOCK_REDIS_STREAM;
+    argv[argc++] = k->s->names.orders;
     argv[argc++] = from;
     r = redisCommandArgv(k->c, argc, argv, NULL);
     if (r == NULL)
         return -1;
     if (r->type == REDIS_REPLY_ERROR) {
-        log_warn("consumer: XREADGROUP: %s", r->str);
         if (strncmp(r->str, "NOGROUP", 7) == 0)
-            ensure_group(k->c);
+            ensure_group(k->c, &k->s->names);   /* quietly: a cluster's new voucher */
+        else if (!redirected(k, r))
+            log_warn("consumer: XREADGROUP %s: %s", k->s->names.orders, r->str);
         n = -1;
     } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
                r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements == 2) {
@@ -205,20 +238,20 @@ static int claim(consumer *k)
 
     snprintf(idle, sizeof idle, "%d", g_cfg.consumer_claim_idle_ms);
     snprintf(count, sizeof count, "%d", g_cfg.consumer_batch_max);
-    r = redisCommand(k->c, "XAUTOCLAIM %s %s %s %s %s COUNT %s", STOCK_REDIS_STREAM,
-                     STOCK_REDIS_GROUP, k->name, idle, k->cursor, count);
+    r = redisCommand(k->c, "XAUTOCLAIM %s %s %s %s %s COUNT %s", k->s->names.orders,
+                     STOCK_REDIS_GROUP, k->name, idle, k->s->cursor, count);
     if (r == NULL)
         return -1;
     if (r->type == REDIS_REPLY_ERROR) {
         if (strncmp(r->str, "NOGROUP", 7) == 0)
-            ensure_group(k->c);
-        else
-            log_warn("consumer: XAUTOCLAIM: %s", r->str);
+            ensure_group(k->c, &k->s->names);
+        else if (!redirected(k, r))
+            log_warn("consumer: XAUTOCLAIM %s: %s", k->s->names.orders, r->str);
         n = -1;
     } else if (r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
                r->element[0]->type == REDIS_REPLY_STRING &&
-               r->element[0]->len < sizeof k->cursor) {
-        memcpy(k->cursor, r->element[0]->str, r->element[0]->len + 1);
+               r->element[0]->len < sizeof k->s->cursor) {
+        memcpy(k->s->cursor, r->element[0]->str, r->element[0]->len + 1);
         n = take_entries(k, r->element[1], 0);
         for (int i = 0; i < n; i++)
             counters_note(COUNTERS_STREAM_CLAIMED);
@@ -264,7 +297,7 @@ static int settle(consumer *k, const int *idx, int n, int64_t voucher_id, int la
     int cmds = 0;
 
     k->argv[0] = "XACK";
-    k->argv[1] = STOCK_REDIS_STREAM;
+    k->argv[1] = k->s->names.orders;
     k->argv[2] = STOCK_REDIS_GROUP;
     for (int i = 0; i < n; i++)
         k->argv[3 + i] = k->e[idx[i]].id;
@@ -273,7 +306,8 @@ static int settle(consumer *k, const int *idx, int n, int64_t voucher_id, int la
     cmds++;
     if (dead_reason != NULL) {
         const entry *e = &k->e[idx[0]];
-        stream_tidy_dead d = { .entry = e->id, .voucher_id = e->voucher_id,
+        stream_tidy_dead d = { .dead = k->s->names.dead, .entry = e->id,
+                               .voucher_id = e->voucher_id,
                                .user_id = e->user_id, .order_id = e->order_id, .gen = e->gen,
                                .with_id = e->readable, .reason = dead_reason,
                                .consumer = k->name };
@@ -307,7 +341,7 @@ static int dead_letter(consumer *k, int i, const char *reason)
     counters_note(COUNTERS_STREAM_DEAD_LETTER);
     log_error("consumer: order %" PRId64 " (entry %s, voucher %" PRId64 ", user %" PRId64
               ") moved to %s: %s", k->e[i].order_id, k->e[i].id, k->e[i].voucher_id,
-              k->e[i].user_id, STOCK_REDIS_DEAD, reason);
+              k->e[i].user_id, k->s->names.dead, reason);
     return 0;
 }
 
@@ -486,14 +520,14 @@ static int process(consumer *k, int n)
  * leaves them for the next time: only memory is at stake. */
 static void trim(consumer *k)
 {
-    const char *argv[1] = { STOCK_REDIS_STREAM };
+    const char *argv[1] = { k->s->names.orders };
     redisReply *r = script_file_run(k->c, &trim_script, 1, 1, argv, NULL);
 
     if (r != NULL && r->type == REDIS_REPLY_ERROR) {
         if (strstr(r->str, "no such key") != NULL)
-            ensure_group(k->c);              /* the stream is gone: as XREADGROUP's NOGROUP */
-        else
-            log_warn("consumer: stream_trim: %s", r->str);
+            ensure_group(k->c, &k->s->names); /* the stream is gone: as XREADGROUP's NOGROUP */
+        else if (!redirected(k, r))
+            log_warn("consumer: stream_trim %s: %s", k->s->names.orders, r->str);
     }
     freeReplyObject(r);
 }
@@ -517,56 +551,174 @@ static int next_retry_ms(consumer *k)
     return k->retry_ms / 2 + (int)(rand_r(&k->seed) % (unsigned)(k->retry_ms / 2 + 1));
 }
 
-/* Consuming: claim what crashed consumers left, else our own pending
- * entries, else new ones; persist them. */
-static void consume(consumer *k)
+/* One stream's turn, k->s on k->c: claim what crashed consumers left,
+ * else our own pending entries, else new ones (waiting up to 'block_ms'
+ * for them; 0: not at all); persist them. The number of entries read, or
+ * -1 when a read failed. */
+static int stream_turn(consumer *k, int block_ms)
 {
+    stream_state *s = k->s;
     int64_t now = util_mono_us();
-    int block = g_cfg.redis_timeout_ms / 2 < 200 ? g_cfg.redis_timeout_ms / 2 : 200;
     int n = 0;
 
-    if (now < k->retry_at_us) {
-        /* Pausing after a refusal; the master is still checked once a second. */
-        linger_until(&consumer_bg,
-                     k->retry_at_us < k->next_check_us ? k->retry_at_us : k->next_check_us);
-        return;
-    }
-    if (now >= k->next_claim_us) {
+    if (now >= s->next_claim_us) {
         int every = g_cfg.consumer_claim_idle_ms / 4;
-        k->next_claim_us = now + (int64_t)(every < 100 ? 100 : every) * 1000;
+        s->next_claim_us = now + (int64_t)(every < 100 ? 100 : every) * 1000;
         n = claim(k);
     }
-    if (n == 0 && k->own_pending && k->c->err == 0) {
+    if (n == 0 && s->own_pending && k->c->err == 0) {
         n = read_stream(k, "0", 0);
         if (n == 0)
-            k->own_pending = 0;
+            s->own_pending = 0;
     }
     if (n == 0 && k->c->err == 0) {
-        linger_until(&consumer_bg, k->next_read_us);
-        if (bgthread_stopping(&consumer_bg))
-            return;
-        k->next_read_us = util_mono_us() + (int64_t)g_cfg.consumer_linger_ms * 1000;
-        n = read_stream(k, ">", block < 1 ? 1 : block);
+        n = read_stream(k, ">", block_ms);
         if (n >= g_cfg.consumer_batch_max)
-            k->next_read_us = 0;
+            k->read_full = 1;
     }
     if (n > 0 && process(k, n) != 0) {
-        k->own_pending = 1;
+        s->own_pending = 1;
         if (k->c->err == 0)
             k->retry_at_us = util_mono_us() + (int64_t)next_retry_ms(k) * 1000;
     } else if (n > 0) {
         k->retry_ms = 0;
     }
-    if (n < 0 && k->c->err == 0)
-        bgthread_sleep(&consumer_bg, RETRY_PAUSE_MS);
-    if (k->c->err == 0 && (now = util_mono_us()) >= k->next_trim_us) {
-        k->next_trim_us = now + TRIM_EVERY_MS * 1000LL;
+    if (k->c->err == 0 && (now = util_mono_us()) >= s->next_trim_us) {
+        s->next_trim_us = now + TRIM_EVERY_MS * 1000LL;
         trim(k);
     }
-    if (k->c->err == 0 && (now = util_mono_us()) >= k->next_tidy_us) {
-        k->next_tidy_us = now + stream_tidy_every_ms() * 1000LL;
-        stream_tidy_consumers(k->c, k->name);
+    if (k->c->err == 0 && (now = util_mono_us()) >= s->next_tidy_us) {
+        s->next_tidy_us = now + stream_tidy_every_ms() * 1000LL;
+        stream_tidy_consumers(k->c, s->names.orders, k->name);
     }
+    return n;
+}
+
+/* The pause after Postgres refused a batch; 1 while it lasts (the thread
+ * slept meanwhile; on one Redis, up to the next check of the master). */
+static int pausing(consumer *k)
+{
+    int64_t until = k->retry_at_us;
+
+    if (util_mono_us() >= until)
+        return 0;
+    if (k->rc == NULL && k->next_check_us < until)
+        until = k->next_check_us;
+    linger_until(&consumer_bg, until);
+    return 1;
+}
+
+/* One Redis: one stream, read with a blocking wait for new entries. */
+static void consume(consumer *k)
+{
+    int block = g_cfg.redis_timeout_ms / 2 < 200 ? g_cfg.redis_timeout_ms / 2 : 200;
+    stream_state *s = k->s;
+    int n = 0;
+
+    if (pausing(k))
+        return;
+    /* Claims and our own pending entries come first, without waiting. */
+    if (util_mono_us() >= s->next_claim_us || s->own_pending) {
+        k->read_full = 0;
+        n = stream_turn(k, -1);
+        if (n != 0 || k->c->err)
+            goto out;
+    }
+    linger_until(&consumer_bg, k->next_read_us);
+    if (bgthread_stopping(&consumer_bg))
+        return;
+    k->next_read_us = util_mono_us() + (int64_t)g_cfg.consumer_linger_ms * 1000;
+    k->read_full = 0;
+    n = stream_turn(k, block < 1 ? 1 : block);
+    if (k->read_full)
+        k->next_read_us = 0;
+out:
+    if (n < 0 && k->c->err == 0)
+        bgthread_sleep(&consumer_bg, RETRY_PAUSE_MS);
+}
+
+/* A Redis Cluster: the streams are the vouchers' in Postgres, read again
+ * once a second (a stream that is new keeps nothing: its state starts
+ * afresh, its group created at its first read). 0, or -1 when Postgres
+ * did not answer (the list stays as it was). */
+static int list_streams(consumer *k)
+{
+    int64_t *ids = NULL;
+    size_t n = 0;
+    stream_state *next;
+    PGconn *pg = pg_get(k);
+
+    if (pg == NULL || store_voucher_ids(pg, &ids, &n) != STORE_OK) {
+        if (pg != NULL && PQstatus(pg) != CONNECTION_OK)
+            pg_drop(k);
+        free(ids);
+        return -1;
+    }
+    next = xcalloc(n > 0 ? n : 1, sizeof *next);
+    for (size_t i = 0, j = 0; i < n; i++) {
+        while (j < k->nstreams && k->streams[j].names.voucher_id < ids[i])
+            j++;
+        if (j < k->nstreams && k->streams[j].names.voucher_id == ids[i]) {
+            next[i] = k->streams[j];
+            continue;
+        }
+        stock_redis_stream_of(&next[i].names, ids[i]);
+        snprintf(next[i].cursor, sizeof next[i].cursor, "0-0");
+        next[i].own_pending = 1;
+    }
+    free(ids);
+    free(k->streams);
+    k->streams = next;
+    k->nstreams = n;
+    k->s = NULL;
+    return 0;
+}
+
+/* A Redis Cluster: one sweep over every voucher's stream, each on its
+ * slot's master, none waited on (a wait on one would hold up the others);
+ * a sweep that read nothing waits POLL_IDLE_MS (or CONSUMER_LINGER_MS,
+ * when longer) before the next. */
+static void sweep(consumer *k)
+{
+    int64_t now = util_mono_us();
+    int poll = g_cfg.consumer_linger_ms > POLL_IDLE_MS ? g_cfg.consumer_linger_ms : POLL_IDLE_MS;
+
+    if (now >= k->next_list_us) {
+        k->next_list_us = now + WATCH_EVERY_MS * 1000LL;
+        list_streams(k);
+    }
+    if (pausing(k))
+        return;
+    linger_until(&consumer_bg, k->next_read_us);
+    if (bgthread_stopping(&consumer_bg))
+        return;
+    k->read_full = k->read_some = 0;
+    for (size_t i = 0; i < k->nstreams && !bgthread_stopping(&consumer_bg); i++) {
+        int n;
+        k->s = &k->streams[i];
+        k->c = rcluster_slot_context(k->rc, rcluster_keyslot(k->s->names.orders,
+                                                             strlen(k->s->names.orders)));
+        if (k->c == NULL) {
+            log_debug("consumer: %s: %s", k->s->names.orders, k->rc->errstr);
+            continue;
+        }
+        n = stream_turn(k, 0);
+        k->read_some |= n > 0;
+        if (k->c->err) {
+            redis_drop(k);
+            break;
+        }
+        if (util_mono_us() < k->retry_at_us)
+            break;                          /* Postgres refused: the pause, then again */
+    }
+    k->c = NULL;
+    if (k->redirected) {
+        rcluster_reset(k->rc);              /* a slot moved: the map read again */
+        k->redirected = 0;
+    }
+    now = util_mono_us();
+    k->next_read_us = k->read_full ? 0
+                      : now + (int64_t)(k->read_some ? g_cfg.consumer_linger_ms : poll) * 1000;
 }
 
 /* One round of consuming. A context that no longer leads to the master (a
@@ -588,6 +740,18 @@ static void round_once(consumer *k)
         redis_drop(k);
 }
 
+static void consumer_free(consumer *k)
+{
+    redis_drop(k);
+    rcluster_free(k->rc);
+    pg_drop(k);
+    free(k->streams);
+    free(k->e);
+    free(k->orders);
+    free(k->argv);
+    free(k);
+}
+
 /* Its 'arg', the consumer's state, is the thread's: freed here. */
 static void consumer_main(bgthread *self, void *arg)
 {
@@ -595,24 +759,60 @@ static void consumer_main(bgthread *self, void *arg)
     char err[256];
 
     while (!bgthread_stopping(self)) {
+        if (k->rc != NULL) {
+            sweep(k);
+            continue;
+        }
         if (k->c == NULL) {
-            if ((k->c = conn_redis_open(err, sizeof err)) == NULL || ensure_group(k->c) != 0) {
+            if ((k->c = conn_redis_open(err, sizeof err)) == NULL ||
+                ensure_group(k->c, &k->s->names) != 0) {
                 if (k->c != NULL)
                     redis_drop(k);
                 bgthread_sleep(self, RETRY_PAUSE_MS);
                 continue;
             }
-            k->own_pending = 1;
+            k->s->own_pending = 1;
             k->next_check_us = util_mono_us() + WATCH_EVERY_MS * 1000LL;
         }
         round_once(k);
     }
-    redis_drop(k);
-    pg_drop(k);
-    free(k->e);
-    free(k->orders);
-    free(k->argv);
-    free(k);
+    consumer_free(k);
+}
+
+/* The watch on a Redis Cluster: its own routing handle, and the voucher
+ * list read from Postgres each time (kept as it was while Postgres does
+ * not answer). */
+typedef struct cluster_watch {
+    rcluster *rc;
+    PGconn *pg;
+    int64_t pg_checked_us;
+    int64_t *ids;
+    size_t n;
+} cluster_watch;
+
+static void cluster_watch_once(cluster_watch *w)
+{
+    char err[256];
+    int64_t *ids;
+    size_t n;
+
+    if (w->pg != NULL && (PQstatus(w->pg) != CONNECTION_OK ||
+                          conn_pg_recheck(w->pg, &w->pg_checked_us) != 0)) {
+        PQfinish(w->pg);
+        w->pg = NULL;
+    }
+    if (w->pg == NULL) {
+        if ((w->pg = conn_pg_open(err, sizeof err)) == NULL)
+            log_debug("watch: Postgres: %s", err);
+        w->pg_checked_us = util_mono_us();
+    }
+    if (w->pg != NULL && store_voucher_ids(w->pg, &ids, &n) == STORE_OK) {
+        free(w->ids);
+        w->ids = ids;
+        w->n = n;
+    }
+    if (stock_redis_watch_cluster(w->rc, w->ids, w->n) != 0)
+        rcluster_reset(w->rc);              /* failed, or a failover: the map read anew */
 }
 
 /* The watch, once a second on a connection of its own, on every instance
@@ -621,24 +821,35 @@ static void consumer_main(bgthread *self, void *arg)
 static void watch_main(bgthread *self, void *arg)
 {
     redisContext *c = NULL;
+    cluster_watch w = { 0 };
     char err[256];
 
     (void)arg;
+    if (stock_redis_per_voucher() && (w.rc = conn_cluster_open(err, sizeof err)) == NULL)
+        log_error("watch: %s", err);
     while (!bgthread_stopping(self)) {
         int64_t next = util_mono_us() + WATCH_EVERY_MS * 1000LL;
-        if (c == NULL && (c = conn_redis_open(err, sizeof err)) == NULL)
-            log_debug("watch: Redis: %s", err);
-        if (c != NULL) {
-            stock_redis_watch(c);
-            if (c->err || !conn_redis_current(c)) {
-                redisFree(c);             /* failed, or a failover: open anew */
-                c = NULL;
+        if (w.rc != NULL) {
+            cluster_watch_once(&w);
+        } else if (!stock_redis_per_voucher()) {
+            if (c == NULL && (c = conn_redis_open(err, sizeof err)) == NULL)
+                log_debug("watch: Redis: %s", err);
+            if (c != NULL) {
+                stock_redis_watch(c);
+                if (c->err || !conn_redis_current(c)) {
+                    redisFree(c);         /* failed, or a failover: open anew */
+                    c = NULL;
+                }
             }
         }
         linger_until(self, next);
     }
     if (c != NULL)
         redisFree(c);
+    rcluster_free(w.rc);
+    if (w.pg != NULL)
+        PQfinish(w.pg);
+    free(w.ids);
 }
 
 int consumer_start(void)
@@ -666,22 +877,34 @@ int consumer_start(void)
      * over its predecessor's entries as if they were being worked on; they
      * are claimed once idle, like any dead consumer's. */
     snprintf(k->name, sizeof k->name, "%s:%.8s", g_cfg.instance_id, g_cfg.instance_uuid);
-    snprintf(k->cursor, sizeof k->cursor, "0-0");
     k->seed = (unsigned)util_mono_us() ^ (unsigned)getpid();
     k->e = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->e);
     k->orders = xcalloc((size_t)g_cfg.consumer_batch_max, sizeof *k->orders);
     k->argv = xcalloc((size_t)g_cfg.consumer_batch_max + 3, sizeof *k->argv);
+    if (stock_redis_per_voucher()) {
+        if ((k->rc = conn_cluster_open(err, sizeof err)) == NULL) {
+            log_error("consumer: %s", err);
+            consumer_free(k);
+            consumer_stop();
+            return -1;
+        }
+    } else {
+        k->streams = xcalloc(1, sizeof *k->streams);
+        k->nstreams = 1;
+        k->s = &k->streams[0];
+        stock_redis_stream_of(&k->s->names, 0);
+        snprintf(k->s->cursor, sizeof k->s->cursor, "0-0");
+    }
     if (bgthread_start(&consumer_bg, "sk-consumer", consumer_main, k, NULL) != 0) {
-        free(k->e);
-        free(k->orders);
-        free(k->argv);
-        free(k);
+        consumer_free(k);
         log_error("consumer: cannot start its thread");
         consumer_stop();
         return -1;
     }
     log_info("consumer %s: persisting %s in batches of up to %d (claim after %d ms idle)",
-             k->name, STOCK_REDIS_STREAM, g_cfg.consumer_batch_max, g_cfg.consumer_claim_idle_ms);
+             k->name, k->rc != NULL ? "each voucher's stream (seckill:v:{<id>}:orders)"
+                                    : STOCK_REDIS_STREAM,
+             g_cfg.consumer_batch_max, g_cfg.consumer_claim_idle_ms);
     return 0;
 }
 

@@ -55,9 +55,9 @@ store_status stock_voucher_get(conn_set *cs, int64_t voucher_id, store_voucher *
     return be->voucher != NULL ? be->voucher(cs, voucher_id, out) : STORE_NOT_FOUND;
 }
 
-int stock_stats(redisContext *c, cJSON *root, cJSON *vouchers)
+int stock_stats(conn_set *cs, cJSON *root, cJSON *vouchers)
 {
-    return be->stats != NULL ? be->stats(c, root, vouchers) : 0;
+    return be->stats != NULL ? be->stats(cs, root, vouchers) : 0;
 }
 
 int stock_deferred(void)

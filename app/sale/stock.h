@@ -89,7 +89,7 @@ typedef struct stock_backend {
     /* The voucher as the strategy keeps it: STORE_OK, STORE_NOT_FOUND
      * when it does not (yet), STORE_UNAVAILABLE. */
     store_status (*voucher)(conn_set *cs, int64_t voucher_id, store_voucher *out);
-    int (*stats)(redisContext *c, cJSON *root, cJSON *vouchers);
+    int (*stats)(conn_set *cs, cJSON *root, cJSON *vouchers);
 } stock_backend;
 
 /* A strategy that runs the order step by step: its name, then its stock
@@ -111,7 +111,7 @@ int stock_keeps_vouchers(void);
 /* The strategy's hooks (no-ops, returning 0, where it has none). */
 int stock_voucher_loaded(conn_set *cs, const store_voucher *v);
 store_status stock_voucher_get(conn_set *cs, int64_t voucher_id, store_voucher *out);
-int stock_stats(redisContext *c, cJSON *root, cJSON *vouchers);
+int stock_stats(conn_set *cs, cJSON *root, cJSON *vouchers);
 
 /* The strategies (their modules). */
 extern const stock_backend stock_optimistic, stock_pessimistic;

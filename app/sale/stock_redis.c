@@ -52,14 +52,16 @@ typedef struct admit_call {
 
 /* Text each argument may take: a voucher's two keys (as stock_redis_keys
  * holds them) and its id; a buyer's voucher index and user id; the
- * counter's key, the id's seconds and the number of vouchers. */
+ * stream's name, the counter's key, the id's seconds, the number of
+ * vouchers and the first count drawn. */
 #define ADMIT_HASH_KEY sizeof(((stock_redis_keys *)0)->hash)
 #define ADMIT_BUYERS_KEY sizeof(((stock_redis_keys *)0)->buyers)
+#define ADMIT_STREAM_KEY sizeof(((stock_redis_stream *)0)->orders)
 #define ADMIT_ID_KEY 128
 #define ADMIT_INT 24
 #define ADMIT_VOUCHER_TEXT (ADMIT_HASH_KEY + ADMIT_BUYERS_KEY + ADMIT_INT)
 #define ADMIT_BUYER_TEXT (2 * ADMIT_INT)
-#define ADMIT_LOT_TEXT (ADMIT_ID_KEY + 2 * ADMIT_INT)
+#define ADMIT_LOT_TEXT (ADMIT_STREAM_KEY + ADMIT_ID_KEY + 3 * ADMIT_INT)
 
 static void admit_call_free(admit_call *ac)
 {
@@ -80,24 +82,37 @@ static const char *text_int(char **cur, char *end, int64_t x)
     return s;
 }
 
+/* Copies 'key' to *cur (room up to 'end'), moves *cur past the NUL; the
+ * start. */
+static const char *text_str(char **cur, char *end, const char *key)
+{
+    char *s = *cur;
+    int len = snprintf(s, (size_t)(end - s), "%s", key);
+
+    *cur += len < end - s ? len + 1 : end - s;
+    return s;
+}
+
 /* The arguments of one call for the buyers o[0..n), 1 <= n <= PIPE_MAX,
  * each voucher's keys once (the script counts a voucher's stock per key
- * pair: a voucher listed twice would be sold twice). 0, or -1 when the
- * clock is before the order id epoch. */
-static int admit_call_build(admit_call *ac, store_order *const *o, int n)
+ * pair: a voucher listed twice would be sold twice), at clock reading
+ * 'now'. 'drawn': the first of n counts drawn before the call, or 0 (the
+ * script draws them from the day's counter). With a stream per voucher
+ * (a Redis Cluster) the buyers are of one voucher. 0, or -1. */
+static int admit_call_build(admit_call *ac, store_order *const *o, int n, int64_t now,
+                            int64_t drawn)
 {
     int64_t vid[PIPE_MAX];
     int vj[PIPE_MAX];
     int m = 0, a = 0;
-    char *cur, *end;
+    char *cur, *end, key[ADMIT_ID_KEY];
     size_t room;
+    stock_redis_stream stream;
 
     memset(ac, 0, sizeof *ac);
-    ac->now = util_now_s();
-    if (ac->now < ORDER_ID_EPOCH) {
-        log_error("stock_redis: clock before the order id epoch");
+    ac->now = now;
+    if (n < 1 || n > PIPE_MAX)
         return -1;
-    }
     for (int i = 0; i < n; i++) {
         int j = 0;
         while (j < m && vid[j] != o[i]->voucher_id)
@@ -106,26 +121,32 @@ static int admit_call_build(admit_call *ac, store_order *const *o, int n)
             vid[m++] = o[i]->voucher_id;
         vj[i] = j + 1;
     }
-    ac->nkeys = 2 + 2 * m;
-    ac->argc = ac->nkeys + 2 + m + 2 * n;
+    stock_redis_stream_of(&stream, vid[0]);
+    if (stream.voucher_id != 0 && (m != 1 || drawn <= 0)) {
+        log_error("stock_redis: a call on a voucher's own stream takes one voucher and its "
+                  "counts drawn before");
+        return -1;
+    }
+    ac->nkeys = 1 + 2 * m + (drawn > 0 ? 0 : 1);
+    ac->argc = ac->nkeys + 3 + m + 2 * n;
     ac->argv = xcalloc((size_t)ac->argc, sizeof *ac->argv);
     room = ADMIT_LOT_TEXT + (size_t)m * ADMIT_VOUCHER_TEXT + (size_t)n * ADMIT_BUYER_TEXT;
     cur = ac->text = xcalloc(room, 1);
     end = cur + room;
-    ac->argv[a++] = STOCK_REDIS_STREAM;
-    order_id_key(g_cfg.id_prefix, ac->now, cur, ADMIT_ID_KEY);
-    ac->argv[a++] = cur;
-    cur += strlen(cur) + 1;
+    ac->argv[a++] = text_str(&cur, end, stream.orders);
     for (int j = 0; j < m; j++) {
-        stock_redis_key(cur, ADMIT_HASH_KEY, vid[j], "");
-        ac->argv[a++] = cur;
-        cur += strlen(cur) + 1;
-        stock_redis_key(cur, ADMIT_BUYERS_KEY, vid[j], ":buyers");
-        ac->argv[a++] = cur;
-        cur += strlen(cur) + 1;
+        stock_redis_key(key, sizeof key, vid[j], "");
+        ac->argv[a++] = text_str(&cur, end, key);
+        stock_redis_key(key, sizeof key, vid[j], ":buyers");
+        ac->argv[a++] = text_str(&cur, end, key);
+    }
+    if (drawn <= 0) {
+        order_id_key(g_cfg.id_prefix, ac->now, key, sizeof key);
+        ac->argv[a++] = text_str(&cur, end, key);
     }
     ac->argv[a++] = text_int(&cur, end, ac->now - (int64_t)ORDER_ID_EPOCH);
     ac->argv[a++] = text_int(&cur, end, m);
+    ac->argv[a++] = text_int(&cur, end, drawn > 0 ? drawn : 0);
     for (int j = 0; j < m; j++)
         ac->argv[a++] = text_int(&cur, end, vid[j]);
     for (int i = 0; i < n; i++) {
@@ -133,6 +154,88 @@ static int admit_call_build(admit_call *ac, store_order *const *o, int n)
         ac->argv[a++] = text_int(&cur, end, o[i]->user_id);
     }
     return 0;
+}
+
+/* Order id counts drawn before the calls that use them: 'n' counts of
+ * the day of 'now' from 'first' on. */
+typedef struct admit_counts {
+    int64_t now, first;
+    int n;
+} admit_counts;
+
+/* With a stream per voucher (a Redis Cluster, where the day's counter
+ * lives in a slot of its own): 'n' counts, one INCRBY on the counter's
+ * master. 0, or -1 (the clock before the id epoch, or the counter
+ * unavailable). */
+static int admit_counts_draw(conn_set *cs, int n, admit_counts *out)
+{
+    out->now = util_now_s();
+    out->n = n;
+    out->first = 0;
+    if (out->now < ORDER_ID_EPOCH) {
+        log_error("stock_redis: clock before the order id epoch");
+        return -1;
+    }
+    if (!stock_redis_per_voucher())
+        return 0;
+    return order_id_take_counts(cs, g_cfg.id_prefix, out->now, n, &out->first) == ORDER_ID_OK
+               ? 0 : -1;
+}
+
+/* The call for the buyers o[0..n): with 'pre', the counts drawn for them
+ * before (at least n); else the clock read, and on a Redis Cluster their
+ * counts drawn now. 0, or -1. */
+static int admit_call_prepare(conn_set *cs, admit_call *ac, store_order *const *o, int n,
+                              const admit_counts *pre)
+{
+    admit_counts own;
+
+    if (pre == NULL) {
+        if (admit_counts_draw(cs, n, &own) != 0)
+            return -1;
+        pre = &own;
+    }
+    if (pre->n < n)
+        return -1;
+    return admit_call_build(ac, o, n, pre->now, pre->first);
+}
+
+/* The connection for a voucher's admissions: on a Redis Cluster, to the
+ * master of its slot; else the one Redis's. Borrowed; NULL when
+ * unreachable. */
+static redisContext *voucher_redis(conn_set *cs, int64_t voucher_id)
+{
+    char key[ADMIT_HASH_KEY];
+
+    if (!stock_redis_per_voucher())
+        return conn_redis(cs);
+    stock_redis_key(key, sizeof key, voucher_id, "");
+    return conn_redis_key(cs, key);
+}
+
+/* Runs the call on *c. On a Redis Cluster a reply that names a
+ * redirection (the voucher's slot moved, or is moving) means the script
+ * did not run: it is sent again where the node said, or after a pause
+ * routed anew, up to ORDER_ID_TRIES sends; *c is the connection of the
+ * last send (NULL when none was reachable). The reply, or NULL. */
+static redisReply *admit_run(conn_set *cs, redisContext **c, const admit_call *ac)
+{
+    redisReply *r = NULL;
+    rcluster_redirect rd;
+
+    for (int tries = 1; *c != NULL; tries++) {
+        r = script_file_run(*c, &admit_script, ac->nkeys, ac->argc, ac->argv, NULL);
+        if (r == NULL || rcluster_redirect_parse(r, &rd) == RCLUSTER_NONE ||
+            tries == ORDER_ID_TRIES)
+            break;
+        freeReplyObject(r);
+        r = NULL;
+        if ((*c = conn_redis_redirected(cs, &rd)) == NULL) {
+            util_sleep_ms(10 << (tries - 1));
+            *c = conn_redis_key(cs, ac->argv[1]);
+        }
+    }
+    return r;
 }
 
 /* The reply 'r' answers a call of 'n' buyers: one element each. */
@@ -181,18 +284,19 @@ static store_status admit_parse(const redisReply *e, int64_t now, store_order *o
     }
 }
 
-/* One buyer's call of order_admit.lua, alone: the outcome, the order id
- * when admitted; 'missing' set when the voucher must be rebuilt first. */
-static store_status admit(redisContext *c, store_order *o, int *missing)
+/* One buyer's call of order_admit.lua, alone, on *c (admit_run: *c
+ * follows a redirection): the outcome, the order id when admitted;
+ * 'missing' set when the voucher must be rebuilt first. */
+static store_status admit(conn_set *cs, redisContext **c, store_order *o, int *missing)
 {
     admit_call ac;
     store_status st = STORE_UNAVAILABLE;
     redisReply *r;
 
     *missing = 0;
-    if (admit_call_build(&ac, &o, 1) != 0)
+    if (admit_call_prepare(cs, &ac, &o, 1, NULL) != 0)
         return STORE_UNAVAILABLE;
-    r = script_file_run(c, &admit_script, ac.nkeys, ac.argc, ac.argv, NULL);
+    r = admit_run(cs, c, &ac);
     if (r != NULL && admit_reply_ok(r, 1))
         st = admit_parse(r->element[0], ac.now, o, missing);
     freeReplyObject(r);
@@ -211,18 +315,18 @@ static int durable(redisContext *c)
 }
 
 /* One buyer alone: admitted, rebuilt first when Redis lost the voucher. */
-static store_status admit_one(conn_set *cs, redisContext *c, store_order *o)
+static store_status admit_one(conn_set *cs, redisContext **c, store_order *o)
 {
     int missing;
-    store_status st = admit(c, o, &missing);
+    store_status st = admit(cs, c, o, &missing);
 
-    if (missing) {
+    if (missing && *c != NULL) {
         /* Not in Redis: created before Redis held it, or lost with a Redis
          * that restarted empty; or no such voucher (STORE_NOT_FOUND: 404,
          * as on every other path). */
-        st = stock_redis_rebuild(cs, c, o->voucher_id);
+        st = stock_redis_rebuild(cs, *c, o->voucher_id);
         if (st == STORE_OK) {
-            st = admit(c, o, &missing);
+            st = admit(cs, c, o, &missing);
             if (missing)
                 st = STORE_UNAVAILABLE;
         }
@@ -232,14 +336,15 @@ static store_status admit_one(conn_set *cs, redisContext *c, store_order *o)
 
 static void redis_settle_alone(conn_set *cs, stock_buyer *b, stock_done_fn done, void *arg)
 {
-    redisContext *c = conn_redis(cs);
+    redisContext *c = voucher_redis(cs, b->order.voucher_id);
     store_status st = STORE_UNAVAILABLE;
 
     if (c == NULL || stock_past_deadline(b) || !durable(c))
         goto out;
     counters_admit_round(1);
-    st = admit_one(cs, c, &b->order);
-    if (st == STORE_OK && stock_redis_durability_wait(c) != 0) {
+    st = admit_one(cs, &c, &b->order);
+    /* In "wait": on the master that admitted it, the voucher's. */
+    if (st == STORE_OK && (c == NULL || stock_redis_durability_wait(c) != 0)) {
         /* Admitted, but not known to survive a failover: not acknowledged.
          * (The order stands: a retry answers already_ordered, or
          * sold_out when it took the last unit.) */
@@ -320,6 +425,15 @@ static void pipe_wait(redisContext *c, pipe_waiter **w, int n)
             w[i]->st = STORE_UNAVAILABLE;
 }
 
+/* The connection that admitted w[0..n) was lost after a redirection: none
+ * of them is known to have been admitted durably. */
+static void pipe_wait_lost(pipe_waiter **w, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (w[i]->st == STORE_OK)
+            w[i]->st = STORE_UNAVAILABLE;
+}
+
 /* Answers w[0..n) and frees them. */
 static void pipe_answer(conn_set *cs, pipe_waiter **w, int n)
 {
@@ -329,12 +443,13 @@ static void pipe_answer(conn_set *cs, pipe_waiter **w, int n)
     }
 }
 
-/* Admits w[0..n) in one call of the script (Redis forgetting the script
- * costs a second send as EVAL: nothing ran). A call that fails leaves
- * them STORE_UNAVAILABLE: a connection lost after the send may have
- * admitted the whole lot, so a retry answers already_ordered, or sold_out
- * when it took the last unit. */
-static void pipe_send(redisContext *c, pipe_waiter **w, int n)
+/* Admits w[0..n) in one call of the script on *c (admit_run: *c
+ * follows a redirection; Redis forgetting the script costs a second send
+ * as EVAL: nothing ran). A call that fails leaves them STORE_UNAVAILABLE:
+ * a connection lost after the send may have admitted the whole lot, so a
+ * retry answers already_ordered, or sold_out when it took the last unit. */
+static void pipe_send(conn_set *cs, redisContext **c, pipe_waiter **w, int n,
+                      const admit_counts *pre)
 {
     pipe_waiter *sent[PIPE_MAX];
     store_order *o[PIPE_MAX];
@@ -350,10 +465,10 @@ static void pipe_send(redisContext *c, pipe_waiter **w, int n)
         sent[ns] = w[i];
         o[ns++] = &w[i]->b->order;
     }
-    if (ns == 0 || admit_call_build(&ac, o, ns) != 0)
+    if (ns == 0 || admit_call_prepare(cs, &ac, o, ns, pre) != 0)
         return;
     counters_admit_round(ns);
-    r = script_file_run(c, &admit_script, ac.nkeys, ac.argc, ac.argv, NULL);
+    r = admit_run(cs, c, &ac);
     if (r != NULL && admit_reply_ok(r, ns)) {
         for (int i = 0; i < ns; i++) {
             int missing;
@@ -365,17 +480,23 @@ static void pipe_send(redisContext *c, pipe_waiter **w, int n)
     admit_call_free(&ac);
 }
 
+/* *c is there and sound. */
+static int usable(redisContext *const *c)
+{
+    return *c != NULL && (*c)->err == 0;
+}
+
 /* The buyers of vouchers Redis lost, once the others are answered: the
  * voucher's first buyer here rebuilds it and is admitted alone, the rest
  * are sent again together. A voucher whose rebuild failed fails its other
  * buyers here at once, so a Postgres that does not answer costs one
  * rebuild, not one per buyer. */
-static void pipe_retry(conn_set *cs, redisContext *c, pipe_waiter **w, int n)
+static void pipe_retry(conn_set *cs, redisContext **c, pipe_waiter **w, int n)
 {
     pipe_waiter *again[PIPE_MAX];
     int nagain = 0;
 
-    for (int i = 0; i < n && c->err == 0; i++) {
+    for (int i = 0; i < n && usable(c); i++) {
         int first = 1, failed = 0;
         if (stock_past_deadline(w[i]->b)) {
             w[i]->state = PIPE_UNSENT;          /* unavailable, and no voucher's first */
@@ -399,20 +520,21 @@ static void pipe_retry(conn_set *cs, redisContext *c, pipe_waiter **w, int n)
         }
         w[i]->st = admit_one(cs, c, &w[i]->b->order);
     }
-    if (nagain > 0 && c->err == 0)
-        pipe_send(c, again, nagain);            /* lost again: unavailable */
+    if (nagain > 0 && usable(c))
+        pipe_send(cs, c, again, nagain, NULL);  /* lost again: unavailable */
 }
 
-/* Settles and answers the lot w[0..n): the ones Redis decided first, then
- * those of lost vouchers (pipe_retry). */
-static void pipe_settle(conn_set *cs, pipe_waiter **w, int n)
+/* Settles and answers the lot w[0..n), all on one connection: the ones
+ * Redis decided first, then those of lost vouchers (pipe_retry). 'pre':
+ * their order id counts, drawn before (or NULL). */
+static void pipe_settle_on(conn_set *cs, pipe_waiter **w, int n, const admit_counts *pre)
 {
     pipe_waiter *rare[PIPE_MAX], *done[PIPE_MAX];
-    redisContext *c = conn_redis(cs);
+    redisContext *c = voucher_redis(cs, w[0]->b->order.voucher_id);
     int nrare = 0, ndone = 0;
 
     if (c != NULL && durable(c))
-        pipe_send(c, w, n);
+        pipe_send(cs, &c, w, n, pre);
     else
         for (int i = 0; i < n; i++)
             w[i]->state = PIPE_UNSENT, w[i]->st = STORE_UNAVAILABLE;
@@ -422,18 +544,56 @@ static void pipe_settle(conn_set *cs, pipe_waiter **w, int n)
         else
             done[ndone++] = w[i];
     }
+    /* In "wait": on the master that admitted them. */
     if (c != NULL)
         pipe_wait(c, done, ndone);
+    else
+        pipe_wait_lost(done, ndone);
     pipe_answer(cs, done, ndone);
     if (nrare > 0 && c != NULL) {
         for (int i = 0; i < nrare; i++)
             rare[i]->st = STORE_UNAVAILABLE;
-        pipe_retry(cs, c, rare, nrare);
-        pipe_wait(c, rare, nrare);
+        pipe_retry(cs, &c, rare, nrare);
+        if (c != NULL)
+            pipe_wait(c, rare, nrare);
+        else
+            pipe_wait_lost(rare, nrare);
     }
     pipe_answer(cs, rare, nrare);
     if (c != NULL && c->err)
         conn_redis_broken(cs);
+}
+
+/* Settles and answers the lot w[0..n). On one Redis in one call; with a
+ * stream per voucher (a Redis Cluster), the lot's order id counts drawn
+ * first in one INCRBY, then one call per voucher, each on the master of
+ * its slot, in the order of each voucher's first buyer. */
+static void pipe_settle(conn_set *cs, pipe_waiter **w, int n)
+{
+    pipe_waiter *group[PIPE_MAX];
+    unsigned char taken[PIPE_MAX] = { 0 };
+    admit_counts lot, slice;
+
+    if (!stock_redis_per_voucher()) {
+        pipe_settle_on(cs, w, n, NULL);
+        return;
+    }
+    if (admit_counts_draw(cs, n, &lot) != 0)
+        lot.n = 0;                              /* none drawn: each call draws its own */
+    slice = lot;
+    for (int i = 0; i < n; i++) {
+        int ng = 0;
+        if (taken[i])
+            continue;
+        for (int j = i; j < n; j++)
+            if (!taken[j] && w[j]->b->order.voucher_id == w[i]->b->order.voucher_id) {
+                taken[j] = 1;
+                group[ng++] = w[j];
+            }
+        slice.n = lot.n > 0 ? ng : 0;
+        pipe_settle_on(cs, group, ng, lot.n > 0 ? &slice : NULL);
+        slice.first += ng;
+    }
 }
 
 /* Queues 'b'; a worker that becomes a sender returns only once the queue
@@ -499,7 +659,7 @@ static void redis_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn
 /* The voucher as Redis holds it (its stock is the admissions' own). */
 static store_status redis_voucher(conn_set *cs, int64_t voucher_id, store_voucher *out)
 {
-    redisContext *c = conn_redis(cs);
+    redisContext *c = voucher_redis(cs, voucher_id);
     store_status st;
 
     if (c == NULL)
@@ -512,7 +672,7 @@ static store_status redis_voucher(conn_set *cs, int64_t voucher_id, store_vouche
 
 static int redis_load(conn_set *cs, const store_voucher *v)
 {
-    redisContext *c = conn_redis(cs);
+    redisContext *c = voucher_redis(cs, v->voucher_id);
     int rc;
 
     if (c == NULL)

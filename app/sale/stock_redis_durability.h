@@ -19,9 +19,9 @@
 #include <hiredis/hiredis.h>
 
 /* At start, once: warns of "none", and checks a Redis that answers (on a
- * connection of its own) so that the instance refuses to start against
- * one that would lose acknowledged orders; one not up yet is checked when
- * it is. 0, or -1 with 'err'. */
+ * connection of its own; on a Redis Cluster, every master) so that the
+ * instance refuses to start against one that would lose acknowledged
+ * orders; one not up yet is checked when it is. 0, or -1 with 'err'. */
 int stock_redis_durability_start(char *err, size_t errlen);
 
 /* Checks on 'c' that Redis acknowledges durably as REDIS_ORDER_DURABILITY
@@ -29,8 +29,14 @@ int stock_redis_durability_start(char *err, size_t errlen);
  * (or none asked); 1: not durable; -1: Redis failed. */
 int stock_redis_durability_check(redisContext *c);
 
+/* The same for the n masters c[0..n) of a Redis Cluster: durable only when
+ * every one is; -1 (the verdict kept as it was) when one failed. */
+int stock_redis_durability_check_all(redisContext *const *c, int n);
+
 /* 1 when an admission may be acknowledged as far as the verdict goes: it
- * is durable, or it was not known yet and a check on 'c' says durable. */
+ * is durable, or it was not known yet and a check on 'c' says durable (on
+ * a Redis Cluster that check is not kept as the verdict: it is one
+ * master's). */
 int stock_redis_durability_holds(redisContext *c);
 
 /* After a call that admitted orders, in mode "wait": WAIT on 'c'. 0 when

@@ -26,6 +26,25 @@ void stock_redis_keys_fill(stock_redis_keys *k, int64_t voucher_id)
     stock_redis_key(k->hash, sizeof k->hash, voucher_id, "");
     stock_redis_key(k->buyers, sizeof k->buyers, voucher_id, ":buyers");
     stock_redis_key(k->landed, sizeof k->landed, voucher_id, ":landed");
+    stock_redis_stream_of(&k->stream, voucher_id);
+}
+
+int stock_redis_per_voucher(void)
+{
+    return conn_redis_cluster();
+}
+
+void stock_redis_stream_of(stock_redis_stream *s, int64_t voucher_id)
+{
+    if (!stock_redis_per_voucher()) {
+        s->voucher_id = 0;
+        snprintf(s->orders, sizeof s->orders, "%s", STOCK_REDIS_STREAM);
+        snprintf(s->dead, sizeof s->dead, "%s", STOCK_REDIS_DEAD);
+        return;
+    }
+    s->voucher_id = voucher_id;
+    stock_redis_key(s->orders, sizeof s->orders, voucher_id, ":orders");
+    stock_redis_key(s->dead, sizeof s->dead, voucher_id, ":orders:dead");
 }
 
 int64_t stock_redis_int(const redisReply *r)
@@ -59,7 +78,7 @@ static int run_load(redisContext *c, const stock_redis_keys *k, const char *mode
 
     argv[0] = k->hash;
     argv[1] = k->buyers;
-    argv[2] = STOCK_REDIS_STREAM;
+    argv[2] = k->stream.orders;
     argv[3] = k->landed;
     argv[4] = mode;
     snprintf(num[0], sizeof num[0], "%" PRId64, v->voucher_id);

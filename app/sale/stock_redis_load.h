@@ -23,13 +23,31 @@
 #define STOCK_REDIS_DEAD "seckill:orders:dead"    /* entries no batch could persist */
 #define STOCK_REDIS_GROUP "seckill"               /* the consumers' group */
 
+/* The orders stream that takes a voucher's admitted orders, and its dead
+ * letters. On one Redis every voucher shares STOCK_REDIS_STREAM and
+ * STOCK_REDIS_DEAD. On a Redis Cluster each voucher has its own,
+ * "seckill:v:{<id>}:orders" and "seckill:v:{<id>}:orders:dead", in the
+ * voucher's slot: admission stays one script on one master, and a replay
+ * one script too. */
+typedef struct stock_redis_stream {
+    int64_t voucher_id;       /* on a cluster; 0 for the shared stream */
+    char orders[72], dead[80];
+} stock_redis_stream;
+
+/* The stream of 'voucher_id' (any id on one Redis: the shared one). */
+void stock_redis_stream_of(stock_redis_stream *s, int64_t voucher_id);
+
+/* 1 when each voucher has its own stream (a Redis Cluster). */
+int stock_redis_per_voucher(void);
+
 /* "seckill:v:{<id>}" followed by 'suffix' ("" for the hash, ":buyers",
  * ":landed"). */
 void stock_redis_key(char *buf, size_t n, int64_t voucher_id, const char *suffix);
 
-/* A voucher's three keys. */
+/* A voucher's keys: its three, and its orders stream's. */
 typedef struct stock_redis_keys {
     char hash[64], buyers[72], landed[72];
+    stock_redis_stream stream;
 } stock_redis_keys;
 
 void stock_redis_keys_fill(stock_redis_keys *k, int64_t voucher_id);

@@ -70,18 +70,19 @@ static const char *reply_str(const redisReply *r)
  * entry (XPENDING's summary), else the first entry after the group's
  * position 'last' (NULL: no group, every entry is unsettled). 0 when
  * there is none; -1 when Redis failed. */
-static int64_t oldest_age_ms(redisContext *c, int64_t pending, const char *last)
+static int64_t oldest_age_ms(redisContext *c, const char *stream, int64_t pending,
+                             const char *last)
 {
     redisReply *r;
     int64_t ms = -1, age = -1;
 
     if (pending > 0) {
-        r = redisCommand(c, "XPENDING %s %s", STOCK_REDIS_STREAM, STOCK_REDIS_GROUP);
+        r = redisCommand(c, "XPENDING %s %s", stream, STOCK_REDIS_GROUP);
         if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2)
             ms = stock_redis_id_ms(reply_str(r->element[1]));
     } else {
-        r = last != NULL ? redisCommand(c, "XRANGE %s (%s + COUNT 1", STOCK_REDIS_STREAM, last)
-                         : redisCommand(c, "XRANGE %s - + COUNT 1", STOCK_REDIS_STREAM);
+        r = last != NULL ? redisCommand(c, "XRANGE %s (%s + COUNT 1", stream, last)
+                         : redisCommand(c, "XRANGE %s - + COUNT 1", stream);
         if (r != NULL && r->type == REDIS_REPLY_ARRAY)
             ms = r->elements == 0 ? -2
                  : r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements >= 1
@@ -102,9 +103,10 @@ static int64_t oldest_age_ms(redisContext *c, int64_t pending, const char *last)
  * lag) unless the stream has XDEL'd entries past the group's position;
  * then they are counted here, up to BACKLOG_COUNT_MAX.
  * 0, or -1 when Redis failed; a figure Redis refused is -1. */
-static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending, int64_t *oldest)
+static int stream_backlog(redisContext *c, const char *stream, int64_t *backlog, int64_t *pending,
+                          int64_t *oldest)
 {
-    redisReply *r = redisCommand(c, "XINFO GROUPS %s", STOCK_REDIS_STREAM);
+    redisReply *r = redisCommand(c, "XINFO GROUPS %s", stream);
     group_info g = { 0 };
     int rc = -1;
 
@@ -122,16 +124,16 @@ static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending, i
     freeReplyObject(r);
     r = NULL;
     if (!g.found) {                   /* no consumer started yet: nothing delivered */
-        r = redisCommand(c, "XLEN %s", STOCK_REDIS_STREAM);
+        r = redisCommand(c, "XLEN %s", stream);
         *backlog = stock_redis_int(r);
         *pending = 0;
-        *oldest = *backlog > 0 ? oldest_age_ms(c, 0, NULL) : 0;
+        *oldest = *backlog > 0 ? oldest_age_ms(c, stream, 0, NULL) : 0;
         rc = c->err ? -1 : 0;
         goto out;
     }
     if (g.lag < 0) {
         /* Bounded: a backlog above it is reported as unknown (-1). */
-        r = redisCommand(c, "XRANGE %s (%s + COUNT %d", STOCK_REDIS_STREAM, g.last,
+        r = redisCommand(c, "XRANGE %s (%s + COUNT %d", stream, g.last,
                          BACKLOG_COUNT_MAX + 1);
         if (r == NULL)
             goto out;
@@ -140,29 +142,31 @@ static int stream_backlog(redisContext *c, int64_t *backlog, int64_t *pending, i
     }
     *pending = g.pending;
     *backlog = g.lag < 0 ? -1 : g.pending + g.lag;
-    *oldest = *backlog == 0 ? 0 : oldest_age_ms(c, g.pending, g.last);
+    *oldest = *backlog == 0 ? 0 : oldest_age_ms(c, stream, g.pending, g.last);
     rc = c->err ? -1 : 0;
 out:
     freeReplyObject(r);
     return rc;
 }
 
-int stock_redis_watch(redisContext *c)
+/* XLEN of 'stream': what bounds a backlog Redis cannot count. */
+static int64_t stream_len(redisContext *c, const char *stream)
 {
-    int64_t backlog, pending, oldest, bound;
-    int over, was, rc = stock_redis_durability_check(c) < 0 ? -1 : 0;
+    redisReply *r = redisCommand(c, "XLEN %s", stream);
+    int64_t n = r != NULL && r->type == REDIS_REPLY_INTEGER ? r->integer : INT64_MAX;
 
-    if (c->err || stream_backlog(c, &backlog, &pending, &oldest) != 0)
-        return -1;
+    freeReplyObject(r);
+    return n;
+}
+
+/* Remembers what the watch found, and whether the backlog (or, when Redis
+ * cannot count it, 'bound') is past STREAM_BACKLOG_MAX. */
+static void watch_record(int64_t backlog, int64_t oldest, int64_t bound)
+{
+    int over, was;
+
     atomic_store(&watch_backlog, backlog);
     atomic_store(&watch_oldest_ms, oldest);
-    /* A backlog Redis cannot count (-1): the stream's length bounds it. */
-    bound = backlog;
-    if (bound < 0 && g_cfg.stream_backlog_max > 0) {
-        redisReply *r = redisCommand(c, "XLEN %s", STOCK_REDIS_STREAM);
-        bound = r != NULL && r->type == REDIS_REPLY_INTEGER ? r->integer : INT64_MAX;
-        freeReplyObject(r);
-    }
     over = g_cfg.stream_backlog_max > 0 && bound > g_cfg.stream_backlog_max;
     was = atomic_exchange(&watch_over, over);
     if (over && !was)
@@ -172,7 +176,60 @@ int stock_redis_watch(redisContext *c)
     else if (!over && was)
         log_warn("stock_redis: the stream's backlog is back under STREAM_BACKLOG_MAX (%" PRId64
                  "): admission goes on", backlog);
+}
+
+int stock_redis_watch(redisContext *c)
+{
+    int64_t backlog, pending, oldest, bound;
+    int rc = stock_redis_durability_check(c) < 0 ? -1 : 0;
+
+    if (c->err || stream_backlog(c, STOCK_REDIS_STREAM, &backlog, &pending, &oldest) != 0)
+        return -1;
+    /* A backlog Redis cannot count (-1): the stream's length bounds it. */
+    bound = backlog;
+    if (bound < 0 && g_cfg.stream_backlog_max > 0)
+        bound = stream_len(c, STOCK_REDIS_STREAM);
+    watch_record(backlog, oldest, bound);
     return c->err ? -1 : rc;
+}
+
+/* Most masters whose durability the watch checks. */
+#define WATCH_MASTERS_MAX 64
+
+int stock_redis_watch_cluster(rcluster *rc, const int64_t *ids, size_t n)
+{
+    redisContext *masters[WATCH_MASTERS_MAX];
+    int slots[WATCH_MASTERS_MAX], nm, rc_dur = 0;
+    int64_t backlog = 0, oldest = 0, bound = 0;
+
+    /* Durable only when every master is. */
+    if ((nm = rcluster_master_slots(rc, slots, WATCH_MASTERS_MAX)) < 0)
+        return -1;
+    for (int i = 0; i < nm; i++)
+        if ((masters[i] = rcluster_slot_context(rc, slots[i])) == NULL)
+            return -1;
+    /* The contexts stay valid: no other call on 'rc' in between. */
+    if (stock_redis_durability_check_all(masters, nm) < 0)
+        rc_dur = -1;
+    for (size_t i = 0; i < n; i++) {
+        stock_redis_stream s;
+        int64_t b, p, o;
+        redisContext *c;
+        stock_redis_stream_of(&s, ids[i]);
+        if ((c = rcluster_slot_context(rc, rcluster_keyslot(s.orders, strlen(s.orders)))) == NULL ||
+            stream_backlog(c, s.orders, &b, &p, &o) != 0)
+            return -1;
+        if (b < 0 && g_cfg.stream_backlog_max > 0)
+            bound += stream_len(c, s.orders);
+        else
+            bound += b < 0 ? 0 : b;
+        backlog = backlog < 0 || b < 0 ? -1 : backlog + b;
+        oldest = oldest < 0 || o < 0 ? -1 : o > oldest ? o : oldest;
+        if (c->err)
+            return -1;
+    }
+    watch_record(backlog, oldest, bound);
+    return rc_dur;
 }
 
 void stock_redis_watch_get(stock_redis_figures *out)
@@ -188,69 +245,126 @@ int stock_redis_over_backlog(void)
     return atomic_load(&watch_over);
 }
 
-int stock_redis_stats(redisContext *c, cJSON *root, cJSON *vouchers)
+/* Adds to the voucher 'v' (store_stats's object) its Redis side on 'c'
+ * and whether both sides agree; 'drained': no order of it unsettled. 0,
+ * 1 when Redis does not hold it, -1 when Redis failed. */
+static int voucher_side(redisContext *c, cJSON *v, int drained, int *agree)
 {
-    cJSON *rf = cJSON_AddObjectToObject(root, "redisFirst"), *v;
-    int64_t backlog, dead, pending, oldest;
-    int all_agree = 1;
+    int64_t id = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "voucherId"));
+    int64_t pg_stock = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "stock"));
+    int64_t initial = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "initialStock"));
+    int64_t orders = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "orders"));
+    int64_t rstock, rinitial, rbuyers;
+    cJSON *o;
+    stock_redis_keys k;
     redisReply *r;
 
-    if (stream_backlog(c, &backlog, &pending, &oldest) != 0)
+    stock_redis_keys_fill(&k, id);
+    r = redisCommand(c, "HMGET %s stock initial", k.hash);
+    if (r == NULL)
         return -1;
-    r = redisCommand(c, "XLEN %s", STOCK_REDIS_DEAD);
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type == REDIS_REPLY_NIL) {
+        freeReplyObject(r);
+        return 1;                           /* not loaded: nothing sold through Redis */
+    }
+    rstock = stock_redis_int(r->element[0]);
+    rinitial = stock_redis_int(r->element[1]);
+    freeReplyObject(r);
+    r = redisCommand(c, "SCARD %s", k.buyers);
+    rbuyers = stock_redis_int(r);
+    freeReplyObject(r);
+    if (c->err)
+        return -1;
+    /* Drained, both sides must tell the same story: as many orders as
+     * units taken, on each side, and as many buyers as orders. */
+    *agree = drained && rinitial == initial && rinitial - rstock == rbuyers &&
+             initial - pg_stock == orders && rbuyers == orders && rstock == pg_stock;
+    o = cJSON_AddObjectToObject(v, "redis");
+    cJSON_AddNumberToObject(o, "stock", (double)rstock);
+    cJSON_AddNumberToObject(o, "buyers", (double)rbuyers);
+    cJSON_AddNumberToObject(o, "undrained", (double)(rbuyers - orders));
+    cJSON_AddBoolToObject(o, "agree", *agree);
+    return 0;
+}
+
+/* The stream figures of /stats, summed over the streams read. */
+typedef struct stream_sums {
+    int64_t backlog, dead, pending, oldest;
+} stream_sums;
+
+/* Reads the backlog and the dead letters of 's' on 'c' and adds them to
+ * 'sum' (a figure Redis could not give makes the sum -1). 0, or -1 when
+ * Redis failed. 'backlog' this stream's. */
+static int stream_add(redisContext *c, const stock_redis_stream *s, stream_sums *sum,
+                      int64_t *backlog)
+{
+    int64_t pending, oldest, dead;
+    redisReply *r;
+
+    if (stream_backlog(c, s->orders, backlog, &pending, &oldest) != 0)
+        return -1;
+    r = redisCommand(c, "XLEN %s", s->dead);
     dead = stock_redis_int(r);
     freeReplyObject(r);
     if (c->err)
         return -1;
+    sum->backlog = sum->backlog < 0 || *backlog < 0 ? -1 : sum->backlog + *backlog;
+    sum->pending += pending < 0 ? 0 : pending;
+    sum->oldest = sum->oldest < 0 || oldest < 0 ? -1 : oldest > sum->oldest ? oldest : sum->oldest;
+    sum->dead = sum->dead < 0 || dead < 0 ? -1 : sum->dead + dead;
+    return 0;
+}
+
+/* The voucher's connection for /stats: its slot's master on a cluster. */
+static redisContext *stats_redis(conn_set *cs, const stock_redis_stream *s)
+{
+    return stock_redis_per_voucher() ? conn_redis_key(cs, s->orders) : conn_redis(cs);
+}
+
+int stock_redis_stats(conn_set *cs, cJSON *root, cJSON *vouchers)
+{
+    cJSON *rf = cJSON_AddObjectToObject(root, "redisFirst"), *v;
+    stream_sums sum = { 0 };
+    int all_agree = 1, rc = -1;
+    int64_t backlog = 0;
+    stock_redis_stream s;
+    redisContext *c = NULL;
+
+    /* One Redis: one stream for every voucher. A cluster: each voucher's
+     * own, read with the voucher's side on its master. */
+    if (!stock_redis_per_voucher()) {
+        stock_redis_stream_of(&s, 0);
+        if ((c = stats_redis(cs, &s)) == NULL || stream_add(c, &s, &sum, &backlog) != 0)
+            goto out;
+    }
+    cJSON_ArrayForEach(v, vouchers) {
+        int agree = 0, side;
+        if (stock_redis_per_voucher()) {
+            stock_redis_stream_of(&s, (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v,
+                                                                               "voucherId")));
+            if ((c = stats_redis(cs, &s)) == NULL || stream_add(c, &s, &sum, &backlog) != 0)
+                goto out;
+        }
+        if ((side = voucher_side(c, v, backlog == 0, &agree)) < 0)
+            goto out;
+        if (side == 0)
+            all_agree = all_agree && agree;
+    }
     cJSON_AddStringToObject(rf, "durability",
                             config_durability_name(g_cfg.redis_order_durability));
     cJSON_AddBoolToObject(rf, "durable", stock_redis_durability_ok());
     cJSON_AddStringToObject(rf, "durabilityCheck", stock_redis_durability_text());
-    cJSON_AddNumberToObject(rf, "backlog", (double)backlog);
+    cJSON_AddNumberToObject(rf, "backlog", (double)sum.backlog);
     cJSON_AddNumberToObject(rf, "backlogMax", (double)g_cfg.stream_backlog_max);
     cJSON_AddBoolToObject(rf, "overBacklogMax", atomic_load(&watch_over));
-    cJSON_AddNumberToObject(rf, "oldestUnsettledMs", (double)oldest);
-    cJSON_AddNumberToObject(rf, "pending", (double)(pending < 0 ? 0 : pending));
-    cJSON_AddNumberToObject(rf, "deadLetters", (double)dead);
-
-    cJSON_ArrayForEach(v, vouchers) {
-        int64_t id = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "voucherId"));
-        int64_t pg_stock = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "stock"));
-        int64_t initial = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "initialStock"));
-        int64_t orders = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(v, "orders"));
-        int64_t rstock, rinitial, rbuyers;
-        cJSON *o;
-        stock_redis_keys k;
-        int agree;
-
-        stock_redis_keys_fill(&k, id);
-        r = redisCommand(c, "HMGET %s stock initial", k.hash);
-        if (r == NULL)
-            return -1;
-        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-            r->element[0]->type == REDIS_REPLY_NIL) {
-            freeReplyObject(r);
-            continue;                           /* not loaded: nothing sold through Redis */
-        }
-        rstock = stock_redis_int(r->element[0]);
-        rinitial = stock_redis_int(r->element[1]);
-        freeReplyObject(r);
-        r = redisCommand(c, "SCARD %s", k.buyers);
-        rbuyers = stock_redis_int(r);
-        freeReplyObject(r);
-        if (c->err)
-            return -1;
-        /* Drained, both sides must tell the same story: as many orders as
-         * units taken, on each side, and as many buyers as orders. */
-        agree = backlog == 0 && rinitial == initial && rinitial - rstock == rbuyers &&
-                initial - pg_stock == orders && rbuyers == orders && rstock == pg_stock;
-        all_agree = all_agree && agree;
-        o = cJSON_AddObjectToObject(v, "redis");
-        cJSON_AddNumberToObject(o, "stock", (double)rstock);
-        cJSON_AddNumberToObject(o, "buyers", (double)rbuyers);
-        cJSON_AddNumberToObject(o, "undrained", (double)(rbuyers - orders));
-        cJSON_AddBoolToObject(o, "agree", agree);
-    }
-    cJSON_AddBoolToObject(rf, "reconciled", all_agree && dead == 0);
-    return 0;
+    cJSON_AddNumberToObject(rf, "oldestUnsettledMs", (double)sum.oldest);
+    cJSON_AddNumberToObject(rf, "pending", (double)sum.pending);
+    cJSON_AddNumberToObject(rf, "deadLetters", (double)sum.dead);
+    cJSON_AddBoolToObject(rf, "reconciled", all_agree && sum.dead == 0);
+    rc = 0;
+out:
+    if (c != NULL && c->err)
+        conn_redis_broken(cs);
+    return rc;
 }

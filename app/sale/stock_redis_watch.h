@@ -16,10 +16,20 @@
 #include <cJSON.h>
 #include <hiredis/hiredis.h>
 
+#include "conn.h"
+#include "rcluster.h"
+
 /* The watch: the durability check, and the stream's backlog against
  * STREAM_BACKLOG_MAX, whose verdict admission follows (503 past it). 0,
  * or -1 when Redis failed. */
 int stock_redis_watch(redisContext *c);
+
+/* The same on a Redis Cluster, through the watch's own routing handle
+ * 'rc': the durability check on every master (durable only when each
+ * is), and the backlog summed over the streams of the vouchers ids[0..n)
+ * (each voucher's own, on its slot's master). 0, or -1 when Redis failed
+ * (the caller resets 'rc'). */
+int stock_redis_watch_cluster(rcluster *rc, const int64_t *ids, size_t n);
 
 /* What the watch found last; figures -1 until known. */
 typedef struct stock_redis_figures {
@@ -39,7 +49,9 @@ int64_t stock_redis_id_ms(const char *id);
 
 /* Adds to each voucher of 'vouchers' (store_stats's array) its Redis side
  * and whether both sides agree, and to 'root' the stream's figures
- * ("redisFirst"). 0, or -1 when Redis failed. */
-int stock_redis_stats(redisContext *c, cJSON *root, cJSON *vouchers);
+ * ("redisFirst"; on a Redis Cluster summed over the vouchers' streams),
+ * on cs's connections. 0, or -1 when Redis failed (the connection marked
+ * broken). */
+int stock_redis_stats(conn_set *cs, cJSON *root, cJSON *vouchers);
 
 #endif

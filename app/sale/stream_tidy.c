@@ -31,10 +31,10 @@ int stream_tidy_every_ms(void)
     return third < TIDY_EVERY_MS ? third : TIDY_EVERY_MS;
 }
 
-int stream_tidy_consumers(redisContext *c, const char *own_name)
+int stream_tidy_consumers(redisContext *c, const char *stream, const char *own_name)
 {
     char idle[24];
-    const char *argv[4] = { STOCK_REDIS_STREAM, STOCK_REDIS_GROUP, idle, own_name };
+    const char *argv[4] = { stream, STOCK_REDIS_GROUP, idle, own_name };
     redisReply *r;
     int rc = -1;
 
@@ -43,8 +43,10 @@ int stream_tidy_consumers(redisContext *c, const char *own_name)
     if (r == NULL)
         return -1;
     if (r->type == REDIS_REPLY_ERROR) {
-        /* No stream or no group yet: the consumer creates them. */
-        if (strncmp(r->str, "NOGROUP", 7) != 0 && strstr(r->str, "no such key") == NULL)
+        /* No stream or no group yet: the consumer creates them. (A slot
+         * that moved: the consumer reads the map again.) */
+        if (strncmp(r->str, "NOGROUP", 7) != 0 && strstr(r->str, "no such key") == NULL &&
+            rcluster_redirect_parse(r, &(rcluster_redirect){ 0 }) == RCLUSTER_NONE)
             log_warn("stream_tidy: group_tidy: %s", r->str);
         goto out;
     }
@@ -56,7 +58,7 @@ int stream_tidy_consumers(redisContext *c, const char *own_name)
         if (r->element[i]->type == REDIS_REPLY_STRING)
             log_info("stream_tidy: consumer %s removed from group %s of %s: idle over %d ms "
                      "with nothing pending", r->element[i]->str, STOCK_REDIS_GROUP,
-                     STOCK_REDIS_STREAM, g_cfg.consumer_remove_idle_ms);
+                     stream, g_cfg.consumer_remove_idle_ms);
     rc = (int)r->elements;
 out:
     freeReplyObject(r);
@@ -91,7 +93,7 @@ int stream_tidy_dead_append(redisContext *c, const stream_tidy_dead *d)
     /* "~": Redis removes whole stream nodes only, so the length stays
      * within a node (stream-node-max-entries) of the cap, at a fraction of
      * the cost of an exact trim (https://redis.io/docs/latest/commands/xadd/). */
-    dead_xadd x = { .argv = { "XADD", STOCK_REDIS_DEAD, "MAXLEN", "~", cap, "*" }, .argc = 6 };
+    dead_xadd x = { .argv = { "XADD", d->dead, "MAXLEN", "~", cap, "*" }, .argc = 6 };
 
     snprintf(cap, sizeof cap, "%d", g_cfg.dead_letters_max);
     add_str(&x, "entry", d->entry);
@@ -109,10 +111,11 @@ int stream_tidy_dead_append(redisContext *c, const stream_tidy_dead *d)
     return redisAppendCommandArgv(c, x.argc, x.argv, NULL) == REDIS_OK ? 0 : -1;
 }
 
-int stream_tidy_replay(redisContext *c, int64_t max, stream_tidy_replayed *out)
+int stream_tidy_replay(redisContext *c, const stock_redis_stream *s, int64_t max,
+                       stream_tidy_replayed *out)
 {
     char n[24];
-    const char *argv[3] = { STOCK_REDIS_DEAD, STOCK_REDIS_STREAM, n };
+    const char *argv[3] = { s->dead, s->orders, n };
     redisReply *r;
     int rc = -1;
 
@@ -138,4 +141,62 @@ int stream_tidy_replay(redisContext *c, int64_t max, stream_tidy_replayed *out)
 out:
     freeReplyObject(r);
     return rc;
+}
+
+/* On a Redis Cluster: every voucher's dead letters, one voucher at a time
+ * on its slot's master, the vouchers listed by Postgres. */
+static int replay_each(conn_set *cs, int64_t max, stream_tidy_replayed *out)
+{
+    int64_t *ids = NULL;
+    size_t n = 0;
+    PGconn *pg = conn_pg(cs);
+    int rc = -1;
+
+    if (pg == NULL)
+        return -1;
+    if (store_voucher_ids(pg, &ids, &n) != STORE_OK) {
+        if (PQstatus(pg) != CONNECTION_OK)
+            conn_pg_broken(cs);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        stream_tidy_replayed one;
+        stock_redis_stream s;
+        redisContext *c;
+        stock_redis_stream_of(&s, ids[i]);
+        if ((c = conn_redis_key(cs, s.dead)) == NULL)
+            goto out;
+        if (stream_tidy_replay(c, &s, max - out->replayed > 0 ? max - out->replayed : 0,
+                               &one) != 0) {
+            if (c->err)
+                conn_redis_broken(cs);
+            goto out;
+        }
+        out->replayed += one.replayed;
+        out->left += one.left;
+        out->unreplayable += one.unreplayable;
+    }
+    rc = 0;
+out:
+    free(ids);
+    return rc;
+}
+
+int stream_tidy_replay_all(conn_set *cs, int64_t max, stream_tidy_replayed *out)
+{
+    stock_redis_stream s;
+    redisContext *c;
+
+    memset(out, 0, sizeof *out);
+    if (stock_redis_per_voucher())
+        return replay_each(cs, max, out);
+    if ((c = conn_redis(cs)) == NULL)
+        return -1;
+    stock_redis_stream_of(&s, 0);
+    if (stream_tidy_replay(c, &s, max, out) != 0) {
+        if (c->err)
+            conn_redis_broken(cs);
+        return -1;
+    }
+    return 0;
 }

@@ -152,3 +152,69 @@ order_id_status order_id_take(conn_set *cs, const char *prefix, int64_t *id)
     free(key);
     return st;
 }
+
+/* One INCRBY on 'c'; the status, the new value in *last, and the node's
+ * answer in 'rd' when it named a redirection (ORDER_ID_MOVED). */
+static order_id_status incrby(redisContext *c, const char *key, int n, int64_t *last,
+                              rcluster_redirect *rd)
+{
+    int64_t t0 = util_mono_us();
+    redisReply *r = script_demoted(c, redisCommand(c, "INCRBY %s %d", key, n));
+    order_id_status st = ORDER_ID_REDIS;
+
+    counters_backend(COUNTERS_REDIS, util_mono_us() - t0, r != NULL);
+    if (r == NULL) {
+        log_warn("order_id: INCRBY %s: %s", key, c->errstr);
+        return st;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        if (rcluster_redirect_parse(r, rd) != RCLUSTER_NONE)
+            st = ORDER_ID_MOVED;
+        else
+            log_warn("order_id: INCRBY %s: %s", key, r->str);
+    } else if (r->type != REDIS_REPLY_INTEGER) {
+        log_warn("order_id: INCRBY %s: unexpected reply type %d", key, r->type);
+    } else if (r->integer - n + 1 < 1 || r->integer > ORDER_ID_COUNT_MAX) {
+        log_error("order_id: %s count %lld does not fit in 32 bits", key, r->integer);
+        st = ORDER_ID_EXHAUSTED;
+    } else {
+        *last = r->integer;
+        st = ORDER_ID_OK;
+    }
+    freeReplyObject(r);
+    return st;
+}
+
+order_id_status order_id_take_counts(conn_set *cs, const char *prefix, int64_t now, int n,
+                                     int64_t *first)
+{
+    size_t keylen = strlen(prefix) + 32;
+    char *key;
+    order_id_status st = ORDER_ID_REDIS;
+    rcluster_redirect rd;
+    redisContext *c;
+    int64_t last = 0;
+
+    if (now < ORDER_ID_EPOCH || now - ORDER_ID_EPOCH > ORDER_ID_SECONDS_MAX || n < 1) {
+        log_error("order_id: clock %lld outside the id range", (long long)now);
+        return ORDER_ID_CLOCK;
+    }
+    key = xmalloc(keylen);
+    order_id_key(prefix, now, key, keylen);
+    c = conn_redis_key(cs, key);
+    for (int tries = 1; c != NULL; tries++) {
+        st = incrby(c, key, n, &last, &rd);
+        if (st != ORDER_ID_MOVED || tries == ORDER_ID_TRIES)
+            break;
+        if ((c = conn_redis_redirected(cs, &rd)) == NULL) {
+            util_sleep_ms(10 << (tries - 1));
+            c = conn_redis_key(cs, key);
+        }
+    }
+    if (st == ORDER_ID_OK)
+        *first = last - n + 1;
+    if (c != NULL && c->err)
+        conn_redis_broken(cs);
+    free(key);
+    return st;
+}

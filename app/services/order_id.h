@@ -64,4 +64,12 @@ order_id_status order_id_recv(redisContext *c, order_id_op *op, int64_t *id);
  * dropped (conn_redis_broken). */
 order_id_status order_id_take(conn_set *cs, const char *prefix, int64_t *id);
 
+/* 'n' counts of the day of Unix time 'now' at once (one INCRBY, routed as
+ * order_id_take's), for a caller that composes the ids itself with
+ * order_id_compose(now - ORDER_ID_EPOCH, count): the first in *first, the
+ * others after it. Redis-first admission on a Redis Cluster draws a lot's
+ * counts so before its script, whose keys must share the voucher's slot. */
+order_id_status order_id_take_counts(conn_set *cs, const char *prefix, int64_t now, int n,
+                                     int64_t *first);
+
 #endif
