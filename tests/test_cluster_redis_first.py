@@ -561,21 +561,23 @@ def wait_durability_waits_for_the_replica_of_the_vouchers_own_master():
     try:
         ranges = slot_map()
         counter = master_of_key(id_key(), ranges)[0]
-        # A and B on two masters, neither the id counter's: a WAIT sent to
-        # the counter's master, or to every master, is caught.
+        home = master_of_key("{seckill}", ranges)[0]
+        # A on a master that is neither the id counter's nor the service's
+        # own keys' (conn_redis's), B on another: a WAIT sent to either of
+        # those, or to every master, is caught.
         a_vid = b_vid = None
         for _ in range(60):
             vid = voucher(srv, 10)
             node = voucher_home(vid, ranges)[0]
-            if node == counter:
-                continue
             if a_vid is None:
-                a_vid, a_node = vid, node
+                if node not in (counter, home):
+                    a_vid, a_node = vid, node
             elif node != a_node:
                 b_vid, b_node = vid, node
                 break
         if b_vid is None:
-            fail("no two vouchers on two masters other than the id counter's")
+            fail("no voucher on a master other than the id counter's and the home slot's, "
+                 "and another on a second master")
         a_port = port_of(a_node)
         replica = replica_of(a_port)
         base = user_base() + 5000

@@ -125,34 +125,6 @@ out:
     return st;
 }
 
-order_id_status order_id_take(conn_set *cs, const char *prefix, int64_t *id)
-{
-    int64_t now = (int64_t)time(NULL);
-    size_t keylen = strlen(prefix) + 32;
-    char *key = xmalloc(keylen);
-    order_id_status st = ORDER_ID_REDIS;
-    order_id_op op;
-    redisContext *c;
-
-    order_id_key(prefix, now, key, keylen);
-    c = conn_redis_key(cs, key);
-    for (int tries = 1; c != NULL; tries++) {
-        order_id_send(c, prefix, now, &op);
-        st = order_id_recv(c, &op, id);
-        if (st != ORDER_ID_MOVED || tries == ORDER_ID_TRIES)
-            break;
-        /* Sent again where the node said, or after a pause, routed anew. */
-        if ((c = conn_redis_redirected(cs, &op.redirect)) == NULL) {
-            util_sleep_ms(10 << (tries - 1));
-            c = conn_redis_key(cs, key);
-        }
-    }
-    if (c != NULL && c->err)
-        conn_redis_broken(cs);
-    free(key);
-    return st;
-}
-
 /* One INCRBY on 'c'; the status, the new value in *last, and the node's
  * answer in 'rd' when it named a redirection (ORDER_ID_MOVED). */
 static order_id_status incrby(redisContext *c, const char *key, int n, int64_t *last,
@@ -216,5 +188,15 @@ order_id_status order_id_take_counts(conn_set *cs, const char *prefix, int64_t n
     if (c != NULL && c->err)
         conn_redis_broken(cs);
     free(key);
+    return st;
+}
+
+order_id_status order_id_take(conn_set *cs, const char *prefix, int64_t *id)
+{
+    int64_t now = (int64_t)time(NULL), count;
+    order_id_status st = order_id_take_counts(cs, prefix, now, 1, &count);
+
+    if (st == ORDER_ID_OK)
+        *id = order_id_compose(now - ORDER_ID_EPOCH, count);
     return st;
 }
