@@ -46,7 +46,7 @@ ones -- is asserted: the exit status is 1 when one does not reproduce.
                AOF writes while a background fsync runs and answers anyway, so
                orders are lost, each listed in steps/16-redis-lost/lost.txt;
                step 17 runs appendfsync always: none is lost
-  pg steps     last, pg-async and pg-sync (a stack with PG_HA=1, pg_auto_failover:
+  pg steps     pg-async and pg-sync (a stack with PG_HA=1, pg_auto_failover:
                a monitor, three data nodes): both standbys' walreceivers frozen
                (with their pg_autoctl and the monitor), 100 buyers (30 in
                pg-sync; 10 concurrent) through nginx, the primary's process
@@ -54,6 +54,16 @@ ones -- is asserted: the exit status is 1 when one does not reproduce.
                tb_voucher_order. synchronous_commit = local: every 200 missing
                there; on (the default): 503 while no standby confirms, nothing
                missing. The killed node is started again as a standby
+  cluster      last, cluster-none, cluster-aof and cluster-wait (a stack with
+  steps        REDIS_CLUSTER=1: 3 masters, 3 replicas, every node appendfsync
+               always; SECKILL_STOCK=redis, the consumers off): the replica
+               of the voucher's master cut off (SIGSTOP, CLIENT KILL TYPE
+               replica), 200 buyers (20 concurrent), the master SIGKILLed,
+               the replica promoted, the killed node started again, the
+               consumers on, every stream drained; the 200s compared with
+               tb_voucher_order. none and aof (the AOF is on the killed
+               node, and a failover skips it): every 200 lost; wait (WAIT 1
+               on the voucher's master): 503 to all, nothing lost
 
 It runs a stack of its own (scripts/stack.sh, RUN_DIR default .run/ladder, free
 ports), without the unique constraint uq_voucher_order_user_voucher (it would
@@ -86,8 +96,8 @@ load output, the access-log slice and /stats of every step; run-N/ with --runs).
                           [--keep-stack] [--run-dir DIR] [--out DIR]
 
 --quick: 500 buyers instead of 1000 in the stock steps and the failover steps'
-sales (CI); every assertion stays. --no-failover: without steps 12-15 and
-the Postgres failover steps. --runs N: the whole ladder N times on the same stack, then how often
+sales (CI); every assertion stays. --no-failover: without steps 12-15, the
+Postgres failover steps and the Redis Cluster steps. --runs N: the whole ladder N times on the same stack, then how often
 each step's expected outcome reproduced. Python 3 standard library only; needs
 ab, psql, curl (stack.sh) and, for the chart, gnuplot.
 
@@ -95,6 +105,6 @@ The package's modules: steps (STEPS, LOCK_BACKENDS), checks (each step's
 expected outcome), stack, run (Ladder: one step after another), loads (sale,
 storm, outage), faults (a killed holder, the nodes' failures), failover (the
 lost lock), redis_steps (Redis killed, a slow disk), pg_steps (the Postgres
-primary killed), record (a step's
+primary killed), cluster_steps (a Redis Cluster master killed), record (a step's
 figures), report (table, Markdown, HTML, chart), cli.
 """

@@ -91,6 +91,27 @@ def check_pg_failover(step, r, results):
     return out + [strategies_seen(step, r)]
 
 
+def check_cluster_failover(step, r, results):
+    """cluster-none, cluster-aof: acknowledged orders lost with the killed
+    master; cluster-wait: no 200 while its replica was cut off, none lost.
+    Then, lost or not, Postgres's invariants and the drained Redis side."""
+    f = r["clusterFailover"]
+    out = [(r["stockDrift"] == 0 and r["oversold"] == 0 and r["duplicateUsers"] == 0,
+            f"Postgres: drift {r['stockDrift']}, oversold {r['oversold']}, "
+            f"duplicate users {r['duplicateUsers']} = 0")]
+    if step["key"] == "cluster-wait":
+        out += [(f["acked"] == 0 and f["unavailable"] >= 1,
+                 f"200s while the replica was cut off: {f['acked']} = 0 "
+                 f"({f['unavailable']} x 503)"),
+                (f["lost"] == 0, f"acknowledged orders lost {f['lost']} = 0")]
+    else:
+        out.append((0 < f["lost"] <= f["acked"],
+                    f"acknowledged orders lost {f['lost']} > 0 (of {f['acked']} x 200), each "
+                    "listed in lost.txt"))
+    out.append((r["reconciled"], "Redis and Postgres agree after the drain"))
+    return out + [strategies_seen(step, r)]
+
+
 def check_reentrant(step, r, results):
     return [one_order(r), (r["renewals"] >= 1, f"watchdog renewals {r['renewals']} >= 1")]
 
@@ -184,7 +205,8 @@ CHECKS = {"naive": check_naive, "cas": check_stock, "optimistic": check_stock,
           "reentrant": check_reentrant}
 OWN_CHECKS = {"redlock-restart": check_redlock_restart, "redlock-delayed": check_redlock_delayed,
               "multilock-node-down": check_multilock_down, "pg-async": check_pg_failover,
-              "pg-sync": check_pg_failover}
+              "pg-sync": check_pg_failover, "cluster-none": check_cluster_failover,
+              "cluster-aof": check_cluster_failover, "cluster-wait": check_cluster_failover}
 PREFIX_CHECKS = (("storm-", check_one_order, True), ("crash-", check_crash, False),
                  ("outage-", check_outage, False))
 

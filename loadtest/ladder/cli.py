@@ -32,7 +32,8 @@ def parse_args(argv):
     ap.add_argument("--no-lock-services", action="store_true",
                     help="without the lock-service steps (storms, killed holders, outages)")
     ap.add_argument("--no-failover", action="store_true",
-                    help="without the failover steps (12-15, and Postgres's: pg-async, pg-sync)")
+                    help="without the failover steps (12-15, Postgres's: pg-async, pg-sync, and "
+                         "the Redis Cluster's: cluster-none, cluster-aof, cluster-wait)")
     ap.add_argument("--keep-stack", action="store_true",
                     help="leave the stack running (default strategies) at the end")
     ap.add_argument("--run-dir", default=os.environ.get("LADDER_RUN_DIR",
@@ -52,7 +53,8 @@ def select_steps(a):
     steps = [s for s in STEPS if not (s.get("optional") and a.no_batched)
              and not (s.get("service") and a.no_lock_services)
              and not (s.get("full_only") and a.quick)
-             and not ((s.get("failover") or s.get("pg_failover")) and a.no_failover)]
+             and not ((s.get("failover") or s.get("pg_failover") or s.get("cluster_failover"))
+                      and a.no_failover)]
     if a.steps:
         want = {int(x) for x in a.steps.split(",") if x.strip()}
         steps = [s for s in steps if s["num"] in want]

@@ -99,6 +99,8 @@ class Loads:
             return self.burst_then_kill(step, step_dir)
         if load["kind"] == "pg-failover":
             return self.pg_burst_then_kill(step, step_dir)
+        if load["kind"] == "cluster-failover":
+            return self.cluster_burst_then_kill(step, step_dir)
         if load["kind"] == "outage":
             return self.outage(step, load, url, step_dir)
         return self.storm(load, url, user, step_dir)

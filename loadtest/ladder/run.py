@@ -13,6 +13,7 @@ import check_invariants
 import kit
 
 from .checks import check_step
+from .cluster_steps import ClusterSteps
 from .failover import Failover
 from .faults import Faults
 from .loads import Loads
@@ -25,7 +26,7 @@ from .steps import NODES, STORM_BUCKET, UNIQUE
 ROOT = kit.ROOT
 
 
-class Ladder(RedisSteps, PgSteps, Loads, Faults, Failover):
+class Ladder(RedisSteps, ClusterSteps, PgSteps, Loads, Faults, Failover):
     """The ladder's state across its steps: the stack, the Redis nodes, the
     vouchers, the users."""
 
@@ -196,6 +197,8 @@ class Ladder(RedisSteps, PgSteps, Loads, Faults, Failover):
             return f"burst {load['requests']}x{load['concurrency']}, PG primary killed"
         if load["kind"] == "redis-crash":
             return f"burst {load['requests']}x{load['concurrency']}, kill"
+        if load["kind"] == "cluster-failover":
+            return f"burst {load['requests']}x{load['concurrency']}, slot's master killed"
         return f"storm {load['connections']}x{load['seconds']:g}s"
 
     def safe_defaults(self):
@@ -222,7 +225,8 @@ class Ladder(RedisSteps, PgSteps, Loads, Faults, Failover):
             return r
         if step.get("redis_aof"):
             self.redis_persistence("no")
-        if "lost" not in r and "pgFailover" not in r and r["ok"] != r["orders"]:
+        if "lost" not in r and "pgFailover" not in r and "clusterFailover" not in r \
+                and r["ok"] != r["orders"]:
             log(f"note: step {step['num']}: {r['ok']} answers 200 but {r['orders']} orders in Postgres")
         return r
 

@@ -26,6 +26,7 @@ class Stack(kit.Stack):
         self.services = services             # LOCK_SERVICES: the steps' lock services
         self.ha = None
         self.pg_ha = None
+        self.cluster = None
 
     def configure(self, instances, step_env):
         """The instances run with step_env. True when the database is new
@@ -36,15 +37,18 @@ class Stack(kit.Stack):
         settings.update(step_env)
         ha = str(step_env.get("REDIS_HA", 0)) == "1"
         pg_ha = str(step_env.get("PG_HA", 0)) == "1"
+        cluster = str(step_env.get("REDIS_CLUSTER", 0)) == "1"
         fresh = not (self.started and self.instances == instances and self.ha == ha
-                     and self.pg_ha == pg_ha)
+                     and self.pg_ha == pg_ha and self.cluster == cluster)
         # First start, another instance count, Redis with(out) Sentinel or
-        # Postgres with(out) pg_auto_failover: the whole stack (a new
-        # database: the caller drops the constraint and makes the voucher).
+        # as a cluster, or Postgres with(out) pg_auto_failover: the whole
+        # stack (a new database: the caller drops the constraint and makes
+        # the voucher).
         self.command("start" if fresh else "restart-instances", 300 if pg_ha else 180, **settings)
         self.instances = instances
         self.ha = ha
         self.pg_ha = pg_ha
+        self.cluster = cluster
         return fresh
 
     def stop(self):

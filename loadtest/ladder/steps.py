@@ -10,7 +10,8 @@ STEP_VARS = ("SECKILL_LOCK", "SECKILL_STOCK", "DEMO_DELAY_MS", "DEMO_PAUSE_MS",
              "LOG_LEVEL", "FENCING", "LOCK_SYNC_REPLICAS", "LOCK_SYNC_TIMEOUT_MS", "REDIS_HA",
              "INSTANCE_ENV_1", "INSTANCE_ENV_2", "REDIS_ORDER_DURABILITY", "CONSUMERS",
              "ZK_SESSION_TIMEOUT_MS", "LOCK_PG_SWEEP_MS", "LOCK_REDIS_NODES", "PG_HA",
-             "PG_STATEMENT_TIMEOUT_MS")
+             "PG_STATEMENT_TIMEOUT_MS", "REDIS_CLUSTER", "REDIS_ORDER_WAIT_REPLICAS",
+             "REDIS_ORDER_WAIT_MS")
 # The caller's variables that must not leak into the stack or the loads.
 SCRUB = STEP_VARS + ("BASE_URL", "PG_DSN", "REDIS_URL", "NGINX_ACCESS_LOG", "VOUCHER_ID",
                      "LOADTEST_OUT", "ADMIN_TOKEN", "REDIS_SENTINELS", "REDIS_MASTER_NAME",
@@ -295,3 +296,51 @@ def pg_steps(first):
 
 
 STEPS += pg_steps(len(STEPS) + 1)
+
+
+# The Redis-first steps on a Redis Cluster (a stack with REDIS_CLUSTER=1: 3
+# masters, 3 replicas, every node appendfsync always). The replica of the
+# voucher's master is cut off (SIGSTOP, and the master's link to it ended),
+# a burst of buyers is admitted with the consumers off, the master is
+# SIGKILLed, the replica resumed and promoted: it never had the burst. An
+# AOF on the killed master does not help: the promoted replica is the
+# slot's copy now, and the killed node comes back as its replica, its data
+# replaced by the new master's.
+CLUSTER_BURST = {"kind": "cluster-failover", "requests": 200, "concurrency": 20, "stock": 1000}
+CLUSTER_ENV = {"REDIS_CLUSTER": 1, "CONSUMERS": 0}
+
+
+def cluster_step(key, title, env, expect, story):
+    return dict(key=key, title=title, lock="reentrant", stock="redis", instances=2,
+                env=dict(CLUSTER_ENV, **env), load=CLUSTER_BURST, cluster_failover=True,
+                expect=expect, story=story)
+
+
+def cluster_steps(first):
+    """The Redis Cluster steps, numbered from 'first'."""
+    out = [
+        cluster_step("cluster-none", "redis-first on a cluster, no wait",
+                     {"REDIS_ORDER_DURABILITY": "none"}, expect="acked orders lost",
+                     story="REDIS_ORDER_DURABILITY=none: 200 as soon as the voucher's master "
+                           "ran the script; its replica cut off, the master SIGKILLed, the "
+                           "replica promoted without the burst"),
+        cluster_step("cluster-aof", "redis-first on a cluster, AOF always", {},
+                     expect="acked orders lost: a failover skips the AOF",
+                     story="REDIS_ORDER_DURABILITY=aof (every node appendfsync always): each "
+                           "200 is on the master's disk, but the slot fails over to the "
+                           "replica, which never had the burst; the killed node returns as its "
+                           "replica and takes the new master's data"),
+        cluster_step("cluster-wait", "redis-first on a cluster, WAIT 1",
+                     {"REDIS_ORDER_DURABILITY": "wait", "REDIS_ORDER_WAIT_REPLICAS": 1,
+                      "REDIS_ORDER_WAIT_MS": 300},
+                     expect="no 200 while cut off, none lost",
+                     story="REDIS_ORDER_DURABILITY=wait: WAIT 1 on the voucher's own master "
+                           "after each lot; its replica cut off, no replica acknowledges within "
+                           "300 ms, every buyer gets 503, nothing acknowledged is lost"),
+    ]
+    for i, st in enumerate(out):
+        st["num"] = first + i
+    return out
+
+
+STEPS += cluster_steps(len(STEPS) + 1)
