@@ -36,7 +36,19 @@ icr:order:<yyyy>:<MM>:<dd> (a slot of its own), one INCRBY before admission.
   in between: WAIT follows the slot to its new master), 200s again once the
   killed node is back as its replica (the times printed); drained, no
   acknowledged order lost, no user twice, no id twice, no oversell, and
-  every acknowledged buyer in the promoted master's buyers set.
+  every acknowledged buyer in the promoted master's buyers set;
+- a hot voucher's slot migrated to another master mid-sale (SETSLOT
+  IMPORTING/MIGRATING, MIGRATE of its keys, SETSLOT NODE; the target's
+  script cache empty, as a newly added master's): answers 200, 409 or 503
+  only, the 503s under a fifth of the migration's answers, sales go on
+  after it, every key of the slot on the new master; drained, every
+  invariant, reconciled on both instances, no dead letter;
+- poison orders of two vouchers on two masters (Postgres has no stock left
+  for them) go to each voucher's own dead letters on its own master,
+  counted by /stats and the metric; once fixed, POST
+  /admin/dead-letters/replay puts them back, its answer summed over the
+  vouchers (max counted across them, an old-format letter unreplayable),
+  and they land as acknowledged.
 
 Prints "N passed, M failed". Python 3 standard library only.
 """
@@ -718,6 +730,365 @@ def kill_of_a_vouchers_master_mid_sale_loses_no_acknowledged_order():
                 ss.register_pid(int(ctl("pid", victim)))
         finally:
             stop_all(a, b)
+
+
+# ---------------------------------------------------------------- a slot migrated
+
+def node_id(port):
+    return cli(port, "CLUSTER", "MYID")
+
+
+def redirects(srv):
+    """/stats redis.redirects of srv: {moved, ask, retry} followed."""
+    return (srv.get("/stats").body.get("redis") or {}).get("redirects") or {}
+
+
+def migrate_slot_begin(slot, src, dst):
+    """CLUSTER SETSLOT IMPORTING on dst, then MIGRATING on src (as
+    tests/test_cluster_sale.py does)."""
+    for port, args in ((dst, ("IMPORTING", node_id(src))), (src, ("MIGRATING", node_id(dst)))):
+        out = cli(port, "CLUSTER", "SETSLOT", slot, *args)
+        if out != "OK":
+            fail(f"SETSLOT {slot} {args} on {port}: {out}")
+
+
+def migrate_keys(slot, src, dst):
+    """MIGRATE every key of the slot still on the source; the keys moved."""
+    moved = []
+    while True:
+        keys = cli(src, "CLUSTER", "GETKEYSINSLOT", slot, 100).split()
+        if not keys:
+            return moved
+        out = cli(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys, timeout=30)
+        if out not in ("OK", "NOKEY"):
+            fail(f"MIGRATE {keys}: {out}")
+        moved += keys
+
+
+def migrate_slot_end(slot, src, dst, others):
+    """The keys still on the source moved, then the slot given to dst on
+    every master."""
+    did = node_id(dst)
+    migrate_keys(slot, src, dst)
+    for port in (dst, src, *others):
+        out = cli(port, "CLUSTER", "SETSLOT", slot, "NODE", did)
+        if out != "OK":
+            fail(f"SETSLOT {slot} NODE on {port}: {out}")
+
+
+@test
+def a_redis_first_vouchers_slot_migrated_mid_sale_loses_nothing():
+    """One hot voucher, buyers at a steady pace through two instances; its
+    slot (that of seckill:v:{V}: the hash, the buyers, the landed counter,
+    the orders stream and its group) moved to another master as redis-cli
+    --cluster reshard does, a second between the steps: SETSLOT IMPORTING
+    and MIGRATING, MIGRATE of every key, SETSLOT NODE on every master. The
+    target starts with an empty script cache, as a master added to the
+    cluster for the reshard would. Every answer is 200, 409 or 503 (the
+    script answered ASK, then TRYAGAIN or a redirection past the bound of
+    sends), the 503s under a fifth of the requests of the migration (its
+    keys move in one MIGRATE: a buyer can always be admitted on one side
+    or the other), sales go on after it, the keys are all on the new
+    master, and once drained every invariant holds, reconciled on both
+    instances, no dead letter."""
+    a = server("cluster-rf-move-a", CONSUMERS=1)
+    b = server("cluster-rf-move-b", CONSUMERS=1)
+    try:
+        ms = masters()
+        vid = voucher(a, 100000)
+        slot = key_slot(vkey(vid))
+        if slot_of(vkey(vid)) != slot:
+            fail(f"CLUSTER KEYSLOT {vkey(vid)} = {slot_of(vkey(vid))}, computed {slot}")
+        src_i, src = voucher_home(vid)
+        dst_i, dst = next((i, p) for i, p in sorted(ms.items()) if i != src_i)
+        others = [p for i, p in ms.items() if i not in (src_i, dst_i)]
+        if cli(dst, "SCRIPT", "FLUSH") != "OK":
+            fail(f"SCRIPT FLUSH on node {dst_i}")
+        r0 = [redirects(s) for s in (a, b)]
+        load = load_kit.Load(vid, [("a", a.port), ("b", b.port)] * 2, rate=40).start()
+        try:
+            time.sleep(1.5)
+            # The slot's keys, every one the sale made, before the move.
+            before = set(cli(src, "CLUSTER", "GETKEYSINSLOT", slot, 100).split())
+            t_begin = time.monotonic()
+            migrate_slot_begin(slot, src, dst)
+            time.sleep(1.0)
+            t_keys = time.monotonic()
+            moved_keys = migrate_keys(slot, src, dst)
+            t_keys_done = time.monotonic()
+            time.sleep(1.0)
+            migrate_slot_end(slot, src, dst, others)
+            t_done = time.monotonic()
+            # Sales after the move: a few seconds to show, then more.
+            deadline = t_done + 10
+            while time.monotonic() < deadline and not any(
+                    r.status == 200 and r.t0 > t_done for r in list(load.records)):
+                time.sleep(0.1)
+            time.sleep(1.5)
+        finally:
+            recs = load.stop()
+        r1 = [redirects(s) for s in (a, b)]
+        rfs = {s.name: redis_first(s) for s in (a, b)}
+        red = {k: sum(x.get(k, 0) - y.get(k, 0) for x, y in zip(r1, r0))
+               for k in ("moved", "ask", "retry")}
+        during = [r for r in recs if r.t1 > t_begin and r.t0 < t_done]
+        after = [r for r in recs if r.t0 >= t_done]
+        n503 = sum(1 for r in recs if r.status == 503)
+        d503 = sum(1 for r in during if r.status == 503)
+        print(f"    slot {slot} node {src_i} -> node {dst_i}: keys {sorted(moved_keys)} moved "
+              f"{t_keys - t_begin:.1f} s after MIGRATING (MIGRATE {t_keys_done - t_keys:.2f} s), "
+              f"SETSLOT NODE {t_done - t_begin:.1f} s after", flush=True)
+        figures = (f"answers {load_kit.tally(recs)}; during the migration "
+                   f"{load_kit.tally(during)}; after it {load_kit.tally(after)}; redirections "
+                   f"followed {red}")
+        print(f"    {figures}", flush=True)
+        wrong = [r for r in recs if r.status not in (200, 409, 503) or
+                 (r.status == 409 and r.code not in ("already_ordered", "sold_out"))]
+        if wrong:
+            fail(f"{len(wrong)} answers other than 200, 409 and 503: {wrong[:3]}")
+        want = {vkey(vid), vkey(vid, ":buyers"), vkey(vid, ":orders")}
+        if not want <= before:
+            fail(f"slot {slot} on node {src_i} held {sorted(before)}, expected at least "
+                 f"{sorted(want)}")
+        if set(moved_keys) != before or len(moved_keys) != len(set(moved_keys)):
+            fail(f"MIGRATE moved {sorted(moved_keys)}, the slot held {sorted(before)}")
+        if not any(r.status == 200 and r.t1 < t_begin for r in recs):
+            fail(f"no sale before the migration: {figures}")
+        early = [r for r in recs if r.status == 503 and r.t1 < t_begin]
+        if early:
+            fail(f"{len(early)} x 503 before the migration began, e.g. {early[0]}")
+        if red["ask"] < 1 or red["moved"] < 1:
+            fail(f"redirections followed {red}: the buyers did not meet the migration "
+                 f"(ASK and MOVED expected)")
+        if not any(r.status == 200 and r.t0 > t_done for r in recs):
+            fail(f"no sale after the slot moved: {figures}; /stats redisFirst {rfs}")
+        if not during or d503 * 5 >= len(during):
+            fail(f"{d503} of the {len(during)} answers during the migration were 503 (under a "
+                 f"fifth expected); {figures}; /stats redisFirst {rfs}")
+        if n503 * 10 > len(recs):
+            fail(f"{n503} of {len(recs)} answers were 503: {figures}")
+        # The voucher's keys all on the new master, none left on the old.
+        if master_of_slot(slot)[1] != dst:
+            fail(f"slot {slot} is served by node {master_of_slot(slot)[0]}, not node {dst_i}")
+        left = cli(src, "CLUSTER", "COUNTKEYSINSLOT", slot)
+        if left != "0":
+            fail(f"node {src_i} still holds {left} keys of slot {slot}")
+        on_dst = set(cli(dst, "CLUSTER", "GETKEYSINSLOT", slot, 100).split())
+        if not before <= on_dst:
+            fail(f"slot {slot} on node {dst_i}: {sorted(on_dst)}, missing "
+                 f"{sorted(before - on_dst)}")
+        if "seckill" not in stream_groups(dst, vkey(vid, ":orders")):
+            fail(f"{vkey(vid, ':orders')} on node {dst_i} has no group seckill")
+        took = wait_drained([a, b])
+        rfs = {s.name: redis_first(s) for s in (a, b)}
+        print(f"    drained and reconciled {took:.1f} s after the load; dead letters "
+              f"{ {n: (rf or {}).get('deadLetters') for n, rf in rfs.items()} }", flush=True)
+        for n, rf in rfs.items():
+            if (rf or {}).get("deadLetters") != 0:
+                fail(f"{n}: /stats redisFirst {rf}: dead letters")
+        if xlen(dst, vkey(vid, ":orders:dead")) != 0:
+            fail(f"{vkey(vid, ':orders:dead')} on node {dst_i} holds dead letters")
+        left = kit.stream_unsettled(lambda *x: cli(dst, *x), vkey(vid, ":orders"))
+        if left != (0, 0):
+            fail(f"{vkey(vid, ':orders')} on node {dst_i}: (unsettled, pending) {left}")
+        # A 503 is an outcome the buyer cannot know: the script may have run.
+        res = load_kit.check_invariants(Store, vid, recs, "cluster-rf-move", unknown_extra=n503)
+        # Redis agrees with Postgres, on the new master.
+        orders = res["orders"]
+        got = {"stock": cli(dst, "HGET", vkey(vid), "stock"),
+               "buyers": cli(dst, "SCARD", vkey(vid, ":buyers")),
+               "landed": cli(dst, "GET", vkey(vid, ":landed"))}
+        if got != {"stock": str(100000 - orders), "buyers": str(orders), "landed": str(orders)}:
+            fail(f"voucher {vid} on node {dst_i}: {got}, Postgres has {orders} orders")
+        members = set(cli(dst, "SMEMBERS", vkey(vid, ":buyers"), timeout=30).split())
+        lost = [r.user for r in recs if r.status == 200 and str(r.user) not in members]
+        if lost:
+            fail(f"{len(lost)} acknowledged buyers missing from the new master's buyers set, "
+                 f"e.g. {lost[:3]}")
+    finally:
+        stop_all(a, b)
+
+
+# ---------------------------------------------------------------- dead letters
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def dead_letters(port, key):
+    """The dead letters of stream 'key' on the node on port, oldest first:
+    [{field: value}]."""
+    out = cli(port, "EVAL", "local r = {} for _, e in ipairs(redis.call('xrange', KEYS[1], '-', "
+              "'+')) do r[#r + 1] = table.concat(e[2], '\\t') end return r", 1, key)
+    if out.startswith(("MOVED", "ASK", "ERR")):
+        fail(f"the dead letters of {key} on {port}: {out}")
+    letters = []
+    for line in out.splitlines():
+        f = line.split("\t")
+        letters.append(dict(zip(f[0::2], f[1::2])))
+    return letters
+
+
+def entries_added(port, stream):
+    """XINFO STREAM's entries-added of 'stream' on the node on port."""
+    info = cli(port, "XINFO", "STREAM", stream).splitlines()
+    if "entries-added" not in info:
+        fail(f"XINFO STREAM {stream} on {port}: {info[:4]}")
+    return int(info[info.index("entries-added") + 1])
+
+
+def metric(srv, name):
+    """The value of an unlabelled counter in srv's /metrics."""
+    r = srv.get("/metrics")
+    for line in r.body.splitlines() if isinstance(r.body, str) else []:
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    fail(f"{name} not in /metrics of {srv.name}")
+
+
+@test
+def a_poison_order_on_a_cluster_goes_to_its_vouchers_dead_letters_and_replays():
+    """Two vouchers on two masters, their orders admitted with no consumer
+    running while Postgres has no stock left for them (changed by hand):
+    the consumer moves each order to its own voucher's dead letters,
+    seckill:v:{V}:orders:dead on that voucher's master (the other master
+    answers MOVED for it), each carrying the order whole; /stats
+    redisFirst counts them all (deadLetters, not reconciled) and so does
+    the metric. A replay before the fix is refused without the token or
+    with max 0; once Postgres has its stock back, POST
+    /admin/dead-letters/replay puts them back, each in its own voucher's
+    stream, the answer summed over the vouchers ({replayed, left,
+    unreplayable}, max counted across them, a letter without the id's
+    parts left as unreplayable), each once; they land in Postgres as
+    acknowledged, and once the unreplayable letter is gone both
+    instances say reconciled."""
+    front = server("cluster-rf-dead-front", CONSUMERS=0)
+    c = None
+    try:
+        ranges = slot_map()
+        homes = {}
+        for _ in range(60):                 # two vouchers on two masters
+            vid = voucher(front, 5)
+            node = voucher_home(vid, ranges)[0]
+            if not homes or node not in homes.values():
+                homes[vid] = node
+            if len(homes) == 2:
+                break
+        if len(homes) != 2:
+            fail(f"no two vouchers on two masters: {homes}")
+        va, vb = sorted(homes)              # the replay walks the vouchers by id
+        pa, pb = port_of(homes[va]), port_of(homes[vb])
+        base = user_base() + 60000
+        acked = {va: {}, vb: {}}
+        for v, users in ((va, range(base + 1, base + 4)), (vb, range(base + 11, base + 13))):
+            for u in users:
+                r = front.seckill(v, u)
+                if r.status != 200:
+                    fail(f"voucher {v} user {u}: {r.status} {r.body}")
+                acked[v][u] = int(r.body["orderId"])
+        print(f"    vouchers (id: node) {homes}; orders {[len(acked[v]) for v in (va, vb)]}",
+              flush=True)
+        ss.psql(f"UPDATE tb_voucher SET stock = 0 WHERE voucher_id IN ({va}, {vb})")
+        c = server("cluster-rf-dead", CONSUMERS=1)
+        dead = {va: (pa, vkey(va, ":orders:dead")), vb: (pb, vkey(vb, ":orders:dead"))}
+        ss.wait_for(lambda: all(xlen(p, k) == len(acked[v]) for v, (p, k) in dead.items()), 20,
+                    "each voucher's orders in its own dead letters", poll=0.1)
+        for v, (p, k) in dead.items():
+            letters = dead_letters(p, k)
+            got = {int(d["u"]): int(d["o"]) for d in letters}
+            ids = {int(d["u"]): (int(d["t"]) << 32) | int(d["c"]) for d in letters}
+            if got != acked[v] or ids != acked[v] or {d["v"] for d in letters} != {str(v)} or \
+                    {d["reason"] for d in letters} != {"no stock left in Postgres"}:
+                fail(f"voucher {v}'s dead letters on {p}: {letters}; orders {acked[v]}")
+        # Each voucher's letters on its own master only.
+        for v, w in ((va, pb), (vb, pa)):
+            out = cli(w, "XLEN", dead[v][1])
+            if not out.startswith("MOVED"):
+                fail(f"XLEN {dead[v][1]} on the other voucher's master ({w}): {out!r}, "
+                     f"expected MOVED")
+        wait_drained([front, c], reconciled=False)
+        for s in (front, c):
+            rf = redis_first(s) or {}
+            if rf.get("deadLetters") != 5 or rf.get("reconciled") is not False:
+                fail(f"{s.name}: /stats redisFirst {rf}, expected 5 dead letters, "
+                     f"not reconciled")
+        if metric(c, "seckill_stream_dead_letters_total") != 5:
+            fail(f"seckill_stream_dead_letters_total "
+                 f"{metric(c, 'seckill_stream_dead_letters_total')}, expected 5")
+        # A dead letter of the older format (no t and c): not replayable.
+        cli(pb, "XADD", dead[vb][1], "*", "entry", "1-1", "v", vb, "u", 1, "o", 4294967297,
+            "g", 1, "reason", "no such voucher", "consumer", "old")
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = front.post("/admin/dead-letters/replay", headers)
+            if r.status != 401 or r.body.get("error") != "unauthorized":
+                fail(f"replay without the token: {r.status} {r.body!r}")
+        r = front.post("/admin/dead-letters/replay", AUTH, {"max": 0})
+        if r.status != 400 or r.body.get("error") != "invalid_field":
+            fail(f"max 0: {r.status} {r.body!r}")
+        if (xlen(pa, dead[va][1]), xlen(pb, dead[vb][1])) != (3, 3):
+            fail("a refused replay moved dead letters")
+        ss.psql(f"UPDATE tb_voucher SET stock = 5 WHERE voucher_id IN ({va}, {vb})")  # the fix
+        streams = {va: (pa, vkey(va, ":orders")), vb: (pb, vkey(vb, ":orders"))}
+        added0 = {v: entries_added(p, k) for v, (p, k) in streams.items()}
+        answers = []
+        for body in ({"max": 4}, None, None):
+            r = front.post("/admin/dead-letters/replay", AUTH, body)
+            if r.status != 200:
+                fail(f"replay {body}: {r.status} {r.body!r}")
+            answers.append(r.body)
+        added = {v: entries_added(p, k) - added0[v] for v, (p, k) in streams.items()}
+        print(f"    replays (max 4, then all, then again): {answers}; entries queued per "
+              f"voucher {added}", flush=True)
+        # max 4: voucher A's 3 and one of B's; then B's other one, its old
+        # letter passed over; then nothing left to replay.
+        if answers != [{"replayed": 4, "left": 2, "unreplayable": 0},
+                       {"replayed": 1, "left": 1, "unreplayable": 1},
+                       {"replayed": 0, "left": 1, "unreplayable": 1}]:
+            fail(f"replay answers {answers}")
+        if added != {va: 3, vb: 2}:
+            fail(f"entries queued per voucher by the replays {added}, expected "
+                 f"{ {va: 3, vb: 2} }")
+        if xlen(pa, dead[va][1]) != 0 or \
+                [d.get("consumer") for d in dead_letters(pb, dead[vb][1])] != ["old"]:
+            fail(f"dead letters left: {dead_letters(pa, dead[va][1])} on {pa}, "
+                 f"{dead_letters(pb, dead[vb][1])} on {pb}; expected only the old one of "
+                 f"voucher {vb}")
+        # Landed: the rows, then /stats (a snapshot up to STATS_INTERVAL_MS
+        # old) with the one old letter left.
+        t0 = time.monotonic()
+        ss.wait_for(lambda: all(len(pg_orders(v)) == len(acked[v]) for v in (va, vb)), 20,
+                    "the replayed orders in Postgres", poll=0.1)
+        took = time.monotonic() - t0
+        ss.wait_for(lambda: all((redis_first(s) or {}).get("deadLetters") == 1
+                                for s in (front, c)), 10,
+                    "/stats redisFirst deadLetters 1 on both instances", poll=0.2)
+        wait_drained([front, c], reconciled=False)
+        for v in (va, vb):
+            rows = check_landed(v, acked[v], 5)
+            if rows != {oid: u for u, oid in acked[v].items()}:
+                fail(f"voucher {v}: Postgres has {rows}, not exactly the acknowledged "
+                     f"{acked[v]}")
+        for s in (front, c):
+            rf = redis_first(s) or {}
+            if rf.get("reconciled") is not False:
+                fail(f"{s.name}: /stats redisFirst {rf}: reconciled with a dead letter left")
+        if cli(pb, "DEL", dead[vb][1]) != "1":
+            fail(f"DEL {dead[vb][1]} on {pb}")
+        wait_drained([front, c])
+        for v, p in ((va, pa), (vb, pb)):
+            n = len(acked[v])
+            got = {"stock": cli(p, "HGET", vkey(v), "stock"),
+                   "buyers": cli(p, "SCARD", vkey(v, ":buyers")),
+                   "landed": cli(p, "GET", vkey(v, ":landed"))}
+            if got != {"stock": str(5 - n), "buyers": str(n), "landed": str(n)}:
+                fail(f"voucher {v} on {p}: {got}, expected stock {5 - n}, {n} buyers, "
+                     f"{n} landed")
+            left = kit.stream_unsettled(lambda *x, p=p, v=v: cli(p, *x), vkey(v, ":orders"))
+            if left != (0, 0):
+                fail(f"{vkey(v, ':orders')} on {p}: (unsettled, pending) {left}")
+        print(f"    replayed orders landed {took:.1f} s after the replay; reconciled on both "
+              f"once the old letter was gone", flush=True)
+    finally:
+        stop_all(*(s for s in (front, c) if s is not None))
 
 
 if __name__ == "__main__":

@@ -496,6 +496,7 @@ static http_outcome h_admin_replay(http_req *r, const char *arg, size_t arg_len)
         return http_send_error(r, err, why);
     if (stream_tidy_replay_all(conn_get(), max, &out) != 0)
         return http_send_error(r, API_UNAVAILABLE, "redis unavailable, retry later");
+    stats_touch();                              /* /stats's dead letters read afresh */
     log_info("admin: %" PRId64 " dead letters replayed, %" PRId64 " left (%" PRId64
              " not replayable)", out.replayed, out.left, out.unreplayable);
     o = cJSON_CreateObject();

@@ -307,14 +307,8 @@ int script_file_append(redisContext *c, const script_file *s, int nkeys, int arg
 redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, int argc,
                              const char **argv, const size_t *argvlen, int fallback)
 {
-    const char *stack_v[SCRIPT_STACK_ARGS];
-    size_t stack_l[SCRIPT_STACK_ARGS];
-    const char **v = stack_v;
-    size_t *l = stack_l;
-    char nkeys_buf[16];
     void *reply = NULL;
     redisReply *r;
-    int total;
 
     if (redisGetReply(c, &reply) != REDIS_OK) {
         freeReplyObject(reply);
@@ -328,6 +322,20 @@ redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, i
      * script and caches it again, so later EVALSHA calls hit. */
     freeReplyObject(r);
     log_info("script %s: NOSCRIPT, re-sending with EVAL", s->name);
+    return script_file_eval(c, s, nkeys, argc, argv, argvlen);
+}
+
+redisReply *script_file_eval(redisContext *c, const script_file *s, int nkeys, int argc,
+                             const char **argv, const size_t *argvlen)
+{
+    const char *stack_v[SCRIPT_STACK_ARGS];
+    size_t stack_l[SCRIPT_STACK_ARGS];
+    const char **v = stack_v;
+    size_t *l = stack_l;
+    char nkeys_buf[16];
+    redisReply *r;
+    int total;
+
     total = build_argv(s, nkeys, argc, argv, argvlen, nkeys_buf, sizeof nkeys_buf, &v, &l);
     v[0] = "EVAL";
     l[0] = 4;

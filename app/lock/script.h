@@ -79,6 +79,13 @@ redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, i
                              const char **argv, const size_t *argvlen, int fallback);
 int script_is_noscript(const redisReply *r);
 
+/* The script sent as EVAL with its source (cached by Redis as it runs),
+ * not EVALSHA: one command, so that a cluster's ASKING before it covers
+ * it (a NOSCRIPT answer would use up the ASKING, and the fallback EVAL
+ * would go out without it). The reply, through script_demoted. */
+redisReply *script_file_eval(redisContext *c, const script_file *s, int nkeys, int argc,
+                             const char **argv, const size_t *argvlen);
+
 /* "-READONLY ..." means the server is a replica now: a failover demoted it
  * while this connection stayed open, and no write will succeed on it
  * again. script_demoted turns such a reply into a failed connection: it

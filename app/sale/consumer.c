@@ -553,8 +553,9 @@ static int next_retry_ms(consumer *k)
 
 /* One stream's turn, k->s on k->c: claim what crashed consumers left,
  * else our own pending entries, else new ones (waiting up to 'block_ms'
- * for them; 0: not at all); persist them. The number of entries read, or
- * -1 when a read failed. */
+ * for them; 0: not at all; negative: none read, the caller lingers
+ * first); persist them. The number of entries read, or -1 when a read
+ * failed. */
 static int stream_turn(consumer *k, int block_ms)
 {
     stream_state *s = k->s;
@@ -571,7 +572,7 @@ static int stream_turn(consumer *k, int block_ms)
         if (n == 0)
             s->own_pending = 0;
     }
-    if (n == 0 && k->c->err == 0) {
+    if (n == 0 && k->c->err == 0 && block_ms >= 0) {
         n = read_stream(k, ">", block_ms);
         if (n >= g_cfg.consumer_batch_max)
             k->read_full = 1;
@@ -677,11 +678,16 @@ static int list_streams(consumer *k)
 /* A Redis Cluster: one sweep over every voucher's stream, each on its
  * slot's master, none waited on (a wait on one would hold up the others);
  * a sweep that read nothing waits POLL_IDLE_MS (or CONSUMER_LINGER_MS,
- * when longer) before the next. */
+ * when longer) before the next. A master that cannot be reached is tried
+ * once per sweep (its other streams wait for the next), and the next sweep
+ * waits RETRY_PAUSE_MS: a failover takes seconds, and the others' streams
+ * go on meanwhile. */
 static void sweep(consumer *k)
 {
+    unsigned char failed[RCLUSTER_MAX_NODES] = { 0 };
     int64_t now = util_mono_us();
     int poll = g_cfg.consumer_linger_ms > POLL_IDLE_MS ? g_cfg.consumer_linger_ms : POLL_IDLE_MS;
+    int trouble = 0;
 
     if (now >= k->next_list_us) {
         k->next_list_us = now + WATCH_EVERY_MS * 1000LL;
@@ -694,18 +700,24 @@ static void sweep(consumer *k)
         return;
     k->read_full = k->read_some = 0;
     for (size_t i = 0; i < k->nstreams && !bgthread_stopping(&consumer_bg); i++) {
-        int n;
+        int n, slot, node;
         k->s = &k->streams[i];
-        k->c = rcluster_slot_context(k->rc, rcluster_keyslot(k->s->names.orders,
-                                                             strlen(k->s->names.orders)));
-        if (k->c == NULL) {
+        slot = rcluster_keyslot(k->s->names.orders, strlen(k->s->names.orders));
+        if ((node = rcluster_slot_node(k->rc, slot)) >= 0 && failed[node])
+            continue;
+        if ((k->c = rcluster_slot_context(k->rc, slot)) == NULL) {
             log_debug("consumer: %s: %s", k->s->names.orders, k->rc->errstr);
+            trouble = 1;
+            if (node < 0)
+                break;                      /* no map: the next sweep, after the pause */
+            failed[node] = 1;
             continue;
         }
         n = stream_turn(k, 0);
         k->read_some |= n > 0;
         if (k->c->err) {
             redis_drop(k);
+            trouble = 1;
             break;
         }
         if (util_mono_us() < k->retry_at_us)
@@ -717,8 +729,11 @@ static void sweep(consumer *k)
         k->redirected = 0;
     }
     now = util_mono_us();
-    k->next_read_us = k->read_full ? 0
-                      : now + (int64_t)(k->read_some ? g_cfg.consumer_linger_ms : poll) * 1000;
+    if (k->read_full)
+        k->next_read_us = 0;
+    else
+        k->next_read_us = now + (int64_t)(trouble ? RETRY_PAUSE_MS
+                                          : k->read_some ? g_cfg.consumer_linger_ms : poll) * 1000;
 }
 
 /* One round of consuming. A context that no longer leads to the master (a
@@ -780,17 +795,20 @@ static void consumer_main(bgthread *self, void *arg)
 }
 
 /* The watch on a Redis Cluster: its own routing handle, and the voucher
- * list read from Postgres each time (kept as it was while Postgres does
- * not answer). */
+ * list read from Postgres (kept as it was while Postgres does not answer;
+ * the backlog is not judged until a list was read once). */
 typedef struct cluster_watch {
     rcluster *rc;
     PGconn *pg;
     int64_t pg_checked_us;
     int64_t *ids;
     size_t n;
+    int listed;                       /* a list was read */
+    unsigned ticks;
 } cluster_watch;
 
-static void cluster_watch_once(cluster_watch *w)
+/* Reads the voucher list again, for the next round. */
+static void cluster_watch_list(cluster_watch *w)
 {
     char err[256];
     int64_t *ids;
@@ -810,9 +828,21 @@ static void cluster_watch_once(cluster_watch *w)
         free(w->ids);
         w->ids = ids;
         w->n = n;
+        w->listed = 1;
     }
-    if (stock_redis_watch_cluster(w->rc, w->ids, w->n) != 0)
-        rcluster_reset(w->rc);              /* failed, or a failover: the map read anew */
+}
+
+/* Redis first (durability, the backlog of the vouchers listed so far),
+ * then the list for the next round: a Postgres that is slow to answer
+ * delays no verdict. The map is read afresh after a failure and every
+ * tenth round (a master added by a reshard is checked too). */
+static void cluster_watch_once(cluster_watch *w)
+{
+    if (++w->ticks % 10 == 0)
+        w->rc->stale = 1;
+    if (stock_redis_watch_cluster(w->rc, w->ids, w->n, w->listed) != 0)
+        rcluster_reset(w->rc);              /* failed, a failover or a moved slot */
+    cluster_watch_list(w);
 }
 
 /* The watch, once a second on a connection of its own, on every instance

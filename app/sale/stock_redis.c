@@ -156,50 +156,6 @@ static int admit_call_build(admit_call *ac, store_order *const *o, int n, int64_
     return 0;
 }
 
-/* Order id counts drawn before the calls that use them: 'n' counts of
- * the day of 'now' from 'first' on. */
-typedef struct admit_counts {
-    int64_t now, first;
-    int n;
-} admit_counts;
-
-/* With a stream per voucher (a Redis Cluster, where the day's counter
- * lives in a slot of its own): 'n' counts, one INCRBY on the counter's
- * master. 0, or -1 (the clock before the id epoch, or the counter
- * unavailable). */
-static int admit_counts_draw(conn_set *cs, int n, admit_counts *out)
-{
-    out->now = util_now_s();
-    out->n = n;
-    out->first = 0;
-    if (out->now < ORDER_ID_EPOCH) {
-        log_error("stock_redis: clock before the order id epoch");
-        return -1;
-    }
-    if (!stock_redis_per_voucher())
-        return 0;
-    return order_id_take_counts(cs, g_cfg.id_prefix, out->now, n, &out->first) == ORDER_ID_OK
-               ? 0 : -1;
-}
-
-/* The call for the buyers o[0..n): with 'pre', the counts drawn for them
- * before (at least n); else the clock read, and on a Redis Cluster their
- * counts drawn now. 0, or -1. */
-static int admit_call_prepare(conn_set *cs, admit_call *ac, store_order *const *o, int n,
-                              const admit_counts *pre)
-{
-    admit_counts own;
-
-    if (pre == NULL) {
-        if (admit_counts_draw(cs, n, &own) != 0)
-            return -1;
-        pre = &own;
-    }
-    if (pre->n < n)
-        return -1;
-    return admit_call_build(ac, o, n, pre->now, pre->first);
-}
-
 /* The connection for a voucher's admissions: on a Redis Cluster, to the
  * master of its slot; else the one Redis's. Borrowed; NULL when
  * unreachable. */
@@ -213,6 +169,72 @@ static redisContext *voucher_redis(conn_set *cs, int64_t voucher_id)
     return conn_redis_key(cs, key);
 }
 
+/* Order id counts drawn before the calls that use them: 'n' counts of
+ * the day of 'now' from 'first' on. */
+typedef struct admit_counts {
+    int64_t now, first;
+    int n;
+} admit_counts;
+
+/* With a stream per voucher (a Redis Cluster, where the day's counter
+ * lives in a slot of its own): 'n' counts, one INCRBY on the counter's
+ * master; with REDIS_ORDER_DURABILITY=wait, a WAIT there too, so that a
+ * failover of the counter's master cannot hand the same counts out again
+ * to orders acknowledged meanwhile. Every context cs handed out before may
+ * have been freed (a failure drops the handle's connections): take the
+ * voucher's again after. 0, or -1 (the clock before the id epoch, the
+ * counter unavailable or not acknowledged by a replica). */
+static int admit_counts_draw(conn_set *cs, int n, admit_counts *out)
+{
+    char key[ADMIT_ID_KEY];
+    redisContext *c;
+    int rc;
+
+    out->now = util_now_s();
+    out->n = n;
+    out->first = 0;
+    if (out->now < ORDER_ID_EPOCH) {
+        log_error("stock_redis: clock before the order id epoch");
+        return -1;
+    }
+    if (!stock_redis_per_voucher())
+        return 0;
+    if (order_id_take_counts(cs, g_cfg.id_prefix, out->now, n, &out->first) != ORDER_ID_OK)
+        return -1;
+    if (g_cfg.redis_order_durability != DURABILITY_WAIT)
+        return 0;
+    order_id_key(g_cfg.id_prefix, out->now, key, sizeof key);
+    if ((c = conn_redis_key(cs, key)) == NULL)
+        return -1;
+    if ((rc = stock_redis_durability_wait(c)) != 0 && c->err)
+        conn_redis_broken(cs);
+    return rc == 0 ? 0 : -1;
+}
+
+/* The call for the buyers o[0..n): with 'pre', the counts drawn for them
+ * before (at least n); else the clock read, and on a Redis Cluster their
+ * counts drawn now. On a cluster *c is then the voucher's connection taken
+ * again (the draw may have freed the one the caller held; NULL when
+ * unreachable). 0, or -1. */
+static int admit_call_prepare(conn_set *cs, redisContext **c, admit_call *ac,
+                              store_order *const *o, int n, const admit_counts *pre)
+{
+    admit_counts own;
+    int rc = -1;
+
+    if (pre == NULL) {
+        if (admit_counts_draw(cs, n, &own) != 0)
+            goto out;
+        pre = &own;
+    }
+    if (pre->n >= n)
+        rc = admit_call_build(ac, o, n, pre->now, pre->first);
+out:
+    if (stock_redis_per_voucher())
+        *c = voucher_redis(cs, o[0]->voucher_id);
+    return rc;
+}
+
 /* Runs the call on *c. On a Redis Cluster a reply that names a
  * redirection (the voucher's slot moved, or is moving) means the script
  * did not run: it is sent again where the node said, or after a pause
@@ -221,10 +243,13 @@ static redisContext *voucher_redis(conn_set *cs, int64_t voucher_id)
 static redisReply *admit_run(conn_set *cs, redisContext **c, const admit_call *ac)
 {
     redisReply *r = NULL;
-    rcluster_redirect rd;
+    rcluster_redirect rd = { .kind = RCLUSTER_NONE };
 
     for (int tries = 1; *c != NULL; tries++) {
-        r = script_file_run(*c, &admit_script, ac->nkeys, ac->argc, ac->argv, NULL);
+        /* After ASK (ASKING sent), EVAL: one command that ASKING covers. */
+        r = rd.kind == RCLUSTER_ASK
+                ? script_file_eval(*c, &admit_script, ac->nkeys, ac->argc, ac->argv, NULL)
+                : script_file_run(*c, &admit_script, ac->nkeys, ac->argc, ac->argv, NULL);
         if (r == NULL || rcluster_redirect_parse(r, &rd) == RCLUSTER_NONE ||
             tries == ORDER_ID_TRIES)
             break;
@@ -294,7 +319,7 @@ static store_status admit(conn_set *cs, redisContext **c, store_order *o, int *m
     redisReply *r;
 
     *missing = 0;
-    if (admit_call_prepare(cs, &ac, &o, 1, NULL) != 0)
+    if (admit_call_prepare(cs, c, &ac, &o, 1, NULL) != 0)
         return STORE_UNAVAILABLE;
     r = admit_run(cs, c, &ac);
     if (r != NULL && admit_reply_ok(r, 1))
@@ -425,10 +450,15 @@ static void pipe_wait(redisContext *c, pipe_waiter **w, int n)
             w[i]->st = STORE_UNAVAILABLE;
 }
 
-/* The connection that admitted w[0..n) was lost after a redirection: none
- * of them is known to have been admitted durably. */
-static void pipe_wait_lost(pipe_waiter **w, int n)
+/* pipe_wait on 'c', the connection that admitted w[0..n); when it was
+ * lost (NULL: none reachable after a redirection), none of them is known
+ * to have been admitted durably. */
+static void pipe_wait_on(redisContext *c, pipe_waiter **w, int n)
 {
+    if (c != NULL) {
+        pipe_wait(c, w, n);
+        return;
+    }
     for (int i = 0; i < n; i++)
         if (w[i]->st == STORE_OK)
             w[i]->st = STORE_UNAVAILABLE;
@@ -465,7 +495,7 @@ static void pipe_send(conn_set *cs, redisContext **c, pipe_waiter **w, int n,
         sent[ns] = w[i];
         o[ns++] = &w[i]->b->order;
     }
-    if (ns == 0 || admit_call_prepare(cs, &ac, o, ns, pre) != 0)
+    if (ns == 0 || admit_call_prepare(cs, c, &ac, o, ns, pre) != 0)
         return;
     counters_admit_round(ns);
     r = admit_run(cs, c, &ac);
@@ -490,7 +520,8 @@ static int usable(redisContext *const *c)
  * voucher's first buyer here rebuilds it and is admitted alone, the rest
  * are sent again together. A voucher whose rebuild failed fails its other
  * buyers here at once, so a Postgres that does not answer costs one
- * rebuild, not one per buyer. */
+ * rebuild, not one per buyer. Each call's admitted are waited for (mode
+ * "wait") on the connection that admitted them, before *c may move on. */
 static void pipe_retry(conn_set *cs, redisContext **c, pipe_waiter **w, int n)
 {
     pipe_waiter *again[PIPE_MAX];
@@ -519,9 +550,12 @@ static void pipe_retry(conn_set *cs, redisContext **c, pipe_waiter **w, int n)
             continue;
         }
         w[i]->st = admit_one(cs, c, &w[i]->b->order);
+        pipe_wait_on(*c, &w[i], 1);
     }
-    if (nagain > 0 && usable(c))
+    if (nagain > 0 && usable(c)) {
         pipe_send(cs, c, again, nagain, NULL);  /* lost again: unavailable */
+        pipe_wait_on(*c, again, nagain);
+    }
 }
 
 /* Settles and answers the lot w[0..n), all on one connection: the ones
@@ -545,19 +579,12 @@ static void pipe_settle_on(conn_set *cs, pipe_waiter **w, int n, const admit_cou
             done[ndone++] = w[i];
     }
     /* In "wait": on the master that admitted them. */
-    if (c != NULL)
-        pipe_wait(c, done, ndone);
-    else
-        pipe_wait_lost(done, ndone);
+    pipe_wait_on(c, done, ndone);
     pipe_answer(cs, done, ndone);
     if (nrare > 0 && c != NULL) {
         for (int i = 0; i < nrare; i++)
             rare[i]->st = STORE_UNAVAILABLE;
         pipe_retry(cs, &c, rare, nrare);
-        if (c != NULL)
-            pipe_wait(c, rare, nrare);
-        else
-            pipe_wait_lost(rare, nrare);
     }
     pipe_answer(cs, rare, nrare);
     if (c != NULL && c->err)
@@ -656,16 +683,25 @@ static void redis_settle(conn_set *cs, PGconn *pg, stock_buyer *b, stock_done_fn
         redis_settle_alone(cs, b, done, arg);
 }
 
-/* The voucher as Redis holds it (its stock is the admissions' own). */
+/* The voucher as Redis holds it (its stock is the admissions' own). On a
+ * Redis Cluster a redirection is followed as admit_run follows one (a
+ * voucher whose slot moved is read on its new master at once). */
 static store_status redis_voucher(conn_set *cs, int64_t voucher_id, store_voucher *out)
 {
     redisContext *c = voucher_redis(cs, voucher_id);
-    store_status st;
+    store_status st = STORE_UNAVAILABLE;
+    rcluster_redirect rd;
 
-    if (c == NULL)
-        return STORE_UNAVAILABLE;
-    st = stock_redis_voucher(c, voucher_id, out);
-    if (c->err)
+    for (int tries = 1; c != NULL; tries++) {
+        st = stock_redis_voucher(c, voucher_id, out, &rd);
+        if (rd.kind == RCLUSTER_NONE || c->err || tries == ORDER_ID_TRIES)
+            break;
+        if ((c = conn_redis_redirected(cs, &rd)) == NULL) {
+            util_sleep_ms(10 << (tries - 1));
+            c = voucher_redis(cs, voucher_id);
+        }
+    }
+    if (c != NULL && c->err)
         conn_redis_broken(cs);
     return st;
 }
@@ -678,7 +714,9 @@ static int redis_load(conn_set *cs, const store_voucher *v)
     if (c == NULL)
         return -1;
     rc = stock_redis_load(c, v);
-    if (c->err)
+    /* On a cluster a failure may be a slot that moved: the map is read
+     * again at the next use. */
+    if (c->err || (rc != 0 && stock_redis_per_voucher()))
         conn_redis_broken(cs);
     return rc;
 }

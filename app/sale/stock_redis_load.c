@@ -187,16 +187,18 @@ out:
     return st;
 }
 
-store_status stock_redis_voucher(redisContext *c, int64_t voucher_id, store_voucher *out)
+store_status stock_redis_voucher(redisContext *c, int64_t voucher_id, store_voucher *out,
+                                 rcluster_redirect *rd)
 {
     store_status st = STORE_UNAVAILABLE;
     redisReply *r;
     stock_redis_keys k;
 
+    rd->kind = RCLUSTER_NONE;
     stock_redis_keys_fill(&k, voucher_id);
     r = redisCommand(c, "HMGET %s stock initial begin end title", k.hash);
-    if (r == NULL)
-        goto out;
+    if (r == NULL || rcluster_redirect_parse(r, rd) != RCLUSTER_NONE)
+        goto out;                           /* a cluster's slot that moved: the caller's */
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 5) {
         log_warn("stock_redis: HMGET %s: %s", k.hash, r->type == REDIS_REPLY_ERROR ? r->str : "?");
         goto out;

@@ -16,6 +16,7 @@
 #include <hiredis/hiredis.h>
 
 #include "conn.h"
+#include "rcluster.h"
 #include "store.h"
 #include "store_voucher.h"
 
@@ -76,8 +77,11 @@ store_status stock_redis_rebuild(conn_set *cs, redisContext *c, int64_t voucher_
 
 /* The voucher as Redis holds it (its stock is the admissions' own):
  * STORE_OK, STORE_NOT_FOUND when Redis does not hold it, or
- * STORE_UNAVAILABLE. */
-store_status stock_redis_voucher(redisContext *c, int64_t voucher_id, store_voucher *out);
+ * STORE_UNAVAILABLE; then rd->kind says whether the node named a
+ * redirection (a Redis Cluster's slot that moved or is moving: the
+ * caller sends it again there), else RCLUSTER_NONE. */
+store_status stock_redis_voucher(redisContext *c, int64_t voucher_id, store_voucher *out,
+                                 rcluster_redirect *rd);
 
 /* Drops the voucher's Redis state when it holds an older sale than
  * 'pg_sale' (Postgres's tb_voucher.sale_gen), so that its next buyer

@@ -114,6 +114,9 @@ static int stream_backlog(redisContext *c, const char *stream, int64_t *backlog,
     if (r == NULL)
         return -1;
     if (r->type == REDIS_REPLY_ERROR) {
+        /* A cluster's slot that moved: not this node's to count. */
+        if (rcluster_redirect_parse(r, &(rcluster_redirect){ 0 }) != RCLUSTER_NONE)
+            goto out;
         if (strstr(r->str, "no such key") != NULL)
             *backlog = *pending = *oldest = 0;  /* no order admitted yet */
         rc = 0;
@@ -196,7 +199,7 @@ int stock_redis_watch(redisContext *c)
 /* Most masters whose durability the watch checks. */
 #define WATCH_MASTERS_MAX 64
 
-int stock_redis_watch_cluster(rcluster *rc, const int64_t *ids, size_t n)
+int stock_redis_watch_cluster(rcluster *rc, const int64_t *ids, size_t n, int listed)
 {
     redisContext *masters[WATCH_MASTERS_MAX];
     int slots[WATCH_MASTERS_MAX], nm, rc_dur = 0;
@@ -211,18 +214,18 @@ int stock_redis_watch_cluster(rcluster *rc, const int64_t *ids, size_t n)
     /* The contexts stay valid: no other call on 'rc' in between. */
     if (stock_redis_durability_check_all(masters, nm) < 0)
         rc_dur = -1;
+    if (!listed)
+        return rc_dur;                      /* no list yet: the backlog is not known */
     for (size_t i = 0; i < n; i++) {
         stock_redis_stream s;
-        int64_t b, p, o;
+        int64_t b, p, o, add;
         redisContext *c;
         stock_redis_stream_of(&s, ids[i]);
         if ((c = rcluster_slot_context(rc, rcluster_keyslot(s.orders, strlen(s.orders)))) == NULL ||
             stream_backlog(c, s.orders, &b, &p, &o) != 0)
             return -1;
-        if (b < 0 && g_cfg.stream_backlog_max > 0)
-            bound += stream_len(c, s.orders);
-        else
-            bound += b < 0 ? 0 : b;
+        add = b < 0 && g_cfg.stream_backlog_max > 0 ? stream_len(c, s.orders) : b < 0 ? 0 : b;
+        bound = bound > INT64_MAX - add ? INT64_MAX : bound + add;
         backlog = backlog < 0 || b < 0 ? -1 : backlog + b;
         oldest = oldest < 0 || o < 0 ? -1 : o > oldest ? o : oldest;
         if (c->err)
@@ -364,7 +367,9 @@ int stock_redis_stats(conn_set *cs, cJSON *root, cJSON *vouchers)
     cJSON_AddBoolToObject(rf, "reconciled", all_agree && sum.dead == 0);
     rc = 0;
 out:
-    if (c != NULL && c->err)
+    /* On a cluster a failure may be a slot that moved (MOVED): the
+     * connections dropped and the map read again at the next use. */
+    if (c != NULL && (c->err || (rc != 0 && stock_redis_per_voucher())))
         conn_redis_broken(cs);
     return rc;
 }

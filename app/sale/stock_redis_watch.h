@@ -26,10 +26,11 @@ int stock_redis_watch(redisContext *c);
 
 /* The same on a Redis Cluster, through the watch's own routing handle
  * 'rc': the durability check on every master (durable only when each
- * is), and the backlog summed over the streams of the vouchers ids[0..n)
- * (each voucher's own, on its slot's master). 0, or -1 when Redis failed
- * (the caller resets 'rc'). */
-int stock_redis_watch_cluster(rcluster *rc, const int64_t *ids, size_t n);
+ * is), and, once 'listed' (the vouchers were listed), the backlog summed
+ * over the streams of the vouchers ids[0..n) (each voucher's own, on its
+ * slot's master). 0, or -1 when Redis failed or answered a redirection
+ * (the caller resets 'rc': the map is read again). */
+int stock_redis_watch_cluster(rcluster *rc, const int64_t *ids, size_t n, int listed);
 
 /* What the watch found last; figures -1 until known. */
 typedef struct stock_redis_figures {

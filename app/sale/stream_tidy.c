@@ -168,8 +168,7 @@ static int replay_each(conn_set *cs, int64_t max, stream_tidy_replayed *out)
             goto out;
         if (stream_tidy_replay(c, &s, max - out->replayed > 0 ? max - out->replayed : 0,
                                &one) != 0) {
-            if (c->err)
-                conn_redis_broken(cs);
+            conn_redis_broken(cs);          /* failed, or a slot that moved: read the map */
             goto out;
         }
         out->replayed += one.replayed;
