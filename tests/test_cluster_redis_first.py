@@ -53,50 +53,36 @@ icr:order:<yyyy>:<MM>:<dd> (a slot of its own), one INCRBY before admission.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
-import binascii
 import http.client
 import os
 import random
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_kit  # noqa: E402
 import load_kit  # noqa: E402
 import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 import kit  # noqa: E402  (loadtest/, on the path through seckill_server)
 
 TOKEN = "t0k3n-cluster-rf"
-SCRIPT = os.path.join(ss.ROOT, "scripts", "redis-cluster.sh")
-DIR = os.path.join(ss.TEST_TMP, f"cluster-test_cluster_redis_first-{os.getpid()}")
-ENV = dict(os.environ, REDIS_CLUSTER_TIMEOUT="120", REDIS_CLUSTER_APPENDFSYNC="always")
-for _k in ("REDIS_CLUSTER_MASTERS", "REDIS_CLUSTER_REPLICAS", "REDIS_CLUSTER_NODE_TIMEOUT_MS"):
-    ENV.pop(_k, None)
-NODES = 6
+C = cluster_kit.Cluster("test_cluster_redis_first", REDIS_CLUSTER_APPENDFSYNC="always")
+NODES = cluster_kit.NODES
 FAILOVER_TIMEOUT = 60      # seconds: node timeout 3 s, then the election; a busy machine
 DRAIN_TIMEOUT = 60         # seconds for the consumers to settle every admitted order
-CLUSTER = {}
-PORTS = {}
 STARTED = []               # servers of the tests, stopped at teardown if still running
 
 
 # ---------------------------------------------------------------- the cluster
 
-def ctl(what, *args, timeout=300):
-    """scripts/redis-cluster.sh what DIR args...: its stdout, stripped."""
-    try:
-        p = subprocess.run([SCRIPT, what, DIR, *map(str, args)], capture_output=True, text=True,
-                           timeout=timeout, env=ENV, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        fail(f"redis-cluster.sh {what} {args} outlived {timeout}s")
-    if p.returncode != 0:
-        fail(f"redis-cluster.sh {what} {args}: exit {p.returncode}: {p.stderr.strip()}")
-    return p.stdout.strip()
-
-
-def id_key(t=None):
-    return "icr:order:" + time.strftime("%Y:%m:%d", time.gmtime(t))
+ctl, port_of, masters, replica_of = C.ctl, C.port_of, C.masters, C.replica_of
+slot_of, slot_map, master_of_slot, master_of_key = (C.slot_of, C.slot_map, C.master_of_slot,
+                                                    C.master_of_key)
+cli, node_id, id_key, key_slot = (cluster_kit.cli, cluster_kit.node_id, cluster_kit.id_key,
+                                  cluster_kit.key_slot)
+migrate_slot_begin = cluster_kit.migrate_slot_begin
+migrate_keys, migrate_slot_end = cluster_kit.migrate_keys, cluster_kit.migrate_slot_end
 
 
 def nodes_line():
@@ -104,92 +90,11 @@ def nodes_line():
     node), started at the first call. The day's id counter starts far from
     1, as redisfirst_kit.durable_redis does: ids are (second << 32) | count,
     and the run's Redis servers share one Postgres."""
-    if "line" not in CLUSTER:
-        t0 = time.monotonic()
-        line = ctl("start").splitlines()[-1]
-        print(f"# cluster started in {time.monotonic() - t0:.1f} s", flush=True)
-        for i in range(1, NODES + 1):
-            ss.register_pid(int(ctl("pid", i)))
-        CLUSTER["line"] = line.split("=", 1)[1]
+    if not C.started():
+        C.nodes_line()
         for t in (time.time(), time.time() + 3600):
             cli(port_of(1), "-c", "SET", id_key(t), random.randrange(10**6, 3 * 10**9), "NX")
-    return CLUSTER["line"]
-
-
-def cli(port, *args, timeout=10):
-    """redis-cli (no -c unless asked) against 127.0.0.1:port: its output
-    (raw: stdout is not a terminal), stripped."""
-    try:
-        p = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), *map(str, args)],
-                           capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        fail(f"redis-cli -p {port} {args} outlived {timeout}s")
-    return (p.stdout + p.stderr).strip()
-
-
-def port_of(i):
-    if i not in PORTS:
-        PORTS[i] = int(ctl("port", i))      # a node keeps its port across restarts
-    return PORTS[i]
-
-
-def masters():
-    """{node number: port} of the masters now."""
-    nodes_line()
-    return {i: port_of(i) for i in range(1, NODES + 1) if ctl("role", i) == "master"}
-
-
-def slot_of(key):
-    """CLUSTER KEYSLOT, asked of the first live node."""
-    for i in range(1, NODES + 1):
-        out = cli(port_of(i), "CLUSTER", "KEYSLOT", key)
-        if out.isdigit():
-            return int(out)
-    fail(f"no node answers CLUSTER KEYSLOT {key}")
-
-
-def key_slot(key):
-    """The key's hash slot computed here: CRC16 (XMODEM) of its hash tag
-    (the first {...} with something inside) or of the whole key, mod 16384."""
-    s = key.find("{")
-    if s >= 0:
-        e = key.find("}", s + 1)
-        if e > s + 1:
-            key = key[s + 1:e]
-    return binascii.crc_hqx(key.encode(), 0) % 16384
-
-
-def slot_map():
-    """[(first, last, master port)] as CLUSTER NODES of the first live node
-    says now."""
-    for i in range(1, NODES + 1):
-        out = cli(port_of(i), "CLUSTER", "NODES")
-        ranges = []
-        for line in out.splitlines():
-            f = line.split()
-            if len(f) < 8 or "master" not in f[2].split(",") or "fail" in f[2]:
-                continue
-            port = int(f[1].split("@")[0].rsplit(":", 1)[1])
-            for r in f[8:]:
-                if not r.startswith("["):
-                    lo, _, hi = r.partition("-")
-                    ranges.append((int(lo), int(hi or lo), port))
-        if ranges:
-            return ranges
-    fail("no node answers CLUSTER NODES")
-
-
-def master_of_slot(slot, ranges=None):
-    """(node number, port) of the master that serves the slot."""
-    port = next((p for lo, hi, p in (ranges or slot_map()) if lo <= slot <= hi), None)
-    if port is None:
-        fail(f"no master serves slot {slot}")
-    return next(i for i in range(1, NODES + 1) if port_of(i) == port), port
-
-
-def master_of_key(key, ranges=None):
-    return master_of_slot(key_slot(key), ranges)
+    return C.nodes_line()
 
 
 def vkey(vid, suffix=""):
@@ -200,15 +105,6 @@ def vkey(vid, suffix=""):
 def voucher_home(vid, ranges=None):
     """(node number, port) of the master serving voucher vid's slot."""
     return master_of_key(vkey(vid), ranges)
-
-
-def replica_of(port):
-    """Node number of the first replica of the master on 'port'."""
-    for line in cli(port, "INFO", "replication").splitlines():
-        if line.startswith("slave0:"):
-            rport = int(line.split("port=")[1].split(",")[0])
-            return next(i for i in range(1, NODES + 1) if port_of(i) == rport)
-    fail(f"the master on {port} has no replica")
 
 
 def info_fields(port, section):
@@ -329,11 +225,21 @@ def check_landed(vid, acked, initial):
     return rows
 
 
+def check_buyers_on(port, vid, recs, where):
+    """Every buyer answered 200 in recs is in voucher vid's buyers set on
+    the master on port: none could buy again."""
+    members = set(cli(port, "SMEMBERS", vkey(vid, ":buyers"), timeout=30).split())
+    lost = [r.user for r in recs if r.status == 200 and str(r.user) not in members]
+    if lost:
+        fail(f"{len(lost)} acknowledged buyers missing from {where}'s buyers set, "
+             f"e.g. {lost[:3]}")
+
+
 def teardown():
     for s in STARTED:
         if s.alive():
             s.stop()
-    if "line" in CLUSTER:
+    if C.started():
         ctl("stop")
 
 
@@ -664,11 +570,7 @@ def kill_of_a_vouchers_master_mid_sale_loses_no_acknowledged_order():
         load = load_kit.Load(vid, [("a", a.port), ("b", b.port)] * 2, rate=40).start()
         try:
             time.sleep(1.5)
-            ctl("kill", victim)                 # returns once the node is gone
-            t_kill = time.monotonic()
-            ss.wait_for(lambda: int(ctl("master-of", slot)) != victim, FAILOVER_TIMEOUT,
-                        "the replica promoted")
-            t_promoted = time.monotonic()
+            t_kill, t_promoted = C.kill_until_promoted(victim, slot, FAILOVER_TIMEOUT)
             new_master = int(ctl("master-of", slot))
             # The promoted master has no replica until the killed node is
             # back: every admission there must be refused (WAIT 1 fails).
@@ -717,12 +619,7 @@ def kill_of_a_vouchers_master_mid_sale_loses_no_acknowledged_order():
         load_kit.check_invariants(Store, vid, recs, "cluster-rf-kill", unknown_extra=n503)
         # Every acknowledged buyer is known to the promoted master: none
         # could buy again.
-        _, port = master_of_slot(slot)
-        members = set(cli(port, "SMEMBERS", vkey(vid, ":buyers"), timeout=30).split())
-        lost = [r.user for r in recs if r.status == 200 and str(r.user) not in members]
-        if lost:
-            fail(f"{len(lost)} acknowledged buyers missing from the promoted master's buyers "
-                 f"set, e.g. {lost[:3]}")
+        check_buyers_on(master_of_slot(slot)[1], vid, recs, "the promoted master")
     finally:
         try:
             if victim is not None and not restarted:
@@ -734,46 +631,9 @@ def kill_of_a_vouchers_master_mid_sale_loses_no_acknowledged_order():
 
 # ---------------------------------------------------------------- a slot migrated
 
-def node_id(port):
-    return cli(port, "CLUSTER", "MYID")
-
-
 def redirects(srv):
     """/stats redis.redirects of srv: {moved, ask, retry} followed."""
     return (srv.get("/stats").body.get("redis") or {}).get("redirects") or {}
-
-
-def migrate_slot_begin(slot, src, dst):
-    """CLUSTER SETSLOT IMPORTING on dst, then MIGRATING on src (as
-    tests/test_cluster_sale.py does)."""
-    for port, args in ((dst, ("IMPORTING", node_id(src))), (src, ("MIGRATING", node_id(dst)))):
-        out = cli(port, "CLUSTER", "SETSLOT", slot, *args)
-        if out != "OK":
-            fail(f"SETSLOT {slot} {args} on {port}: {out}")
-
-
-def migrate_keys(slot, src, dst):
-    """MIGRATE every key of the slot still on the source; the keys moved."""
-    moved = []
-    while True:
-        keys = cli(src, "CLUSTER", "GETKEYSINSLOT", slot, 100).split()
-        if not keys:
-            return moved
-        out = cli(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys, timeout=30)
-        if out not in ("OK", "NOKEY"):
-            fail(f"MIGRATE {keys}: {out}")
-        moved += keys
-
-
-def migrate_slot_end(slot, src, dst, others):
-    """The keys still on the source moved, then the slot given to dst on
-    every master."""
-    did = node_id(dst)
-    migrate_keys(slot, src, dst)
-    for port in (dst, src, *others):
-        out = cli(port, "CLUSTER", "SETSLOT", slot, "NODE", did)
-        if out != "OK":
-            fail(f"SETSLOT {slot} NODE on {port}: {out}")
 
 
 @test
@@ -900,11 +760,7 @@ def a_redis_first_vouchers_slot_migrated_mid_sale_loses_nothing():
                "landed": cli(dst, "GET", vkey(vid, ":landed"))}
         if got != {"stock": str(100000 - orders), "buyers": str(orders), "landed": str(orders)}:
             fail(f"voucher {vid} on node {dst_i}: {got}, Postgres has {orders} orders")
-        members = set(cli(dst, "SMEMBERS", vkey(vid, ":buyers"), timeout=30).split())
-        lost = [r.user for r in recs if r.status == 200 and str(r.user) not in members]
-        if lost:
-            fail(f"{len(lost)} acknowledged buyers missing from the new master's buyers set, "
-                 f"e.g. {lost[:3]}")
+        check_buyers_on(dst, vid, recs, "the new master")
     finally:
         stop_all(a, b)
 

@@ -49,7 +49,6 @@ instances routing each key to its slot's master.
 Prints "N passed, M failed". Python 3 standard library only.
 """
 
-import binascii
 import os
 import re
 import tempfile
@@ -59,111 +58,26 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_kit  # noqa: E402
 import load_kit  # noqa: E402
 import seckill_server as ss  # noqa: E402
 from seckill_server import fail, test  # noqa: E402
 
 TOKEN = "t0k3n-cluster"
-SCRIPT = os.path.join(ss.ROOT, "scripts", "redis-cluster.sh")
-DIR = os.path.join(ss.TEST_TMP, f"cluster-test_cluster_sale-{os.getpid()}")
-ENV = dict(os.environ, REDIS_CLUSTER_TIMEOUT="120")
-for _k in ("REDIS_CLUSTER_MASTERS", "REDIS_CLUSTER_REPLICAS", "REDIS_CLUSTER_NODE_TIMEOUT_MS",
-           "REDIS_CLUSTER_APPENDFSYNC"):
-    ENV.pop(_k, None)
-NODES = 6
+C = cluster_kit.Cluster("test_cluster_sale")
+NODES = cluster_kit.NODES
 FAILOVER_TIMEOUT = 60      # seconds: node timeout 3 s, then the election; a busy machine
-CLUSTER = {}
 SERVERS = {}
-PORTS = {}
 
 
 # ---------------------------------------------------------------- the cluster
 
-def ctl(what, *args, timeout=300):
-    """scripts/redis-cluster.sh what DIR args...: its stdout, stripped."""
-    try:
-        p = subprocess.run([SCRIPT, what, DIR, *map(str, args)], capture_output=True, text=True,
-                           timeout=timeout, env=ENV, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        fail(f"redis-cluster.sh {what} {args} outlived {timeout}s")
-    if p.returncode != 0:
-        fail(f"redis-cluster.sh {what} {args}: exit {p.returncode}: {p.stderr.strip()}")
-    return p.stdout.strip()
-
-
-def nodes_line():
-    """REDIS_CLUSTER_NODES of the cluster, started at the first call."""
-    if "line" not in CLUSTER:
-        t0 = time.monotonic()
-        line = ctl("start").splitlines()[-1]
-        print(f"# cluster started in {time.monotonic() - t0:.1f} s", flush=True)
-        for i in range(1, NODES + 1):
-            ss.register_pid(int(ctl("pid", i)))
-        CLUSTER["line"] = line.split("=", 1)[1]
-    return CLUSTER["line"]
-
-
-def cli(port, *args, timeout=10):
-    """redis-cli (no -c) against 127.0.0.1:port: its output, stripped."""
-    try:
-        p = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), *map(str, args)],
-                           capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        fail(f"redis-cli -p {port} {args} outlived {timeout}s")
-    return (p.stdout + p.stderr).strip()
-
-
-def port_of(i):
-    if i not in PORTS:
-        PORTS[i] = int(ctl("port", i))      # a node keeps its port across restarts
-    return PORTS[i]
-
-
-def masters():
-    """{node number: port} of the masters now."""
-    nodes_line()
-    return {i: port_of(i) for i in range(1, NODES + 1) if ctl("role", i) == "master"}
-
-
-def slot_of(key):
-    """CLUSTER KEYSLOT, asked of the first live node."""
-    for i in range(1, NODES + 1):
-        out = cli(port_of(i), "CLUSTER", "KEYSLOT", key)
-        if out.isdigit():
-            return int(out)
-    fail(f"no node answers CLUSTER KEYSLOT {key}")
-
-
-def slot_map():
-    """[(first, last, master port)] as CLUSTER NODES of the first live node
-    says now."""
-    for i in range(1, NODES + 1):
-        out = cli(port_of(i), "CLUSTER", "NODES")
-        ranges = []
-        for line in out.splitlines():
-            f = line.split()
-            if len(f) < 8 or "master" not in f[2].split(",") or "fail" in f[2]:
-                continue
-            port = int(f[1].split("@")[0].rsplit(":", 1)[1])
-            for r in f[8:]:
-                if not r.startswith("["):
-                    lo, _, hi = r.partition("-")
-                    ranges.append((int(lo), int(hi or lo), port))
-        if ranges:
-            return ranges
-    fail("no node answers CLUSTER NODES")
-
-
-def master_of_key(key, ranges=None):
-    """(node number, port) of the master that serves key's slot now."""
-    slot = slot_of(key) if ranges is None else binascii.crc_hqx(key.encode(), 0) % 16384
-    port = next(p for lo, hi, p in (ranges or slot_map()) if lo <= slot <= hi)
-    return next(i for i in range(1, NODES + 1) if port_of(i) == port), port
-
-
-def node_id(port):
-    return cli(port, "CLUSTER", "MYID")
+ctl, nodes_line, port_of, masters = C.ctl, C.nodes_line, C.port_of, C.masters
+replica_of = C.replica_of
+slot_of, slot_map, master_of_key = C.slot_of, C.slot_map, C.master_of_key
+cli, node_id, id_key = cluster_kit.cli, cluster_kit.node_id, cluster_kit.id_key
+migrate_slot_begin = cluster_kit.migrate_slot_begin
+migrate_keys, migrate_slot_end = cluster_kit.migrate_keys, cluster_kit.migrate_slot_end
 
 
 def evals(port):
@@ -177,10 +91,6 @@ def evals(port):
 
 def lock_keys(port):
     return [k for k in cli(port, "--scan", "--pattern", "lock:order:*").splitlines() if k]
-
-
-def id_key():
-    return "icr:order:" + time.strftime("%Y:%m:%d", time.gmtime())
 
 
 # ---------------------------------------------------------------- the service
@@ -222,7 +132,7 @@ def redirects(srv):
 def teardown():
     for s in SERVERS.values():
         s.stop_ok()
-    if "line" in CLUSTER:
+    if C.started():
         ctl("stop")
 
 
@@ -482,15 +392,6 @@ def watchdog_leases_are_renewed_on_each_locks_own_master():
         slow.stop_ok()
 
 
-def replica_of(port):
-    """Node number of the first replica of the master on 'port'."""
-    for line in cli(port, "INFO", "replication").splitlines():
-        if line.startswith("slave0:"):
-            rport = int(line.split("port=")[1].split(",")[0])
-            return next(i for i in range(1, NODES + 1) if port_of(i) == rport)
-    fail(f"the master on {port} has no replica")
-
-
 @test
 def lock_sync_replicas_waits_for_the_replica_of_the_locks_own_master():
     a, _ = servers()
@@ -524,35 +425,6 @@ def lock_sync_replicas_waits_for_the_replica_of_the_locks_own_master():
             fail(f"{n} orders, expected 2")
     finally:
         srv.stop_ok()
-
-
-def migrate_slot_begin(slot, src, dst):
-    """CLUSTER SETSLOT IMPORTING on dst, then MIGRATING on src."""
-    for port, args in ((dst, ("IMPORTING", node_id(src))), (src, ("MIGRATING", node_id(dst)))):
-        out = cli(port, "CLUSTER", "SETSLOT", slot, *args)
-        if out != "OK":
-            fail(f"SETSLOT {slot} {args} on {port}: {out}")
-
-
-def migrate_keys(slot, src, dst):
-    """MIGRATE every key of the slot still on the source."""
-    while True:
-        keys = cli(src, "CLUSTER", "GETKEYSINSLOT", slot, 100).split()
-        if not keys:
-            return
-        out = cli(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
-        if out not in ("OK", "NOKEY"):
-            fail(f"MIGRATE {keys}: {out}")
-
-
-def migrate_slot_end(slot, src, dst, others):
-    """The keys still on the source moved, then the slot given to dst."""
-    did = node_id(dst)
-    migrate_keys(slot, src, dst)
-    for port in (dst, src, *others):
-        out = cli(port, "CLUSTER", "SETSLOT", slot, "NODE", did)
-        if out != "OK":
-            fail(f"SETSLOT {slot} NODE on {port}: {out}")
 
 
 def migrate_slot(slot, src, dst, others, pause):
@@ -664,11 +536,7 @@ def kill_9_of_the_id_counters_master_mid_sale_loses_nothing():
     slot = slot_of(key)
     load = load_kit.Load(vid, [("a", a.port), ("b", b.port)] * 2, rate=40).start()
     time.sleep(1.5)
-    ctl("kill", victim)                 # returns once the node is gone
-    t_kill = time.monotonic()
-    ss.wait_for(lambda: int(ctl("master-of", slot)) != victim, FAILOVER_TIMEOUT,
-                "the replica promoted")
-    t_promoted = time.monotonic()
+    t_kill, t_promoted = C.kill_until_promoted(victim, slot, FAILOVER_TIMEOUT)
     ss.wait_for(lambda: any(r.status == 200 and r.t0 > t_promoted for r in list(load.records)),
                 20, "a sale after the promotion")
     time.sleep(1.0)

@@ -285,7 +285,9 @@ redisReply *script_demoted(redisContext *c, redisReply *r)
     return NULL;
 }
 
-int script_file_append(redisContext *c, const script_file *s, int nkeys, int argc,
+/* Appends the call to c's output buffer (no I/O): EVALSHA, or with 'eval'
+ * EVAL with the script's source. 0, or -1 when hiredis cannot format it. */
+static int append_call(redisContext *c, const script_file *s, int eval, int nkeys, int argc,
                        const char **argv, const size_t *argvlen)
 {
     const char *stack_v[SCRIPT_STACK_ARGS];
@@ -296,12 +298,24 @@ int script_file_append(redisContext *c, const script_file *s, int nkeys, int arg
     int total, rc;
 
     total = build_argv(s, nkeys, argc, argv, argvlen, nkeys_buf, sizeof nkeys_buf, &v, &l);
+    if (eval) {
+        v[0] = "EVAL";
+        l[0] = 4;
+        v[1] = s->src;
+        l[1] = s->len;
+    }
     rc = redisAppendCommandArgv(c, total, v, l);
     if (v != stack_v) {
         free(v);
         free(l);
     }
     return rc == REDIS_OK ? 0 : -1;
+}
+
+int script_file_append(redisContext *c, const script_file *s, int nkeys, int argc,
+                       const char **argv, const size_t *argvlen)
+{
+    return append_call(c, s, 0, nkeys, argc, argv, argvlen);
 }
 
 redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, int argc,
@@ -328,25 +342,15 @@ redisReply *script_file_recv(redisContext *c, const script_file *s, int nkeys, i
 redisReply *script_file_eval(redisContext *c, const script_file *s, int nkeys, int argc,
                              const char **argv, const size_t *argvlen)
 {
-    const char *stack_v[SCRIPT_STACK_ARGS];
-    size_t stack_l[SCRIPT_STACK_ARGS];
-    const char **v = stack_v;
-    size_t *l = stack_l;
-    char nkeys_buf[16];
-    redisReply *r;
-    int total;
+    void *reply = NULL;
 
-    total = build_argv(s, nkeys, argc, argv, argvlen, nkeys_buf, sizeof nkeys_buf, &v, &l);
-    v[0] = "EVAL";
-    l[0] = 4;
-    v[1] = s->src;
-    l[1] = s->len;
-    r = script_demoted(c, redisCommandArgv(c, total, v, l));
-    if (v != stack_v) {
-        free(v);
-        free(l);
+    if (append_call(c, s, 1, nkeys, argc, argv, argvlen) != 0)
+        return NULL;
+    if (redisGetReply(c, &reply) != REDIS_OK) {
+        freeReplyObject(reply);
+        return NULL;
     }
-    return r;
+    return script_demoted(c, reply);
 }
 
 int script_cache(redisContext *c)
