@@ -14,7 +14,8 @@ icr:order:<yyyy>:<MM>:<dd> (a slot of its own), one INCRBY before admission.
 
 - start: SECKILL_STOCK=redis with REDIS_CLUSTER_NODES starts (/health,
   /ready), sells, and the voucher's keys and stream live on its slot's
-  master; REDIS_ORDER_DURABILITY=aof (the default) against masters without
+  master, while a voucher that never sold gets no stream from the
+  consumers' sweep; REDIS_ORDER_DURABILITY=aof (the default) against masters without
   AOF, or with any one master on appendfsync everysec, is refused at start
   (exit 2, saying appendfsync always: every master is checked); running,
   one master put on everysec makes every buyer 503 (and /ready) until it
@@ -296,6 +297,7 @@ def start_accepts_redis_first_on_a_cluster():
         rf = st.get("redisFirst") or {}
         if st.get("redis", {}).get("mode") != "cluster" or rf.get("durable") is not True:
             fail(f"/stats redis {st.get('redis')}, redisFirst {rf}")
+        quiet = voucher(a, 5)               # never sold: no stream made for it
         vid = voucher(a, 5)
         node, port = voucher_home(vid)
         user = user_base() + 8000
@@ -314,6 +316,12 @@ def start_accepts_redis_first_on_a_cluster():
         if "seckill" not in stream_groups(port, vkey(vid, ":orders")):
             fail(f"{vkey(vid, ':orders')} on node {node}: groups "
                  f"{cli(port, 'XINFO', 'GROUPS', vkey(vid, ':orders'))!r}")
+        # The consumer's sweep reached the later voucher's stream, so it
+        # passed the quiet one's too (in id order), and made nothing there.
+        qnode, qport = voucher_home(quiet)
+        if cli(qport, "EXISTS", vkey(quiet, ":orders")) != "0":
+            fail(f"{vkey(quiet, ':orders')} exists on node {qnode}: a voucher that never sold "
+                 "got a stream")
         if pg_orders(vid) != {oid: user}:
             fail(f"Postgres: {pg_orders(vid)}, expected order {oid} of user {user}")
         # A voucher on each master, for the buyers below.

@@ -115,17 +115,23 @@ static void pg_drop(consumer *k)
 }
 
 /* The group, created with the stream when missing (a new Redis, or one
- * that restarted empty). 0, or -1. */
+ * that restarted empty). A voucher's own stream (a cluster) gets its group
+ * only once its first order made it: every voucher in Postgres is read,
+ * most of which never sell through Redis, and a group made at 0 later
+ * still reads the stream from its first entry. 0, or -1. */
 static int ensure_group(redisContext *c, const stock_redis_stream *s)
 {
-    redisReply *r = redisCommand(c, "XGROUP CREATE %s %s 0 MKSTREAM", s->orders,
-                                 STOCK_REDIS_GROUP);
+    redisReply *r = redisCommand(c, s->voucher_id != 0 ? "XGROUP CREATE %s %s 0"
+                                                        : "XGROUP CREATE %s %s 0 MKSTREAM",
+                                 s->orders, STOCK_REDIS_GROUP);
     int rc = -1;
 
     if (r == NULL)
         return -1;
     if (r->type == REDIS_REPLY_STATUS || (r->type == REDIS_REPLY_ERROR &&
-                                          strncmp(r->str, "BUSYGROUP", 9) == 0))
+                                          (strncmp(r->str, "BUSYGROUP", 9) == 0 ||
+                                           (s->voucher_id != 0 &&
+                                            strstr(r->str, "requires the key to exist")))))
         rc = 0;
     else
         log_warn("consumer: XGROUP CREATE: %s", r->type == REDIS_REPLY_ERROR ? r->str : "?");
