@@ -72,26 +72,38 @@ atexit.register(cleanup)
 
 
 @test
-def the_postgres_failover_steps_come_last_and_only_without_no_failover():
-    # Their definitions only: each needs a PG_HA=1 stack (make ladder runs them).
+def the_failover_steps_of_other_stacks_come_last_and_only_without_no_failover():
+    # Their definitions only: each needs a stack of its own, PG_HA=1 or
+    # REDIS_CLUSTER=1 (make ladder runs them): the Postgres steps, then the
+    # Redis Cluster steps, last.
     sys.path.insert(0, os.path.join(ROOT, "loadtest"))
     from ladder.cli import parse_args, select_steps
     from ladder.steps import STEPS
-    last = STEPS[-2:]
-    got = [(s["key"], s["num"], s["env"].get("PG_HA"), s["synchronous_commit"]) for s in last]
-    want = [("pg-async", len(STEPS) - 1, 1, "local"), ("pg-sync", len(STEPS), 1, "on")]
+    n = len(STEPS)
+    pg, cl = STEPS[-5:-3], STEPS[-3:]
+    got = [(s["key"], s["num"], s["env"].get("PG_HA"), s["synchronous_commit"]) for s in pg]
+    want = [("pg-async", n - 4, 1, "local"), ("pg-sync", n - 3, 1, "on")]
     if got != want:
-        fail(f"the last steps are {got}, want {want}")
-    if "PG_HA=0" not in last[0]["env"].get("INSTANCE_ENV_1", "") or \
-            "PG_STATEMENT_TIMEOUT_MS" not in last[1]["env"]:
+        fail(f"the Postgres failover steps are {got}, want {want}")
+    if "PG_HA=0" not in pg[0]["env"].get("INSTANCE_ENV_1", "") or \
+            "PG_STATEMENT_TIMEOUT_MS" not in pg[1]["env"]:
         fail(f"pg-async's instances must accept synchronous_commit = local (PG_HA=0), pg-sync's "
-             f"answer a blocked commit within PG_STATEMENT_TIMEOUT_MS: {[s['env'] for s in last]}")
+             f"answer a blocked commit within PG_STATEMENT_TIMEOUT_MS: {[s['env'] for s in pg]}")
+    got = [(s["key"], s["num"], s["env"].get("REDIS_CLUSTER"), s["stock"],
+            s["env"].get("REDIS_ORDER_DURABILITY", "aof"), s["env"].get("CONSUMERS"))
+           for s in cl]
+    want = [("cluster-none", n - 2, 1, "redis", "none", 0), ("cluster-aof", n - 1, 1, "redis", "aof", 0),
+            ("cluster-wait", n, 1, "redis", "wait", 0)]
+    if got != want:
+        fail(f"the Redis Cluster steps are {got}, want {want}")
+    others = {"pg-async", "pg-sync", "cluster-none", "cluster-aof", "cluster-wait"}
     keys = {s["key"] for s in select_steps(parse_args(["--quick", "--no-failover"]))}
-    if keys & {"pg-async", "pg-sync"}:
-        fail("--no-failover (this test's ladder) still selects the Postgres failover steps")
-    picked = select_steps(parse_args(["--steps", f"{last[0]['num']},{last[1]['num']}"]))
-    if [s["key"] for s in picked] != ["pg-async", "pg-sync"]:
-        fail(f"--steps {last[0]['num']},{last[1]['num']} selects {[s['key'] for s in picked]}")
+    if keys & others:
+        fail(f"--no-failover (this test's ladder) still selects {sorted(keys & others)}")
+    nums = ",".join(str(s["num"]) for s in pg + cl)
+    picked = select_steps(parse_args(["--steps", nums]))
+    if [s["key"] for s in picked] != [s["key"] for s in pg + cl]:
+        fail(f"--steps {nums} selects {[s['key'] for s in picked]}")
 
 
 @test
