@@ -409,6 +409,17 @@ redisContext *conn_redis_redirected(conn_set *cs, const rcluster_redirect *rd)
     return cs->redis = c;
 }
 
+redisContext *conn_redis_resend(conn_set *cs, const rcluster_redirect *rd, const char *key,
+                               int tries)
+{
+    redisContext *c = conn_redis_redirected(cs, rd);
+
+    if (c != NULL)
+        return c;
+    util_sleep_ms(10 << (tries - 1));
+    return conn_redis_key(cs, key);
+}
+
 redisContext *conn_redis(conn_set *cs)
 {
     char err[256];

@@ -89,6 +89,14 @@ redisContext *conn_redis_key(conn_set *cs, const char *key);
  * node, or no cluster); the map is read again at the next use. */
 redisContext *conn_redis_redirected(conn_set *cs, const rcluster_redirect *rd);
 
+/* The connection to send a command on 'key' again after its 'tries'-th
+ * send was answered with the redirection 'rd': conn_redis_redirected's,
+ * or, when there is nothing to send again at once, after a pause of 10,
+ * 20, 40 ... ms the connection routed anew for 'key' (conn_redis_key).
+ * Borrowed; NULL when unreachable. */
+redisContext *conn_redis_resend(conn_set *cs, const rcluster_redirect *rd, const char *key,
+                               int tries);
+
 /* Redirections followed since start (conn_redis_redirected), by kind:
  * for /stats and the tests of a migration or a failover. */
 typedef struct conn_cluster_counters {

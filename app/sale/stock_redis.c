@@ -255,10 +255,7 @@ static redisReply *admit_run(conn_set *cs, redisContext **c, const admit_call *a
             break;
         freeReplyObject(r);
         r = NULL;
-        if ((*c = conn_redis_redirected(cs, &rd)) == NULL) {
-            util_sleep_ms(10 << (tries - 1));
-            *c = conn_redis_key(cs, ac->argv[1]);
-        }
+        *c = conn_redis_resend(cs, &rd, ac->argv[1], tries);
     }
     return r;
 }
@@ -691,15 +688,14 @@ static store_status redis_voucher(conn_set *cs, int64_t voucher_id, store_vouche
     redisContext *c = voucher_redis(cs, voucher_id);
     store_status st = STORE_UNAVAILABLE;
     rcluster_redirect rd;
+    char key[ADMIT_HASH_KEY];
 
+    stock_redis_key(key, sizeof key, voucher_id, "");
     for (int tries = 1; c != NULL; tries++) {
         st = stock_redis_voucher(c, voucher_id, out, &rd);
         if (rd.kind == RCLUSTER_NONE || c->err || tries == ORDER_ID_TRIES)
             break;
-        if ((c = conn_redis_redirected(cs, &rd)) == NULL) {
-            util_sleep_ms(10 << (tries - 1));
-            c = voucher_redis(cs, voucher_id);
-        }
+        c = conn_redis_resend(cs, &rd, key, tries);
     }
     if (c != NULL && c->err)
         conn_redis_broken(cs);

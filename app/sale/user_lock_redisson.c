@@ -165,10 +165,7 @@ static lock_status cluster_lock_call(conn_set *cs, const user_lock_hold *h, lock
                              : lock_try_acquire(c, h->key, h->owner, h->lease_ms, g);
         if (st != LOCK_MOVED || !lock_last_redirect(&rd) || tries == ORDER_ID_TRIES)
             break;
-        if ((c = conn_redis_redirected(cs, &rd)) == NULL) {
-            util_sleep_ms(10 << (tries - 1));
-            c = conn_redis_key(cs, h->key);
-        }
+        c = conn_redis_resend(cs, &rd, h->key, tries);
     }
     return st;
 }

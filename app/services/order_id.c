@@ -178,10 +178,7 @@ order_id_status order_id_take_counts(conn_set *cs, const char *prefix, int64_t n
         st = incrby(c, key, n, &last, &rd);
         if (st != ORDER_ID_MOVED || tries == ORDER_ID_TRIES)
             break;
-        if ((c = conn_redis_redirected(cs, &rd)) == NULL) {
-            util_sleep_ms(10 << (tries - 1));
-            c = conn_redis_key(cs, key);
-        }
+        c = conn_redis_resend(cs, &rd, key, tries);
     }
     if (st == ORDER_ID_OK)
         *first = last - n + 1;
