@@ -530,5 +530,63 @@ def cpu_meter_counts_interrupt_work_once_and_thread_switches():
         fail(f"the ping-pong's thread switches: {sw}")
 
 
+@test
+def idle_sampler_charges_free_cpus_to_the_wait_that_holds():
+    from kit import idle
+    wal = [("active", "IO", "WALSync", 1)]
+    lock = [("active", "Lock", "transactionid", 3)]
+    held = [("idle in transaction", "Client", "ClientRead", 1)]
+    for free, rows, redis, blocked, want, *window in (
+            (0, wal, None, 0, None),                     # no CPU free: nothing charged
+            (1, wal + lock, "D", 1, "walFlush"),         # the first cause that holds wins
+            (1, [("active", "LWLock", "WALWrite", 2)], None, 0, "walFlush"),
+            (2, [("active", "IPC", "SyncRep", 1)] + lock, None, 0, "syncRep"),
+            (1, lock, "D", 1, "redisFsync"),
+            (1, lock, "S", 1, "diskOther"),
+            (1, lock, "S", 0, "rowLock"),
+            (1, lock, "S", 0, "batchWindow", True),      # a window before a held row
+            (1, held, None, 0, "rowLock"),
+            (1, [("idle", "Client", "ClientRead", 9)], "S", 0, "roundTrips")):
+        eq(idle.classify(free, rows, redis, blocked, bool(window)), want,
+           f"classify({free}, {rows}, {redis}, {blocked}, {window})")
+    if not ss.PG_DSN:
+        fail("no PG_DSN (run through tests/run.sh)")
+    kit.psql(ss.PG_DSN, "CREATE TABLE IF NOT EXISTS kit_idle_probe (id int PRIMARY KEY);"
+                        " INSERT INTO kit_idle_probe VALUES (1) ON CONFLICT DO NOTHING")
+    # A transaction that holds the row and waits for its client, and one
+    # queued behind it: on this otherwise quiet machine every look at a
+    # free CPU finds them.
+    holder = subprocess.Popen(["psql", "-X", "-q", "-d", ss.PG_DSN], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    waiter = None
+    try:
+        holder.stdin.write("BEGIN; UPDATE kit_idle_probe SET id = 1 WHERE id = 1;\n")
+        holder.stdin.flush()
+        kit.wait_for(lambda: kit.psql(ss.PG_DSN, "SELECT 1 FROM pg_stat_activity"
+                                                 " WHERE state = 'idle in transaction'"), 10, "the holder")
+        waiter = subprocess.Popen(["psql", "-X", "-q", "-d", ss.PG_DSN, "-c",
+                                   "UPDATE kit_idle_probe SET id = 1 WHERE id = 1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        kit.wait_for(lambda: kit.psql(ss.PG_DSN, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"),
+                     10, "the waiter")
+        s = kit.IdleSampler(ss.PG_DSN, interval=0.02).start()
+        kit.wait_for(lambda: s.samples >= 10, 30, "10 looks at a free CPU")
+        got = s.stop()
+        by = got["byCause"]
+        if got["samples"] < 10 or by.get("rowLock", 0) <= 0 or idle.dominant(by) != "rowLock":
+            fail(f"a row held by a transaction waiting for its client: {got}")
+    finally:
+        holder.stdin.write("ROLLBACK;\n")
+        holder.stdin.close()
+        holder.wait(10)
+        if waiter:
+            waiter.wait(10)
+    s = kit.IdleSampler(ss.PG_DSN, interval=0.02).start()
+    kit.wait_for(lambda: s.samples >= 10, 30, "10 looks at a free CPU")
+    got = s.stop()
+    if got["byCause"].get("rowLock", 0) > 0 or got["idlePct"] < 10:
+        fail(f"nothing held, a quiet machine: no row lock charged, most of it idle: {got}")
+
+
 if __name__ == "__main__":
     ss.main()

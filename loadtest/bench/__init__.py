@@ -51,7 +51,12 @@ Redis, 2 instances at LOG_LEVEL=warn, nginx; every port picked free on
                  redis-server replicating the stack's Redis is started for it
                  and stopped after; the master runs without AOF meanwhile
   RSS per instance (VmRSS) before and after; CPU seconds per component
-  (seckill, nginx, postgres, redis, the load tool, everything else) per run.
+  (seckill, nginx, postgres, redis, the load tool, everything else) per run;
+  for each sale, where its idle share goes (kit.IdleSampler: at instants
+  when a CPU is free, whether a Postgres process waits on the WAL's flush,
+  a commit on a standby, Redis's main thread on its fsync, another thread
+  on the disk, a transaction holding the voucher row, or none of these:
+  round trips between processes) and what would turn it into orders.
 
 After every service run loadtest/check_invariants.py checks the voucher in
 Postgres; any violation makes the run exit 1 (speed targets never do: they
@@ -83,6 +88,8 @@ Environment (all optional):
                        waits for Redis's fsync, and more of them share one)
   BENCH_SKIP           comma list of ceilings,optimistic,low,storm,soldout,noedge,long,batched,redis,
                        rediswait
+  BENCH_IDLE_MS        at least this long between two looks at a free CPU
+                       during a sale (default 20; 0: no look, no idle table)
   BENCH_KEEP=1         leave the stack running at the end (make stop-bench stops it)
   SECKILL_BIN          server binary (default build/seckill)
   BENCH_UPSTREAM200    the ceiling's stand-in upstream (default build/upstream200)

@@ -64,6 +64,8 @@ class Core:
         self.run_dir = os.environ.get("BENCH_RUN_DIR") or os.path.join(ROOT, "build", "bench-run")
         self.json_path = os.environ.get("BENCH_JSON") or os.path.join(ROOT, "build", "bench.json")
         self.seconds = env_int("BENCH_SECONDS", 6)
+        # How often a sale looks at what its idle CPU waits on (0: never).
+        self.idle_ms = env_int("BENCH_IDLE_MS", 20)
         self.warmup = env_int("BENCH_WARMUP", 2)
         self.repeat = max(1, env_int("BENCH_REPEAT", 1))
         self.long = env_int("BENCH_LONG", 1) == 1
@@ -172,6 +174,14 @@ class Core:
         if self.stand_ins:
             groups["standIn"] = [p.pid for p in self.stand_ins]
         return kit.CpuMeter(groups)
+
+    def idle_sampler(self):
+        """A started kit.IdleSampler of the stack (Postgres's waits, Redis's
+        main thread), or None with BENCH_IDLE_MS=0."""
+        if self.idle_ms <= 0:
+            return None
+        return kit.IdleSampler(self.stack.dsn, redis_pid=self.stack.pid("redis"),
+                               interval=self.idle_ms / 1000.0, seckill_pids=self.stack.app_pids()).start()
 
     def guarded(self, body):
         """body() with SIGTERM and SIGINT raising Interrupted, then cleanup()

@@ -103,7 +103,9 @@ class RedisSales:
         off = self.log_offset()
         meter = self.cpu_meter()
         meter.start()
+        idle = self.idle_sampler()
         w = self.wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds, ids=True)
+        idle = idle.stop() if idle else None
         drain_s = self.drain()
         cpu = meter.stop()
         w["nginxLogged"] = self.logged(off, v)
@@ -118,7 +120,7 @@ class RedisSales:
         r = {"voucherId": v, "stock": stock, "connections": conns, "orders": n, "acknowledged": acked,
              "ordersPerSec": round(rate, 1), "landedSpanSeconds": round(span, 3),
              "landedPerSec": round((n - 1) / span, 1) if n > 1 and span > 0 else 0.0,
-             "drainSeconds": round(drain_s, 3), "reconciled": reconciled, "wrk": w, "cpu": cpu,
+             "drainSeconds": round(drain_s, 3), "reconciled": reconciled, "wrk": w, "cpu": cpu, "idle": idle,
              "cpuMsPerOrder": cpu_ms_per_order(cpu, n)}
         log(f"{what}: {acked} orders acknowledged in {w['seconds']:.2f}s = {rate:.0f} orders/s"
             f" (p50 {w['p50Ms']} ms, p99 {w['p99Ms']} ms); the last landed in Postgres"

@@ -44,6 +44,10 @@ class Report:
         Col(t, "r", w, 1, False) for t, w in (("seckill", 7), ("nginx", 6), ("postgres", 8), ("redis", 6),
                                               ("client", 6), ("softirq", 7), ("others", 6), ("busy", 5),
                                               ("steal", 5), ("idle", 5))]
+    IDLE_COLS = [Col("where a sale's idle share goes, % of the machine", "l", 52, fit=False),
+                 Col("idle", "r", 5, 1, False), Col("looks", "r", 5, 1, False)] + [
+        Col(t, "r", w, 1, False) for t, w in (("WAL flush", 9), ("sync rep", 8), ("Redis fsync", 11),
+                                              ("disk", 5), ("window", 6), ("row lock", 8), ("round trips", 11))]
     SWITCH_COLS = [Col("thread switches per unit: sleeps / preemptions", "l", 52, fit=False)] + [
         Col(t, "r", 11, 1, False) for t in ("seckill", "nginx", "postgres", "redis")]
 
@@ -55,7 +59,7 @@ class Report:
                         self.redis_wait_rows, self.long_rows, self.sold_out_rows, self.storm_rows):
             section(t, f, ratios)
         self.rss_rows(t, rss)
-        out = self.table_head(f, t.rows) + self.cpu_lines() + self.switch_lines() + self.verdict_lines(targets)
+        out = self.table_head(f, t.rows) + self.cpu_lines() + self.idle_lines() + self.switch_lines() + self.verdict_lines(targets)
         print("\n".join(out), flush=True)
         self.res.update({
             "figures": f, "ranges": ranges if len(self.rounds) > 1 else None, "ratios": ratios,
@@ -268,6 +272,31 @@ class Report:
                 out.append(f"  disturbed: the hypervisor took more than {STEAL_WARN_PCT} % of the machine during "
                            + ", ".join(stolen) + ": those figures read low; a ratio to a disturbed ceiling reads high")
         return out
+
+    def idle_lines(self):
+        """The table of each sale's idle share by what its free CPUs waited
+        on (kit.IdleSampler; medians of the rounds), and what would turn
+        the largest share into orders."""
+        rows, advice = [], []
+        for label, v in self.idle_per_sale():
+            by = v["byCause"]
+            rows.append(["  " + label, f"{v['idlePct']:.1f}" if v.get("idlePct") is not None else "-",
+                         f"{v['looks']:.0f}"] + [f"{by.get(c, 0):.1f}" for c in kit.IDLE_CAUSES])
+            top = max(by, key=by.get) if by and max(by.values()) > 0 else None
+            if top:
+                advice.append(f"  {label}: {by[top]:.1f} of its {v['idlePct'] or 0:.1f} % waits on"
+                              f" {kit.IDLE_LABEL[top]}: {kit.IDLE_REMEDY[top]}")
+        if not rows:
+            return []
+        return (["", kit.table(self.IDLE_COLS, rows),
+                 "  (idle: /proc/stat's share no one used, split in the proportions of what held at"
+                 f" the looks at a free CPU (looks: how many; at least {self.idle_ms} ms apart, the looking thread under"
+                 " SCHED_IDLE), each free CPU charged to the first wait that held then, in the"
+                 " columns' order: a Postgres process on the WAL's write or flush, a commit waiting for"
+                 " a standby, Redis's main thread in its fsync (state D), any other thread on the disk,"
+                 " an instance's batch leader in its gathering window,"
+                 " a transaction holding the voucher row; round trips: none of these, every request"
+                 " between processes (kit/idle.py))", "  what would turn it into orders:"] + advice)
 
     def switch_lines(self):
         """The table of thread switches per unit by process."""

@@ -38,8 +38,10 @@ class Sales:
         off = self.log_offset()
         meter = self.cpu_meter()
         meter.start()
+        idle = self.idle_sampler()
         w = self.wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds, ids=True)
         cpu = meter.stop()
+        idle = idle.stop() if idle else None
         w["nginxLogged"] = self.logged(off, v)
         b1 = self.batch_counts() if batches else None
         n, span = self.order_span(v)
@@ -50,7 +52,7 @@ class Sales:
         rate = (n - 1) / span if n > 1 and span > 0 else 0.0
         r = {"voucherId": v, "stock": stock, "connections": conns, "orders": n,
              "orderSpanSeconds": round(span, 3), "ordersPerSec": round(rate, 1),
-             "soldOut": n >= stock, "wrk": w, "cpu": cpu,
+             "soldOut": n >= stock, "wrk": w, "cpu": cpu, "idle": idle,
              "buyersPerBatch": round((b1[1] - b0[1]) / (b1[0] - b0[0]), 1) if b1 and b1[0] > b0[0] else None,
              "cpuMsPerOrder": cpu_ms_per_order(cpu, n)}
         if n >= stock or span < 5:

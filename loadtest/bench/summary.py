@@ -5,6 +5,7 @@ request."""
 
 import statistics
 
+import kit
 from kit import dig, median_of, spread_of
 
 from .settings import BATCH_TARGETS, HALF, TARGETS
@@ -258,6 +259,23 @@ class Summary:
                             | ({"idlePct": x["cpu"]["idlePct"]} if x["cpu"].get("idlePct") is not None else {}))
             if vals:
                 out.append((label, {k: statistics.median(v[k] for v in vals if k in v) for k in vals[0]}))
+        return out
+
+    def idle_per_sale(self):
+        """[(label, {"idlePct", "looks", "byCause"})]: the medians of the
+        rounds, for the sales whose idle share was sampled."""
+        out = []
+        for key, label, per in self.cpu_units():
+            got = [r[key] for r in self.rounds
+                   if r.get(key) and (r[key].get("idle") or {}).get("samples")]
+            if not got:
+                continue
+            idle = [x["cpu"]["idlePct"] for x in got if x.get("cpu", {}).get("idlePct") is not None]
+            out.append((label.replace(" (per order)", ""), {
+                "idlePct": statistics.median(idle) if idle else None,
+                "looks": statistics.median(x["idle"]["samples"] for x in got),
+                "byCause": {c: statistics.median(x["idle"]["byCause"].get(c, 0) for x in got)
+                            for c in kit.IDLE_CAUSES}}))
         return out
 
     def switches_per_unit(self):

@@ -9,6 +9,8 @@ the programs that import it). Each module is the only copy of what it does:
            from /proc, signal_all(), stop_pid(), stop_children(), with_settings() (an
            environment), write_atomic() (a file)
   cpu      machine_cpu() and CpuMeter: CPU seconds per group of processes
+  idle     IdleSampler: what a run's free CPUs wait on (the WAL's flush,
+           Redis's fsync, a row lock, round trips between processes)
   stack    Stack: scripts/stack.sh in a RUN_DIR of its own (start, stop,
            restart-instances with other settings, rolling-restart, a service
            stopped and started, its env file, PIDs; with REDIS_HA=1 the
@@ -38,6 +40,7 @@ from .base import BUILD, HTTP_TIMEOUT, LOADTEST, ROOT, KitError  # noqa: F401
 from .charts import (HTML_STYLE, bar_chart_head, esc, gnuplot, html_page,  # noqa: F401
                      svg_chart, timeline_html, verdict, write_html)
 from .cpu import IRQ_IN_PROCESS_TIME, CpuMeter, machine_cpu, steal_pct  # noqa: F401
+from .idle import CAUSES as IDLE_CAUSES, LABEL as IDLE_LABEL, REMEDY as IDLE_REMEDY, IdleSampler  # noqa: F401
 from .figures import (Col, dig, fmt_count, fmt_ms, median_of, parse_timeline,  # noqa: F401
                       percentile, spread_of, table, timeline_from_entries,
                       timeline_from_samples, values_at)
