@@ -89,7 +89,8 @@ Environment (all optional):
   BENCH_SKIP           comma list of ceilings,optimistic,low,storm,soldout,noedge,long,batched,redis,
                        rediswait
   BENCH_IDLE_MS        at least this long between two looks at a free CPU
-                       during a sale (default 20; 0: no look, no idle table)
+                       during a sale (default 50: each look reads every thread's /proc stat,
+                       about 3 ms of CPU; 0: no look, no idle table)
   BENCH_KEEP=1         leave the stack running at the end (make stop-bench stops it)
   SECKILL_BIN          server binary (default build/seckill)
   BENCH_UPSTREAM200    the ceiling's stand-in upstream (default build/upstream200)

@@ -65,7 +65,7 @@ class Core:
         self.json_path = os.environ.get("BENCH_JSON") or os.path.join(ROOT, "build", "bench.json")
         self.seconds = env_int("BENCH_SECONDS", 6)
         # How often a sale looks at what its idle CPU waits on (0: never).
-        self.idle_ms = env_int("BENCH_IDLE_MS", 20)
+        self.idle_ms = env_int("BENCH_IDLE_MS", 50)
         self.warmup = env_int("BENCH_WARMUP", 2)
         self.repeat = max(1, env_int("BENCH_REPEAT", 1))
         self.long = env_int("BENCH_LONG", 1) == 1
