@@ -586,6 +586,53 @@ def the_next_batch_takes_its_locks_while_the_one_before_commits():
 
 
 @test
+def a_pipelined_batch_stops_gathering_once_the_one_before_has_its_outcome():
+    """Pipelined, with a 1 s gathering window (the most allowed) and batches
+    of at most three:
+    a batch of two (it waited out its window: nothing was out before it)
+    waits behind a psql session holding the voucher row, and two more
+    buyers come meanwhile. Once the row is free and that batch has its
+    outcome, the next batch holds as many buyers as it did and stops
+    gathering: both are answered within 0.5 s of the release, not at the
+    end of their window (1 s after they came, as before; the rest of the
+    window left the machine idle at low concurrency). Everyone gets 200,
+    one order each."""
+    window_s = 1.0
+    base = 8_950_000
+    first, second = [base, base + 1], [base + 10, base + 11]
+    srv = server("pipeline-gather", SECKILL_STOCK="batched", THREADS=2, BATCH_PIPELINE=1,
+                 BATCH_MAX=3, BATCH_WINDOW_US=int(window_s * 1e6), PG_STATEMENT_TIMEOUT_MS=20000)
+    holder = None
+    try:
+        vid = voucher(srv, 50)
+        holder = RowHolder(vid)
+        a = [in_background(srv.seckill, vid, u) for u in first]
+        wait_for("the first batch waiting on the row", lambda: lock_waiters(srv.name) >= 1)
+        b = [in_background(srv.seckill, vid, u) for u in second]
+        wait_for("the next two buyers read", lambda: unanswered(srv) >= 4)
+        released = time.monotonic()
+        holder.release()
+        for t, _box in b:
+            t.join(15)
+        took = time.monotonic() - released
+        for t, _box in a:
+            t.join(15)
+        got = [answer(box.get("r")) for _t, box in a + b]
+        if [st for st, _err in got] != [200] * 4:
+            fail(f"answers {got}, want 200 each")
+        if took >= window_s / 2:
+            fail(f"the second batch answered {took:.2f} s after the row was free: it waited out "
+                 f"its {window_s:g} s window after the one before had its outcome")
+        placed = {u: orders_of(vid, u) for u in first + second}
+        if set(placed.values()) != {1} or orders_of(vid) != 4:
+            fail(f"orders {placed}, in all {orders_of(vid)}")
+    finally:
+        if holder is not None:
+            holder.release()
+        srv.stop_ok()
+
+
+@test
 def a_pipelined_batch_does_not_order_a_buyer_whose_deadline_passed():
     """Pipelined: buyer B's batch took B's lock while the batch before it
     waited behind the held row, and B's deadline passes before that batch

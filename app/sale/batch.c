@@ -327,6 +327,41 @@ static void gather_wait(queue *q)
         ;
 }
 
+/* Pipelined, with the batch 'busy' out: gathers for the window, or until
+ * the batch is full, or, when busy is a small batch (GATHER_SMALL buyers
+ * or fewer), until busy's outcome is in, whichever comes first (mu held
+ * on entry and exit). A small batch means few buyers in flight: the next
+ * ones are mostly those waiting for busy's answers, so once its outcome
+ * is in, the rest of the window only kept the machine idle (make bench's
+ * idle table). A crowd makes larger batches, and for it the window stays
+ * whole: cutting it makes smaller batches, which cost more CPU per order
+ * than a busy machine has. */
+#define GATHER_SLICE_US 250
+#define GATHER_SMALL 4
+static void gather_wait_or_outcome(queue *q, scratch *busy)
+{
+    int64_t end;
+
+    if (busy == NULL || busy->nsend == 0 || busy->nsend > GATHER_SMALL) {
+        gather_wait(q);
+        return;
+    }
+    end = util_mono_us() + g_cfg.batch_window_us;
+    for (;;) {
+        int64_t left = end - util_mono_us();
+        int ready;
+
+        if (q->n >= g_cfg.batch_max || left <= 0)
+            return;
+        pthread_mutex_unlock(&mu);
+        ready = store_order_batch_wait(busy->pg, &busy->call,
+                                       left < GATHER_SLICE_US ? left : GATHER_SLICE_US);
+        pthread_mutex_lock(&mu);
+        if (ready)
+            return;
+    }
+}
+
 /* While the batch 'busy' runs and nobody is queued, watches both in
  * slices: returns once a result or a buyer has come, or the statement's
  * bound has passed (mu held on entry and exit). */
@@ -358,7 +393,7 @@ static void lead_pipelined(conn_set *cs, queue *q)
         if (busy != NULL)
             await_outcome_or_buyers(q, busy);
         if (q->head != NULL) {
-            gather_wait(q);
+            gather_wait_or_outcome(q, busy);
             s = q->s[next];
             next ^= 1;
             gather(q, s);
