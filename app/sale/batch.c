@@ -328,21 +328,22 @@ static void gather_wait(queue *q)
 }
 
 /* Pipelined, with the batch 'busy' out: gathers for the window, or until
- * the batch is full, or, when busy is a small batch (GATHER_SMALL buyers
- * or fewer), until busy's outcome is in, whichever comes first (mu held
- * on entry and exit). A small batch means few buyers in flight: the next
- * ones are mostly those waiting for busy's answers, so once its outcome
- * is in, the rest of the window only kept the machine idle (make bench's
- * idle table). A crowd makes larger batches, and for it the window stays
- * whole: cutting it makes smaller batches, which cost more CPU per order
- * than a busy machine has. */
+ * the batch is full, or, when busy and the batch sent before it ('before'
+ * buyers) are both small (GATHER_SMALL buyers or fewer), until busy's
+ * outcome is in, whichever comes first (mu held on entry and exit). Small
+ * batches in a row mean few buyers in flight: the next ones are mostly
+ * those waiting for busy's answers, so once its outcome is in, the rest of
+ * the window only kept the machine idle (make bench's idle table). A crowd
+ * makes larger batches, and for it the window stays whole: cutting it
+ * makes smaller batches, which cost more CPU per order than a busy machine
+ * has; one small batch in a crowd is not enough to cut it. */
 #define GATHER_SLICE_US 250
 #define GATHER_SMALL 4
-static void gather_wait_or_outcome(queue *q, scratch *busy)
+static void gather_wait_or_outcome(queue *q, scratch *busy, int before)
 {
     int64_t end;
 
-    if (busy == NULL || busy->nsend == 0 || busy->nsend > GATHER_SMALL) {
+    if (busy == NULL || busy->nsend == 0 || busy->nsend > GATHER_SMALL || before > GATHER_SMALL) {
         gather_wait(q);
         return;
     }
@@ -385,6 +386,7 @@ static void await_outcome_or_buyers(queue *q, scratch *busy)
 static void lead_pipelined(conn_set *cs, queue *q)
 {
     scratch *busy = NULL;          /* the batch whose statement is out */
+    int before = 0;                /* the buyers of the batch sent before busy */
     int next = 0;
 
     while (q->head != NULL || busy != NULL) {
@@ -393,7 +395,7 @@ static void lead_pipelined(conn_set *cs, queue *q)
         if (busy != NULL)
             await_outcome_or_buyers(q, busy);
         if (q->head != NULL) {
-            gather_wait_or_outcome(q, busy);
+            gather_wait_or_outcome(q, busy, before);
             s = q->s[next];
             next ^= 1;
             gather(q, s);
@@ -407,6 +409,8 @@ static void lead_pipelined(conn_set *cs, queue *q)
             send_batch(cs, s);
         if (busy != NULL)
             release_and_answer(cs, busy);
+        if (s != NULL)
+            before = busy != NULL ? busy->nsend : 0;
         busy = s;
         if (s != NULL && s->nsend == 0) {  /* nobody went to Postgres: answer now */
             release_and_answer(cs, s);
