@@ -175,13 +175,21 @@ class Core:
             groups["standIn"] = [p.pid for p in self.stand_ins]
         return kit.CpuMeter(groups)
 
-    def idle_sampler(self):
-        """A started kit.IdleSampler of the stack (Postgres's waits, Redis's
-        main thread), or None with BENCH_IDLE_MS=0."""
-        if self.idle_ms <= 0:
-            return None
-        return kit.IdleSampler(self.stack.dsn, redis_pid=self.stack.pid("redis"),
-                               interval=self.idle_ms / 1000.0, seckill_pids=self.stack.app_pids()).start()
+    def sale_wrk(self, url, conns, seconds):
+        """self.wrk() of a sale (ids kept) with a kit.IdleSampler of the stack
+        (Postgres's waits, Redis's main thread, the instances' workers)
+        around it, stopped whatever wrk does: (wrk's result, the sampler's
+        shares, None with BENCH_IDLE_MS=0)."""
+        idle = None
+        if self.idle_ms > 0:
+            idle = kit.IdleSampler(self.stack.dsn, redis_pid=self.stack.pid("redis"),
+                                   interval=self.idle_ms / 1000.0,
+                                   seckill_pids=self.stack.app_pids()).start()
+        try:
+            w = self.wrk(url, conns, seconds, ids=True)
+        finally:
+            shares = idle.stop() if idle else None
+        return w, shares
 
     def guarded(self, body):
         """body() with SIGTERM and SIGINT raising Interrupted, then cleanup()

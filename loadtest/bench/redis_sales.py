@@ -103,9 +103,7 @@ class RedisSales:
         off = self.log_offset()
         meter = self.cpu_meter()
         meter.start()
-        idle = self.idle_sampler()
-        w = self.wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds, ids=True)
-        idle = idle.stop() if idle else None
+        w, idle = self.sale_wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds)
         drain_s = self.drain()
         cpu = meter.stop()
         w["nginxLogged"] = self.logged(off, v)

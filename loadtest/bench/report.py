@@ -282,7 +282,7 @@ class Report:
             by = v["byCause"]
             rows.append(["  " + label, f"{v['idlePct']:.1f}" if v.get("idlePct") is not None else "-",
                          f"{v['looks']:.0f}"] + [f"{by.get(c, 0):.1f}" for c in kit.IDLE_CAUSES])
-            top = max(by, key=by.get) if by and max(by.values()) > 0 else None
+            top = kit.idle_dominant(by)
             if top:
                 advice.append(f"  {label}: {by[top]:.1f} of its {v['idlePct'] or 0:.1f} % waits on"
                               f" {kit.IDLE_LABEL[top]}: {kit.IDLE_REMEDY[top]}")

@@ -38,10 +38,8 @@ class Sales:
         off = self.log_offset()
         meter = self.cpu_meter()
         meter.start()
-        idle = self.idle_sampler()
-        w = self.wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds, ids=True)
+        w, idle = self.sale_wrk(f"{self.stack.base_url}/voucher/{v}/seckill", conns, seconds)
         cpu = meter.stop()
-        idle = idle.stop() if idle else None
         w["nginxLogged"] = self.logged(off, v)
         b1 = self.batch_counts() if batches else None
         n, span = self.order_span(v)

@@ -41,6 +41,7 @@ from .charts import (HTML_STYLE, bar_chart_head, esc, gnuplot, html_page,  # noq
                      svg_chart, timeline_html, verdict, write_html)
 from .cpu import IRQ_IN_PROCESS_TIME, CpuMeter, machine_cpu, steal_pct  # noqa: F401
 from .idle import CAUSES as IDLE_CAUSES, LABEL as IDLE_LABEL, REMEDY as IDLE_REMEDY, IdleSampler  # noqa: F401
+from .idle import dominant as idle_dominant  # noqa: F401
 from .figures import (Col, dig, fmt_count, fmt_ms, median_of, parse_timeline,  # noqa: F401
                       percentile, spread_of, table, timeline_from_entries,
                       timeline_from_samples, values_at)

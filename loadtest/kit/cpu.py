@@ -78,6 +78,16 @@ def machine_cpu():
     return proc / CLK, (v[5] + v[6]) / CLK, v[7] / CLK, sum(v[:8]) / CLK
 
 
+def idle_pct(m0, m1):
+    """The share (%) of the machine no one used (idle and I/O wait) between
+    two machine_cpu() readings; None when no time passed."""
+    total = m1[3] - m0[3]
+    if total <= 0:
+        return None
+    busy = (m1[0] - m0[0]) + (m1[1] - m0[1])
+    return round(max(0.0, 100.0 * (total - busy - (m1[2] - m0[2])) / total), 1)
+
+
 def steal_pct(m0, m1):
     """The hypervisor's share (%) of the machine between two machine_cpu()
     readings; None when no time passed."""
@@ -185,7 +195,5 @@ class CpuMeter:
         out["wallSeconds"] = round(wall, 2)
         out["busyPct"] = round(100.0 * busy / (wall * os.cpu_count()), 1) if wall > 0 else None
         out["stealPct"] = steal_pct(m0, m1)
-        # What no one used: idle and I/O wait.
-        idle = (m1[3] - m0[3]) - busy - (m1[2] - m0[2])
-        out["idlePct"] = round(max(0.0, 100.0 * idle / (m1[3] - m0[3])), 1) if m1[3] > m0[3] else None
+        out["idlePct"] = idle_pct(m0, m1)
         return out

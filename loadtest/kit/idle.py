@@ -40,7 +40,7 @@ import os
 import subprocess
 import threading
 
-from .cpu import machine_cpu
+from .cpu import idle_pct, machine_cpu
 
 CAUSES = ("walFlush", "syncRep", "redisFsync", "diskOther", "batchWindow", "rowLock", "roundTrips")
 SYS_FUTEX = 202         # x86-64; elsewhere no thread is seen in the window
@@ -149,8 +149,8 @@ def classify(free, pg_rows, redis_state, blocked, window=False):
 
 
 class IdleSampler:
-    """Samples every interval seconds between start() and stop() (a thread
-    of its own); stop() returns the shares. dsn: Postgres (None: no
+    """Looks at most every interval seconds between start() and stop() (a
+    thread of its own, under SCHED_IDLE); stop() returns the shares. dsn: Postgres (None: no
     pg_stat_activity); redis_pid: the Redis whose main thread is watched;
     seckill_pids: the instances whose workers may wait out a window."""
 
@@ -236,13 +236,11 @@ class IdleSampler:
             except (OSError, subprocess.TimeoutExpired):
                 self.pg.kill()
                 self.pg.wait()
-        total = m1[3] - self.m0[3]
-        idle = max(0.0, total - (m1[0] - self.m0[0]) - (m1[1] - self.m0[1]) - (m1[2] - self.m0[2]))
-        idle_pct = 100.0 * idle / total if total > 0 else 0.0
+        idle = idle_pct(self.m0, m1) or 0.0
         charged = sum(self.free.values())
-        by = {c: round(idle_pct * v / charged, 1) for c, v in self.free.items()} if charged else {}
+        by = {c: round(idle * v / charged, 1) for c, v in self.free.items()} if charged else {}
         out = {"samples": self.samples, "busyLooks": self.busy, "intervalMs": round(1000 * self.interval),
-               "idlePct": round(idle_pct, 1), "byCause": by}
+               "idlePct": idle, "byCause": by}
         if self.error:
             out["error"] = self.error
         return out
